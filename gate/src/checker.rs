@@ -1,0 +1,111 @@
+//! Independent checker for gate decisions. It keeps its own history (in f64) from the
+//! importances it is shown and re-derives what every decision was allowed to be.
+
+use crate::GateConfig;
+
+/// Shadows one gate: call [`check`](GateChecker::check) after every decision with the
+/// decision and weights, then [`observed`](GateChecker::observed) for every importance fed.
+#[derive(Debug, Clone)]
+pub struct GateChecker {
+    cfg: GateConfig,
+    last: Vec<Option<f64>>,
+    delta: Vec<Option<f64>>,
+    run: Vec<u32>,
+    active: Vec<bool>,
+}
+
+impl GateChecker {
+    /// A checker for a fresh gate of `patches` patches.
+    pub fn new(patches: usize, cfg: GateConfig) -> Self {
+        Self {
+            cfg,
+            last: vec![None; patches],
+            delta: vec![None; patches],
+            run: vec![0; patches],
+            active: vec![false; patches],
+        }
+    }
+
+    /// ε changed (load-adaptive hook).
+    pub fn set_epsilon(&mut self, epsilon: f32) {
+        self.cfg.epsilon = epsilon;
+    }
+
+    /// Checks one decision against the rules; `weights` are the gate's reported weights.
+    pub fn check(&mut self, active: &[bool], weights: &[f32]) -> Result<(), String> {
+        let r = self.run.len();
+        if active.len() != r || weights.len() != r {
+            return Err(format!("decision for {} patches, expected {r}", active.len()));
+        }
+        if !active.iter().any(|&a| a) {
+            return Err("no patch active".into());
+        }
+        let eta = self.cfg.eta as f64;
+        let total: f64 = self.delta.iter().map(|d| d.unwrap_or(0.0) + eta).sum();
+        let mine: Vec<f64> = self
+            .delta
+            .iter()
+            .map(|d| {
+                if total > 0.0 {
+                    (d.unwrap_or(0.0) + eta) / total
+                } else {
+                    1.0 / r as f64
+                }
+            })
+            .collect();
+        let sum: f64 = weights.iter().map(|&w| w as f64).sum();
+        if weights.iter().any(|w| !w.is_finite()) || (sum - 1.0).abs() > 1e-4 {
+            return Err(format!("weights not finite or sum {sum} != 1"));
+        }
+        let eps = self.cfg.epsilon as f64;
+        let tol = 1e-5;
+        let under: Vec<bool> = (0..r)
+            .map(|i| self.delta[i].is_some() && mine[i] < eps - tol)
+            .collect();
+        let all_under = (0..r).all(|i| under[i] || (self.delta[i].is_some() && mine[i] < eps + tol));
+        let mut kept = 0;
+        for i in 0..r {
+            if (weights[i] as f64 - mine[i]).abs() > 1e-4 {
+                return Err(format!("patch {i}: weight {} but re-derived {}", weights[i], mine[i]));
+            }
+            let forced = self.run[i] >= self.cfg.max_skip;
+            if !active[i] {
+                if self.cfg.epsilon == 0.0 {
+                    return Err(format!("patch {i} skipped with epsilon 0"));
+                }
+                if self.delta[i].is_none() {
+                    return Err(format!("patch {i} skipped before it had a change history"));
+                }
+                if forced {
+                    return Err(format!(
+                        "patch {i} skipped {} steps in a row, K = {}",
+                        self.run[i] + 1,
+                        self.cfg.max_skip
+                    ));
+                }
+                if mine[i] >= eps + tol {
+                    return Err(format!("patch {i} skipped with weight {} >= epsilon {eps}", mine[i]));
+                }
+            } else if under[i] && !forced {
+                kept += 1;
+            }
+        }
+        if kept > 0 && !(kept == 1 && all_under) {
+            return Err(format!("{kept} patches ran with weight under epsilon and no reason"));
+        }
+        for i in 0..r {
+            self.run[i] = if active[i] { 0 } else { self.run[i] + 1 };
+        }
+        self.active.copy_from_slice(active);
+        Ok(())
+    }
+
+    /// Records an importance fed to the gate for a patch that ran.
+    pub fn observed(&mut self, patch: usize, importance: f32) {
+        let v = importance as f64;
+        if let Some(prev) = self.last[patch] {
+            self.delta[patch] = Some((v - prev).abs());
+        }
+        self.last[patch] = Some(v);
+    }
+}
