@@ -162,6 +162,8 @@ fn checker_rejects_wrong_decisions() {
     let cfg = GateConfig { epsilon: 0.0, eta: 1e-6, max_skip: 1 };
     let mut c = GateChecker::new(2, cfg);
     assert!(c.check(&[false, false], &[0.5, 0.5]).unwrap_err().contains("no patch active"));
+    assert!(c.check(&[true, false], &[0.5, 0.5]).unwrap_err().contains("epsilon 0"));
+    let mut c = GateChecker::new(2, GateConfig { epsilon: 0.1, ..cfg });
     assert!(c.check(&[true, false], &[0.5, 0.5]).unwrap_err().contains("history"));
     let mut c = GateChecker::new(2, GateConfig { epsilon: 0.4, ..cfg });
     for _ in 0..2 {
