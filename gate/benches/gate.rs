@@ -1,4 +1,5 @@
 //! One gate decision plus its observations for R = 64 patches (target: under 2 us).
+#![allow(missing_docs)] // criterion_group! generates undocumented items
 
 use criterion::{black_box, criterion_group, criterion_main, Criterion};
 use flashdiff_gate::{Gate, GateConfig};

@@ -35,7 +35,10 @@ impl GateChecker {
     pub fn check(&mut self, active: &[bool], weights: &[f32]) -> Result<(), String> {
         let r = self.run.len();
         if active.len() != r || weights.len() != r {
-            return Err(format!("decision for {} patches, expected {r}", active.len()));
+            return Err(format!(
+                "decision for {} patches, expected {r}",
+                active.len()
+            ));
         }
         if !active.iter().any(|&a| a) {
             return Err("no patch active".into());
@@ -62,11 +65,15 @@ impl GateChecker {
         let under: Vec<bool> = (0..r)
             .map(|i| self.delta[i].is_some() && mine[i] < eps - tol)
             .collect();
-        let all_under = (0..r).all(|i| under[i] || (self.delta[i].is_some() && mine[i] < eps + tol));
+        let all_under =
+            (0..r).all(|i| under[i] || (self.delta[i].is_some() && mine[i] < eps + tol));
         let mut kept = 0;
         for i in 0..r {
             if (weights[i] as f64 - mine[i]).abs() > 1e-4 {
-                return Err(format!("patch {i}: weight {} but re-derived {}", weights[i], mine[i]));
+                return Err(format!(
+                    "patch {i}: weight {} but re-derived {}",
+                    weights[i], mine[i]
+                ));
             }
             let forced = self.run[i] >= self.cfg.max_skip;
             if !active[i] {
@@ -84,14 +91,19 @@ impl GateChecker {
                     ));
                 }
                 if mine[i] >= eps + tol {
-                    return Err(format!("patch {i} skipped with weight {} >= epsilon {eps}", mine[i]));
+                    return Err(format!(
+                        "patch {i} skipped with weight {} >= epsilon {eps}",
+                        mine[i]
+                    ));
                 }
             } else if under[i] && !forced {
                 kept += 1;
             }
         }
         if kept > 0 && !(kept == 1 && all_under) {
-            return Err(format!("{kept} patches ran with weight under epsilon and no reason"));
+            return Err(format!(
+                "{kept} patches ran with weight under epsilon and no reason"
+            ));
         }
         for i in 0..r {
             self.run[i] = if active[i] { 0 } else { self.run[i] + 1 };

@@ -53,9 +53,17 @@ impl LoadAdaptiveEpsilon {
         let e = if load <= self.low {
             self.eps_min
         } else if load <= 1.0 {
-            lerp(self.eps_min, self.eps_base, (load - self.low) / (1.0 - self.low))
+            lerp(
+                self.eps_min,
+                self.eps_base,
+                (load - self.low) / (1.0 - self.low),
+            )
         } else {
-            lerp(self.eps_base, self.eps_max, (load - 1.0) / (self.high - 1.0))
+            lerp(
+                self.eps_base,
+                self.eps_max,
+                (load - 1.0) / (self.high - 1.0),
+            )
         };
         e.clamp(self.eps_min, self.eps_max)
     }

@@ -119,7 +119,10 @@ impl fmt::Display for GateError {
                 "importance of patch {patch} is {value}: must be finite and >= 0"
             ),
             Self::BadPatch { patch, patches } => {
-                write!(f, "patch {patch} out of range: the gate has {patches} patches")
+                write!(
+                    f,
+                    "patch {patch} out of range: the gate has {patches} patches"
+                )
             }
             Self::NotActive { patch } => write!(
                 f,

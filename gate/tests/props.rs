@@ -84,7 +84,15 @@ proptest! {
 
 #[test]
 fn first_two_decisions_run_everything() {
-    let mut gate = Gate::new(3, GateConfig { epsilon: 0.9, eta: 0.0, max_skip: 9 }).unwrap();
+    let mut gate = Gate::new(
+        3,
+        GateConfig {
+            epsilon: 0.9,
+            eta: 0.0,
+            max_skip: 9,
+        },
+    )
+    .unwrap();
     let mut a = [false; 3];
     for _ in 0..2 {
         let s = gate.decide(&mut a).unwrap();
@@ -97,7 +105,15 @@ fn first_two_decisions_run_everything() {
 #[test]
 fn weights_follow_equation_nine() {
     // Δ = (0.3, 0.1, 0.0, 0.0), η = 0.1: w = (0.4, 0.2, 0.1, 0.1) / 0.8.
-    let mut gate = Gate::new(4, GateConfig { epsilon: 0.2, eta: 0.1, max_skip: 3 }).unwrap();
+    let mut gate = Gate::new(
+        4,
+        GateConfig {
+            epsilon: 0.2,
+            eta: 0.1,
+            max_skip: 3,
+        },
+    )
+    .unwrap();
     let mut a = [false; 4];
     gate.decide(&mut a).unwrap();
     gate.observe_all(&[0.5, 0.5, 0.5, 0.5]).unwrap();
@@ -115,7 +131,15 @@ fn weights_follow_equation_nine() {
 
 #[test]
 fn at_least_one_patch_runs_when_all_fall_under_epsilon() {
-    let mut gate = Gate::new(4, GateConfig { epsilon: 0.9, eta: 1e-6, max_skip: 100 }).unwrap();
+    let mut gate = Gate::new(
+        4,
+        GateConfig {
+            epsilon: 0.9,
+            eta: 1e-6,
+            max_skip: 100,
+        },
+    )
+    .unwrap();
     let mut a = [false; 4];
     for step in 0..10 {
         let s = gate.decide(&mut a).unwrap();
@@ -134,43 +158,93 @@ fn at_least_one_patch_runs_when_all_fall_under_epsilon() {
 
 #[test]
 fn bad_input_is_refused_by_name() {
-    assert_eq!(Gate::new(0, GateConfig::default()), Err(GateError::NoPatches));
-    let bad = GateConfig { epsilon: f32::NAN, ..Default::default() };
+    assert_eq!(
+        Gate::new(0, GateConfig::default()),
+        Err(GateError::NoPatches)
+    );
+    let bad = GateConfig {
+        epsilon: f32::NAN,
+        ..Default::default()
+    };
     assert!(matches!(Gate::new(2, bad), Err(GateError::BadEpsilon(_))));
-    let bad = GateConfig { eta: -1.0, ..Default::default() };
+    let bad = GateConfig {
+        eta: -1.0,
+        ..Default::default()
+    };
     assert_eq!(Gate::new(2, bad), Err(GateError::BadEta(-1.0)));
     let mut gate = Gate::new(2, GateConfig::default()).unwrap();
     assert_eq!(
         gate.decide(&mut [false; 3]),
-        Err(GateError::BadBuffer { expected: 2, got: 3 })
+        Err(GateError::BadBuffer {
+            expected: 2,
+            got: 3
+        })
     );
     gate.decide(&mut [false; 2]).unwrap();
-    assert_eq!(gate.observe(5, 0.1), Err(GateError::BadPatch { patch: 5, patches: 2 }));
+    assert_eq!(
+        gate.observe(5, 0.1),
+        Err(GateError::BadPatch {
+            patch: 5,
+            patches: 2
+        })
+    );
     assert!(matches!(
         gate.observe(0, f32::INFINITY),
         Err(GateError::BadImportance { patch: 0, .. })
     ));
     assert!(gate.set_epsilon(1.5).is_err());
-    assert!(LoadAdaptiveEpsilon { eps_min: 0.2, eps_base: 0.1, ..Default::default() }
-        .validate()
-        .is_err());
+    assert!(LoadAdaptiveEpsilon {
+        eps_min: 0.2,
+        eps_base: 0.1,
+        ..Default::default()
+    }
+    .validate()
+    .is_err());
     assert!(LoadAdaptiveEpsilon::default().validate().is_ok());
 }
 
 #[test]
 fn checker_rejects_wrong_decisions() {
-    let cfg = GateConfig { epsilon: 0.0, eta: 1e-6, max_skip: 1 };
+    let cfg = GateConfig {
+        epsilon: 0.0,
+        eta: 1e-6,
+        max_skip: 1,
+    };
     let mut c = GateChecker::new(2, cfg);
-    assert!(c.check(&[false, false], &[0.5, 0.5]).unwrap_err().contains("no patch active"));
-    assert!(c.check(&[true, false], &[0.5, 0.5]).unwrap_err().contains("epsilon 0"));
-    let mut c = GateChecker::new(2, GateConfig { epsilon: 0.1, ..cfg });
-    assert!(c.check(&[true, false], &[0.5, 0.5]).unwrap_err().contains("history"));
-    let mut c = GateChecker::new(2, GateConfig { epsilon: 0.4, ..cfg });
+    assert!(c
+        .check(&[false, false], &[0.5, 0.5])
+        .unwrap_err()
+        .contains("no patch active"));
+    assert!(c
+        .check(&[true, false], &[0.5, 0.5])
+        .unwrap_err()
+        .contains("epsilon 0"));
+    let mut c = GateChecker::new(
+        2,
+        GateConfig {
+            epsilon: 0.1,
+            ..cfg
+        },
+    );
+    assert!(c
+        .check(&[true, false], &[0.5, 0.5])
+        .unwrap_err()
+        .contains("history"));
+    let mut c = GateChecker::new(
+        2,
+        GateConfig {
+            epsilon: 0.4,
+            ..cfg
+        },
+    );
     for _ in 0..2 {
         c.check(&[true, true], &[0.5, 0.5]).unwrap();
         c.observed(0, 0.1);
         c.observed(1, 0.1);
     }
-    assert!(c.check(&[true, false], &[0.6, 0.4]).unwrap_err().contains("weight"));
+    assert!(c
+        .check(&[true, false], &[0.6, 0.4])
+        .unwrap_err()
+        .contains("weight"));
     c.check(&[true, false], &[0.5, 0.5]).unwrap_err();
 }

@@ -1,5 +1,6 @@
 //! Partition latency: 64x64 and 128x128 saliency maps at R = 4, 8, 16 (target: < 200 us for
 //! 128x128, R = 16), plus the uniform partitioner for reference.
+#![allow(missing_docs)] // criterion_group! generates undocumented items
 
 use criterion::{black_box, criterion_group, criterion_main, BenchmarkId, Criterion};
 use flashdiff_partitioner::{partition_saliency, partition_uniform, Grid};

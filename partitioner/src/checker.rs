@@ -29,7 +29,9 @@ pub fn check_layout(layout: &PatchLayout, r: u32) -> Result<(), String> {
         }
         let size = b - a;
         if size < lo || size > hi {
-            return Err(format!("patch {p} has {size} tokens, balance needs {lo}..={hi}"));
+            return Err(format!(
+                "patch {p} has {size} tokens, balance needs {lo}..={hi}"
+            ));
         }
         let list = &layout.tokens()[a..b];
         for w in list.windows(2) {

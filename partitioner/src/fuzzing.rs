@@ -20,11 +20,13 @@ pub fn partition(data: &[u8]) {
     let r = data[3] as u32 % (j + 2); // 0 and j + 1 are invalid on purpose
     let body = &data[4..];
     let saliency: Vec<f32> = (0..j as usize)
-        .map(|i| match body.get(i % body.len().max(1)).copied().unwrap_or(0) {
-            255 => f32::NAN,
-            254 => f32::INFINITY,
-            b => b as f32 / 253.0,
-        })
+        .map(
+            |i| match body.get(i % body.len().max(1)).copied().unwrap_or(0) {
+                255 => f32::NAN,
+                254 => f32::INFINITY,
+                b => b as f32 / 253.0,
+            },
+        )
         .collect();
     let map_ok = saliency.iter().all(|v| v.is_finite());
     let r_ok = r >= 1 && r <= j;

@@ -43,8 +43,8 @@ pub use grid::Grid;
 pub use layout::PatchLayout;
 pub use otsu::{otsu, Otsu, BINS};
 pub use partition::{
-    partition_saliency, partition_saliency_with, partition_uniform, PartitionConfig,
-    MIN_CONTRAST, MIN_SEPARABILITY,
+    partition_saliency, partition_saliency_with, partition_uniform, PartitionConfig, MIN_CONTRAST,
+    MIN_SEPARABILITY,
 };
 pub use saliency::saliency_map;
 pub use salient::{is_function_word, normalize_word, salient_mask, split_words};

@@ -27,7 +27,7 @@ fn otsu_of<I: Iterator<Item = f32>>(values: impl Fn() -> I) -> Option<Otsu> {
     let (lo, hi) = values().fold((f32::INFINITY, f32::NEG_INFINITY), |(l, h), v| {
         (l.min(v), h.max(v))
     });
-    if !(hi > lo) {
+    if hi.partial_cmp(&lo) != Some(std::cmp::Ordering::Greater) {
         return None;
     }
     let scale = BINS as f32 / (hi - lo);

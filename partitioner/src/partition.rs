@@ -121,7 +121,9 @@ impl<'a> Ctx<'a> {
             .map(|s| {
                 let (lo, hi) = s
                     .iter()
-                    .fold((f32::INFINITY, f32::NEG_INFINITY), |(a, b), &v| (a.min(v), b.max(v)));
+                    .fold((f32::INFINITY, f32::NEG_INFINITY), |(a, b), &v| {
+                        (a.min(v), b.max(v))
+                    });
                 (hi - lo) * cfg.min_contrast
             })
             .unwrap_or(0.0);
@@ -200,9 +202,11 @@ impl<'a> Ctx<'a> {
     fn saliency_split(&mut self, tokens: &mut [u32], a: u32, r: u32) -> Option<u32> {
         let s = self.saliency?;
         // Range first: most nodes below the top are flat, and then Otsu is not worth running.
-        let (lo, hi) = tokens.iter().fold((f32::INFINITY, f32::NEG_INFINITY), |(l, h), &t| {
-            (l.min(s[t as usize]), h.max(s[t as usize]))
-        });
+        let (lo, hi) = tokens
+            .iter()
+            .fold((f32::INFINITY, f32::NEG_INFINITY), |(l, h), &t| {
+                (l.min(s[t as usize]), h.max(s[t as usize]))
+            });
         if hi - lo < self.min_range || hi - lo <= 0.0 {
             return None;
         }
@@ -211,7 +215,10 @@ impl<'a> Ctx<'a> {
             return None;
         }
         let n = tokens.len() as u64;
-        let n_f = tokens.iter().filter(|&&t| s[t as usize] >= o.threshold).count() as u64;
+        let n_f = tokens
+            .iter()
+            .filter(|&&t| s[t as usize] >= o.threshold)
+            .count() as u64;
         if n_f == 0 || n_f == n {
             return None;
         }
@@ -240,8 +247,18 @@ impl<'a> Ctx<'a> {
         }
         // Stable reorder: chosen tokens first, both parts stay ascending.
         self.scratch.clear();
-        self.scratch.extend(tokens.iter().copied().filter(|&t| self.mark[t as usize] == chosen));
-        self.scratch.extend(tokens.iter().copied().filter(|&t| self.mark[t as usize] != chosen));
+        self.scratch.extend(
+            tokens
+                .iter()
+                .copied()
+                .filter(|&t| self.mark[t as usize] == chosen),
+        );
+        self.scratch.extend(
+            tokens
+                .iter()
+                .copied()
+                .filter(|&t| self.mark[t as usize] != chosen),
+        );
         tokens.copy_from_slice(&self.scratch);
         Some(r_f)
     }
@@ -321,9 +338,13 @@ impl<'a> Ctx<'a> {
         let mut axes = [2usize, 1, 0];
         axes.sort_by_key(|&ax| std::cmp::Reverse((hi[ax] - lo[ax], ax)));
         let mut best: Option<(usize, Vec<u32>)> = None;
-        for &axis in axes.iter().filter(|&&ax| hi[ax] > lo[ax] || tokens.len() == 1) {
+        for &axis in axes
+            .iter()
+            .filter(|&&ax| hi[ax] > lo[ax] || tokens.len() == 1)
+        {
             for from_end in [false, true] {
-                let (order, partial) = self.cut_order(tokens, k, axis, lo[axis], hi[axis], from_end);
+                let (order, partial) =
+                    self.cut_order(tokens, k, axis, lo[axis], hi[axis], from_end);
                 if rectangle || !partial {
                     tokens.copy_from_slice(&order);
                     return;
@@ -333,7 +354,7 @@ impl<'a> Ctx<'a> {
                     tokens.copy_from_slice(&order);
                     return;
                 }
-                if best.as_ref().map_or(true, |(c, _)| comps < *c) {
+                if best.as_ref().is_none_or(|(c, _)| comps < *c) {
                     best = Some((comps, order));
                 }
             }
@@ -368,7 +389,11 @@ impl<'a> Ctx<'a> {
         let cut = lo + c as u32;
         // Of the tokens on the cut line (raster order), the first part takes indices
         // [0, extra) or [on_line - extra, on_line).
-        let take = if from_end { on_line - extra..on_line } else { 0..extra };
+        let take = if from_end {
+            on_line - extra..on_line
+        } else {
+            0..extra
+        };
         let mut first = Vec::with_capacity(k);
         let mut second = Vec::with_capacity(tokens.len() - k);
         let mut seen_on_line = 0usize;

@@ -10,11 +10,13 @@ pub fn saliency_map(
     salient: &[bool],
 ) -> Result<Vec<f32>, PartitionError> {
     let prompt_len = salient.len();
-    let expected = tokens.checked_mul(prompt_len).ok_or(PartitionError::LengthMismatch {
-        what: "attn",
-        expected: usize::MAX,
-        got: attn.len(),
-    })?;
+    let expected = tokens
+        .checked_mul(prompt_len)
+        .ok_or(PartitionError::LengthMismatch {
+            what: "attn",
+            expected: usize::MAX,
+            got: attn.len(),
+        })?;
     if attn.len() != expected {
         return Err(PartitionError::LengthMismatch {
             what: "attn",
@@ -76,18 +78,29 @@ mod tests {
         // 2 latent tokens x 3 prompt tokens; column 1 is a function word.
         let attn = [0.2, 0.7, 0.1, 0.5, 0.0, 0.5];
         let s = saliency_map(&attn, 2, &[true, false, true]).unwrap();
-        assert!((s[0] - 0.15).abs() < 1e-6 && (s[1] - 0.5).abs() < 1e-6, "{s:?}");
+        assert!(
+            (s[0] - 0.15).abs() < 1e-6 && (s[1] - 0.5).abs() < 1e-6,
+            "{s:?}"
+        );
     }
 
     #[test]
     fn refuses_bad_input() {
         assert!(matches!(
             saliency_map(&[0.0; 5], 2, &[true, true, true]),
-            Err(PartitionError::LengthMismatch { what: "attn", expected: 6, got: 5 })
+            Err(PartitionError::LengthMismatch {
+                what: "attn",
+                expected: 6,
+                got: 5
+            })
         ));
         assert!(matches!(
             saliency_map(&[0.0, f32::NAN], 1, &[true, true]),
-            Err(PartitionError::BadValue { what: "attn", index: 1, .. })
+            Err(PartitionError::BadValue {
+                what: "attn",
+                index: 1,
+                ..
+            })
         ));
         assert_eq!(
             saliency_map(&[0.5, 0.5], 1, &[false, false]),

@@ -148,7 +148,11 @@ fn degenerate_maps_give_sensible_layouts() {
     let p = l.patch_of()[27];
     assert_eq!(components(&l, p), 1);
     for n in [19u32, 26, 28, 35] {
-        assert_eq!(l.patch_of()[n as usize], p, "neighbour {n} of the hot token");
+        assert_eq!(
+            l.patch_of()[n as usize],
+            p,
+            "neighbour {n} of the hot token"
+        );
     }
     // R = 1 and R = J.
     assert_eq!(partition_saliency(g, &hot, 1).unwrap().sizes(), vec![64]);
@@ -175,7 +179,10 @@ fn moving_optimum_is_found_again() {
 
 #[test]
 fn drawbench_prompts_keep_content_words() {
-    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../../shared/data/prompts/drawbench200.txt");
+    let path = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../shared/data/prompts/drawbench200.txt"
+    );
     let Ok(text) = std::fs::read_to_string(path) else {
         eprintln!("skipped: {path} not found (the shared data folder sits beside the checkout)");
         return;

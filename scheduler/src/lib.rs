@@ -1,0 +1,93 @@
+//! FlashDiff Patch Scheduler (paper §4.3, Algorithm 1, eq. 1).
+//!
+//! Decides *which worker runs which monotask, and when*. A monotask is a request's warm-up or
+//! one patch-step. The engine submits requests and, after each step's gate decision, the
+//! step's active patches; workers ask for their next monotask and report completions tagged
+//! `(request, step, patch)`. The scheduler enforces step barriers, packs patch-steps of all
+//! requests onto workers by the affinity-aware least-maximum-load rule, serves the highest
+//! priority first with switch-cost-aware preemption at step boundaries, refuses work beyond
+//! its bounds, and survives lost workers. No tensors, no threads of its own.
+//!
+//! ```
+//! use flashdiff_scheduler::{Completion, Scheduler, SchedulerConfig};
+//!
+//! let mut s = Scheduler::new(SchedulerConfig { workers: 2, ..Default::default() })?;
+//! s.submit(7, 1, 5.0)?; // request 7, priority 1, warm-up cost 5
+//! let a = s.next(0)?.unwrap(); // worker 0 takes the warm-up
+//! assert_eq!(s.complete(0, a.task.tag)?, Completion::WarmupDone(7));
+//! s.submit_step(7, 5, &[(0, 1.0), (1, 1.0), (2, 1.0)])?; // step 5, three active patches
+//! let a = s.next(0)?.unwrap();
+//! let b = s.next(1)?.unwrap();
+//! assert_eq!(s.complete(0, a.task.tag)?, Completion::Patch);
+//! assert_eq!(s.complete(1, b.task.tag)?, Completion::Patch);
+//! let c = s.next(0)?.unwrap();
+//! assert_eq!(s.complete(0, c.task.tag)?, Completion::StepDone(7, 5));
+//! s.finish(7)?;
+//! # Ok::<(), flashdiff_scheduler::SchedError>(())
+//! ```
+//!
+//! Also here: the lock-free [`ReadyQueue`], an independent [`checker`] of event logs, and a
+//! deterministic discrete-event simulator ([`sim`]) for evaluating the policy without a model.
+
+pub mod checker;
+#[cfg(feature = "fuzzing")]
+pub mod fuzzing;
+mod queue;
+mod sched;
+pub mod sim;
+
+pub use queue::ReadyQueue;
+pub use sched::{
+    Assignment, Completion, Event, LoadInfo, Pick, SchedError, Scheduler, SchedulerConfig,
+};
+
+use std::fmt;
+
+/// Request id, chosen by the caller.
+pub type RequestId = u64;
+/// Worker index.
+pub type WorkerId = u32;
+
+/// Priority levels; higher is more urgent. Upstream schedulers map their classes onto these.
+pub const PRIORITY_LEVELS: usize = 8;
+
+/// The `patch` of a warm-up monotask's tag.
+pub const WARMUP_PATCH: u32 = u32::MAX;
+
+/// Identity of a monotask's result: applied at most once.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Tag {
+    /// Request.
+    pub request: RequestId,
+    /// Denoising step (0 for the warm-up).
+    pub step: u32,
+    /// Patch, or [`WARMUP_PATCH`].
+    pub patch: u32,
+}
+
+impl fmt::Display for Tag {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.patch == WARMUP_PATCH {
+            write!(f, "(request {}, warm-up)", self.request)
+        } else {
+            write!(
+                f,
+                "(request {}, step {}, patch {})",
+                self.request, self.step, self.patch
+            )
+        }
+    }
+}
+
+/// One unit of schedulable work.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Monotask {
+    /// Its result's identity.
+    pub tag: Tag,
+    /// Upstream priority, `0..PRIORITY_LEVELS`, higher first.
+    pub priority: u8,
+    /// Expected cost (the engine's unit: seconds of device time).
+    pub cost: f64,
+    /// Executions started before this one (after failures or lost workers).
+    pub attempt: u32,
+}

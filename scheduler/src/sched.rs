@@ -1,0 +1,855 @@
+//! The coordinator's scheduling state: requests, step barriers, per-worker ready queues,
+//! placement and dispatch.
+
+use std::collections::HashMap;
+use std::fmt;
+
+use crate::queue::ReadyQueue;
+use crate::{Monotask, RequestId, Tag, WorkerId, PRIORITY_LEVELS, WARMUP_PATCH};
+
+/// Scheduler settings. Costs share one unit (seconds of device time in the engine).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct SchedulerConfig {
+    /// Workers at start (more can be added).
+    pub workers: u32,
+    /// Requests admitted at once; `submit` refuses beyond.
+    pub max_requests: usize,
+    /// Monotasks queued at once; `submit_step` refuses beyond (back-pressure).
+    pub max_queued: usize,
+    /// Fixed cost of a worker switching to a monotask planned for another worker.
+    pub switch_cost: f64,
+    /// Cost of bringing a request's state (latent, K/V) to a worker that does not hold it.
+    pub transfer_cost: f64,
+    /// Executions of one monotask before its request fails.
+    pub max_attempts: u32,
+    /// Keep an event log for the checker ([`Scheduler::take_events`]).
+    pub record_events: bool,
+}
+
+impl Default for SchedulerConfig {
+    fn default() -> Self {
+        Self {
+            workers: 1,
+            max_requests: 1024,
+            max_queued: 1 << 20,
+            switch_cost: 0.0,
+            transfer_cost: 0.0,
+            max_attempts: 3,
+            record_events: false,
+        }
+    }
+}
+
+/// Why the scheduler refused a call.
+#[derive(Debug, Clone, PartialEq)]
+pub enum SchedError {
+    /// Settings out of range.
+    BadConfig(String),
+    /// Admission control: the named bound is reached; retry after requests finish.
+    Full {
+        /// "requests" or "queued monotasks".
+        what: &'static str,
+        /// The configured bound.
+        limit: usize,
+    },
+    /// Request id already admitted.
+    DuplicateRequest(RequestId),
+    /// No such request (never submitted, finished, failed or cancelled).
+    UnknownRequest(RequestId),
+    /// Priority outside `0..PRIORITY_LEVELS`.
+    BadPriority(u8),
+    /// Cost NaN, infinite or negative.
+    BadCost(f64),
+    /// The step cannot open: the previous step (or warm-up) has not completed, or the step
+    /// number does not increase.
+    Barrier {
+        /// Request.
+        request: RequestId,
+        /// Step asked for.
+        step: u32,
+        /// Why.
+        why: &'static str,
+    },
+    /// A step must run at least one patch, each patch once.
+    BadPatches(String),
+    /// Worker id out of range.
+    UnknownWorker(WorkerId),
+    /// The worker was declared lost.
+    WorkerDead(WorkerId),
+    /// The worker already runs a monotask: complete or fail it first.
+    Busy(WorkerId),
+    /// The worker does not run that monotask.
+    NotRunning {
+        /// Worker.
+        worker: WorkerId,
+        /// The tag reported.
+        tag: Tag,
+    },
+    /// The request is not between steps, so it cannot finish yet.
+    NotIdle(RequestId),
+}
+
+impl fmt::Display for SchedError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::BadConfig(s) => write!(f, "invalid scheduler configuration: {s}"),
+            Self::Full { what, limit } => write!(
+                f,
+                "scheduler full: {what} at the limit of {limit}; retry when requests finish"
+            ),
+            Self::DuplicateRequest(r) => write!(f, "request {r} is already admitted"),
+            Self::UnknownRequest(r) => write!(
+                f,
+                "request {r} is not admitted (finished, failed, cancelled or never submitted)"
+            ),
+            Self::BadPriority(p) => write!(f, "priority {p} out of range 0..{PRIORITY_LEVELS}"),
+            Self::BadCost(c) => write!(f, "cost {c} must be finite and >= 0"),
+            Self::Barrier { request, step, why } => {
+                write!(f, "request {request} cannot open step {step}: {why}")
+            }
+            Self::BadPatches(s) => write!(f, "bad patch list: {s}"),
+            Self::UnknownWorker(w) => write!(f, "worker {w} does not exist"),
+            Self::WorkerDead(w) => write!(f, "worker {w} was declared lost"),
+            Self::Busy(w) => write!(f, "worker {w} already runs a monotask"),
+            Self::NotRunning { worker, tag } => write!(f, "worker {worker} does not run {tag}"),
+            Self::NotIdle(r) => write!(f, "request {r} has a step in flight"),
+        }
+    }
+}
+
+impl std::error::Error for SchedError {}
+
+/// How a dispatched monotask was chosen.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Pick {
+    /// The highest-priority monotask anywhere was in the worker's own queue.
+    Own,
+    /// Taken from another worker's queue: `Benefit > SwitchCost`, or it was higher priority.
+    Stolen {
+        /// The worker it was planned for.
+        from: WorkerId,
+    },
+    /// A higher-priority monotask waited elsewhere, but moving it here would cost more than
+    /// it gains (`benefit <= cost`): the worker took its own lower-priority one.
+    KeptOwn {
+        /// Priority of the monotask left waiting.
+        waiting_priority: u8,
+        /// Wait it would have saved, weighted by the priority gap.
+        benefit: f64,
+        /// What switching would have cost.
+        cost: f64,
+    },
+}
+
+/// A monotask handed to a worker.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Assignment {
+    /// The work.
+    pub task: Monotask,
+    /// Extra cost this dispatch pays (state transfer, switch).
+    pub overhead: f64,
+    /// Why it was chosen.
+    pub pick: Pick,
+}
+
+/// What a completion did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Completion {
+    /// One patch-step done; its step still has others outstanding.
+    Patch,
+    /// The request's warm-up is done: partition it and open its first step.
+    WarmupDone(RequestId),
+    /// Every patch-step of `step` is done: run the gate and open the next step (or finish).
+    StepDone(RequestId, u32),
+    /// Already applied, or from a lost worker, or for a cancelled request: ignored.
+    Stale,
+    /// The monotask failed too often: the request is dropped.
+    RequestFailed(RequestId),
+}
+
+/// Scheduler events, recorded when `record_events` is set.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Event {
+    /// A monotask was placed on a worker's queue.
+    Ready {
+        /// Tag.
+        tag: Tag,
+        /// Priority.
+        priority: u8,
+        /// Planned worker.
+        worker: WorkerId,
+    },
+    /// A step (or warm-up) opened with this many monotasks.
+    StepOpened {
+        /// Request.
+        request: RequestId,
+        /// Step (0 for warm-up).
+        step: u32,
+        /// Monotasks in it.
+        tasks: u32,
+    },
+    /// A worker started a monotask.
+    Dispatched {
+        /// Worker.
+        worker: WorkerId,
+        /// Tag.
+        tag: Tag,
+        /// Priority.
+        priority: u8,
+        /// How it was chosen.
+        pick: Pick,
+    },
+    /// A completion was applied.
+    Completed {
+        /// Worker.
+        worker: WorkerId,
+        /// Tag.
+        tag: Tag,
+    },
+    /// A monotask went back to the queues (failure or lost worker); it is Ready again.
+    Requeued {
+        /// Tag.
+        tag: Tag,
+    },
+    /// A worker was declared lost.
+    WorkerLost(WorkerId),
+    /// A request left (finished, failed or cancelled); its queued monotasks are dropped.
+    RequestEnded {
+        /// Request.
+        request: RequestId,
+        /// Whether it ended by failure or cancellation.
+        failed: bool,
+    },
+}
+
+#[derive(Debug)]
+struct WorkerSlot {
+    alive: bool,
+    running: Option<Monotask>,
+    load: f64,
+    queue: ReadyQueue,
+    /// A monotask popped to look at it and not taken yet: logically still the level's head.
+    front: [Option<Monotask>; PRIORITY_LEVELS],
+}
+
+impl WorkerSlot {
+    fn new() -> Self {
+        Self {
+            alive: true,
+            running: None,
+            load: 0.0,
+            queue: ReadyQueue::new(),
+            front: [None; PRIORITY_LEVELS],
+        }
+    }
+}
+
+#[derive(Debug)]
+struct Req {
+    priority: u8,
+    /// Step in flight (0 = warm-up); `None` between steps.
+    open: Option<u32>,
+    last_done: Option<u32>,
+    outstanding: u32,
+    /// Patches of the open step still to complete.
+    pending: Vec<u32>,
+    holders: Vec<WorkerId>,
+}
+
+/// Queue/worker load snapshot.
+#[derive(Debug, Clone, PartialEq)]
+pub struct LoadInfo {
+    /// Admitted requests.
+    pub requests: usize,
+    /// Monotasks queued.
+    pub queued: usize,
+    /// Monotasks running.
+    pub running: usize,
+    /// Queued + running cost per worker (0 for lost workers).
+    pub per_worker: Vec<f64>,
+    /// Alive workers.
+    pub alive: usize,
+}
+
+impl LoadInfo {
+    /// Mean outstanding cost per alive worker: how long the current work would keep every
+    /// worker busy.
+    pub fn backlog(&self) -> f64 {
+        self.per_worker.iter().sum::<f64>() / self.alive.max(1) as f64
+    }
+}
+
+/// The Patch Scheduler's state (§4.3, Algorithm 1 lines 10-22).
+#[derive(Debug)]
+pub struct Scheduler {
+    cfg: SchedulerConfig,
+    workers: Vec<WorkerSlot>,
+    requests: HashMap<RequestId, Req>,
+    queued: usize,
+    orphans: Vec<Monotask>,
+    events: Vec<Event>,
+}
+
+fn check_cost(c: f64) -> Result<(), SchedError> {
+    if c.is_finite() && c >= 0.0 {
+        Ok(())
+    } else {
+        Err(SchedError::BadCost(c))
+    }
+}
+
+impl Scheduler {
+    /// A scheduler with `cfg.workers` idle workers.
+    pub fn new(cfg: SchedulerConfig) -> Result<Self, SchedError> {
+        if cfg.workers == 0 || cfg.max_requests == 0 || cfg.max_queued == 0 || cfg.max_attempts == 0
+        {
+            return Err(SchedError::BadConfig(
+                "workers, max_requests, max_queued and max_attempts must be >= 1".into(),
+            ));
+        }
+        check_cost(cfg.switch_cost)
+            .and(check_cost(cfg.transfer_cost))
+            .map_err(|_| {
+                SchedError::BadConfig(
+                    "switch_cost and transfer_cost must be finite and >= 0".into(),
+                )
+            })?;
+        Ok(Self {
+            cfg,
+            workers: (0..cfg.workers).map(|_| WorkerSlot::new()).collect(),
+            requests: HashMap::new(),
+            queued: 0,
+            orphans: Vec::new(),
+            events: Vec::new(),
+        })
+    }
+
+    /// Settings.
+    pub fn config(&self) -> &SchedulerConfig {
+        &self.cfg
+    }
+
+    /// Workers ever created (lost ones included).
+    pub fn workers(&self) -> u32 {
+        self.workers.len() as u32
+    }
+
+    fn log(&mut self, e: impl FnOnce() -> Event) {
+        if self.cfg.record_events {
+            self.events.push(e());
+        }
+    }
+
+    /// Drains the event log.
+    pub fn take_events(&mut self) -> Vec<Event> {
+        std::mem::take(&mut self.events)
+    }
+
+    /// Admits a request and queues its warm-up monotask on the least-loaded worker.
+    pub fn submit(
+        &mut self,
+        request: RequestId,
+        priority: u8,
+        warmup_cost: f64,
+    ) -> Result<(), SchedError> {
+        if self.requests.contains_key(&request) {
+            return Err(SchedError::DuplicateRequest(request));
+        }
+        if priority as usize >= PRIORITY_LEVELS {
+            return Err(SchedError::BadPriority(priority));
+        }
+        check_cost(warmup_cost)?;
+        if self.requests.len() >= self.cfg.max_requests {
+            return Err(SchedError::Full {
+                what: "requests",
+                limit: self.cfg.max_requests,
+            });
+        }
+        if self.queued >= self.cfg.max_queued {
+            return Err(SchedError::Full {
+                what: "queued monotasks",
+                limit: self.cfg.max_queued,
+            });
+        }
+        self.requests.insert(
+            request,
+            Req {
+                priority,
+                open: Some(0),
+                last_done: None,
+                outstanding: 1,
+                pending: vec![WARMUP_PATCH],
+                holders: Vec::new(),
+            },
+        );
+        self.log(|| Event::StepOpened {
+            request,
+            step: 0,
+            tasks: 1,
+        });
+        let m = Monotask {
+            tag: Tag {
+                request,
+                step: 0,
+                patch: WARMUP_PATCH,
+            },
+            priority,
+            cost: warmup_cost,
+            attempt: 0,
+        };
+        self.place(m);
+        Ok(())
+    }
+
+    /// Opens `step` of a request with its active patches `(patch, cost)`, after its previous
+    /// step (or warm-up) completed. Steps must increase; patch ids must be unique.
+    pub fn submit_step(
+        &mut self,
+        request: RequestId,
+        step: u32,
+        patches: &[(u32, f64)],
+    ) -> Result<(), SchedError> {
+        let req = self
+            .requests
+            .get(&request)
+            .ok_or(SchedError::UnknownRequest(request))?;
+        if req.open.is_some() {
+            return Err(SchedError::Barrier {
+                request,
+                step,
+                why: "the previous step has not completed",
+            });
+        }
+        if req.last_done.is_some_and(|d| step <= d) {
+            return Err(SchedError::Barrier {
+                request,
+                step,
+                why: "steps must increase",
+            });
+        }
+        if patches.is_empty() {
+            return Err(SchedError::BadPatches(
+                "a step runs at least one patch".into(),
+            ));
+        }
+        let mut ids: Vec<u32> = patches.iter().map(|p| p.0).collect();
+        ids.sort_unstable();
+        if ids.windows(2).any(|w| w[0] == w[1]) || ids.last() == Some(&WARMUP_PATCH) {
+            return Err(SchedError::BadPatches(
+                "patch ids must be unique and below u32::MAX".into(),
+            ));
+        }
+        for &(_, c) in patches {
+            check_cost(c)?;
+        }
+        if self.queued + patches.len() > self.cfg.max_queued {
+            return Err(SchedError::Full {
+                what: "queued monotasks",
+                limit: self.cfg.max_queued,
+            });
+        }
+        let priority = req.priority;
+        let req = self.requests.get_mut(&request).expect("checked above");
+        req.open = Some(step);
+        req.outstanding = patches.len() as u32;
+        req.pending = ids;
+        self.log(|| Event::StepOpened {
+            request,
+            step,
+            tasks: patches.len() as u32,
+        });
+        // Longest first: the classic LPT order makes least-max-load packing tighter.
+        let mut order: Vec<(u32, f64)> = patches.to_vec();
+        order.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
+        for (patch, cost) in order {
+            self.place(Monotask {
+                tag: Tag {
+                    request,
+                    step,
+                    patch,
+                },
+                priority,
+                cost,
+                attempt: 0,
+            });
+        }
+        Ok(())
+    }
+
+    /// Eq. 1 with affinity: the worker minimising the maximum load after adding the task,
+    /// where a worker that does not hold the request's state also pays `transfer_cost`;
+    /// ties prefer a holder, then the lighter worker, then the lower id. Warm-ups go to the
+    /// least-loaded worker (no state exists yet).
+    fn place(&mut self, m: Monotask) {
+        let alive: Vec<usize> = (0..self.workers.len())
+            .filter(|&g| self.workers[g].alive)
+            .collect();
+        if alive.is_empty() {
+            self.orphans.push(m);
+            self.queued += 1;
+            return;
+        }
+        let holders: &[WorkerId] = self
+            .requests
+            .get(&m.tag.request)
+            .map_or(&[], |r| &r.holders);
+        let (mut top1, mut top2, mut arg1) = (f64::NEG_INFINITY, f64::NEG_INFINITY, usize::MAX);
+        for &g in &alive {
+            let l = self.workers[g].load;
+            if l > top1 {
+                top2 = top1;
+                top1 = l;
+                arg1 = g;
+            } else if l > top2 {
+                top2 = l;
+            }
+        }
+        let warmup = m.tag.patch == WARMUP_PATCH;
+        let mut best: Option<(f64, bool, f64, usize, f64)> = None;
+        for &g in &alive {
+            let holder = holders.contains(&(g as WorkerId));
+            let extra = if warmup || holder {
+                0.0
+            } else {
+                self.cfg.transfer_cost
+            };
+            let load = self.workers[g].load;
+            let others = if g == arg1 { top2 } else { top1 };
+            let key = if warmup {
+                load
+            } else {
+                (load + m.cost + extra).max(others)
+            };
+            let better = match best {
+                None => true,
+                Some((k, h, l, id, _)) => (key, !holder, load, g) < (k, !h, l, id),
+            };
+            if better {
+                best = Some((key, holder, load, g, extra));
+            }
+        }
+        let (_, _, _, g, extra) = best.expect("at least one alive worker");
+        let w = &mut self.workers[g];
+        w.load += m.cost + extra;
+        w.queue.push(m);
+        self.queued += 1;
+        if let Some(r) = self.requests.get_mut(&m.tag.request) {
+            if !r.holders.contains(&(g as WorkerId)) {
+                r.holders.push(g as WorkerId);
+            }
+        }
+        self.log(|| Event::Ready {
+            tag: m.tag,
+            priority: m.priority,
+            worker: g as WorkerId,
+        });
+    }
+
+    /// Highest level holding a live monotask on worker `g`, with that level's head moved into
+    /// the front slot; monotasks of requests that left are dropped on the way.
+    fn head_level(&mut self, g: usize) -> Option<usize> {
+        loop {
+            let level = (0..PRIORITY_LEVELS)
+                .rev()
+                .find(|&l| self.workers[g].front[l].is_some())
+                .into_iter()
+                .chain(self.workers[g].queue.highest_level())
+                .max()?;
+            let slot = &mut self.workers[g];
+            if slot.front[level].is_none() {
+                slot.front[level] = slot.queue.pop_level(level);
+            }
+            let Some(m) = slot.front[level] else { continue };
+            if self.requests.contains_key(&m.tag.request) {
+                return Some(level);
+            }
+            slot.front[level] = None;
+            slot.load = (slot.load - m.cost).max(0.0);
+            self.queued -= 1;
+        }
+    }
+
+    fn take_head(&mut self, g: usize, level: usize) -> Monotask {
+        let m = self.workers[g].front[level]
+            .take()
+            .expect("head_level filled the slot");
+        self.queued -= 1;
+        m
+    }
+
+    /// Worker `w` asks for its next monotask (Algorithm 1 lines 17-21). It takes the
+    /// highest-priority monotask anywhere; one planned for another worker is taken when
+    /// `Benefit > SwitchCost`, where Benefit is the wait it saves (work queued ahead of it on
+    /// its planned worker) times `1 + priority gap`, and SwitchCost is `switch_cost` plus
+    /// `transfer_cost` unless `w` holds the request's state. `None`: nothing worth running.
+    pub fn next(&mut self, w: WorkerId) -> Result<Option<Assignment>, SchedError> {
+        let wi = w as usize;
+        let slot = self.workers.get(wi).ok_or(SchedError::UnknownWorker(w))?;
+        if !slot.alive {
+            return Err(SchedError::WorkerDead(w));
+        }
+        if slot.running.is_some() {
+            return Err(SchedError::Busy(w));
+        }
+        let own = self.head_level(wi);
+        // The best foreign head: highest level, then most work queued ahead of it.
+        let mut foreign: Option<(usize, usize, f64)> = None;
+        for v in 0..self.workers.len() {
+            if v == wi || !self.workers[v].alive {
+                continue;
+            }
+            if let Some(l) = self.head_level(v) {
+                let load = self.workers[v].load;
+                if foreign.is_none_or(|(fl, _, fload)| (l, load) > (fl, fload)) {
+                    foreign = Some((l, v, load));
+                }
+            }
+        }
+        let pick = match (own, foreign) {
+            (None, None) => return Ok(None),
+            (Some(lo), f) if f.is_none_or(|(lf, _, _)| lo >= lf) => (wi, lo, Pick::Own, 0.0),
+            (own, Some((lf, v, vload))) => {
+                let m = self.workers[v].front[lf].expect("head_level filled the slot");
+                let holder = self
+                    .requests
+                    .get(&m.tag.request)
+                    .is_some_and(|r| r.holders.contains(&w));
+                let cost = self.cfg.switch_cost + if holder { 0.0 } else { self.cfg.transfer_cost };
+                let gap = lf as f64 - own.map_or(-1.0, |lo| lo as f64);
+                let running_v = self.workers[v].running.map_or(0.0, |r| r.cost);
+                let ahead = (vload - m.cost).max(0.0).max(running_v);
+                let benefit = ahead * (1.0 + gap);
+                if benefit > cost {
+                    (
+                        v,
+                        lf,
+                        Pick::Stolen {
+                            from: v as WorkerId,
+                        },
+                        cost,
+                    )
+                } else if let Some(lo) = own {
+                    (
+                        wi,
+                        lo,
+                        Pick::KeptOwn {
+                            waiting_priority: m.priority,
+                            benefit,
+                            cost,
+                        },
+                        0.0,
+                    )
+                } else {
+                    return Ok(None);
+                }
+            }
+            (Some(_), None) => unreachable!("covered by the own-first arm"),
+        };
+        let (from, level, pick, overhead) = pick;
+        let m = self.take_head(from, level);
+        if from != wi {
+            let v = &mut self.workers[from];
+            v.load = (v.load - m.cost).max(0.0);
+            self.workers[wi].load += m.cost + overhead;
+            if let Some(r) = self.requests.get_mut(&m.tag.request) {
+                if !r.holders.contains(&w) {
+                    r.holders.push(w);
+                }
+            }
+        }
+        self.workers[wi].running = Some(m);
+        self.log(|| Event::Dispatched {
+            worker: w,
+            tag: m.tag,
+            priority: m.priority,
+            pick,
+        });
+        Ok(Some(Assignment {
+            task: m,
+            overhead,
+            pick,
+        }))
+    }
+
+    fn running_on(&self, w: WorkerId, tag: Tag) -> Result<Monotask, SchedError> {
+        let slot = self
+            .workers
+            .get(w as usize)
+            .ok_or(SchedError::UnknownWorker(w))?;
+        match slot.running {
+            Some(m) if m.tag == tag => Ok(m),
+            _ => Err(SchedError::NotRunning { worker: w, tag }),
+        }
+    }
+
+    /// Worker `w` finished the monotask `tag`. Each (request, step, patch) is applied at most
+    /// once: reports from lost workers, for cancelled requests, or repeated, are `Stale`.
+    pub fn complete(&mut self, w: WorkerId, tag: Tag) -> Result<Completion, SchedError> {
+        let slot = self
+            .workers
+            .get(w as usize)
+            .ok_or(SchedError::UnknownWorker(w))?;
+        if !slot.alive {
+            return Ok(Completion::Stale);
+        }
+        let m = match self.running_on(w, tag) {
+            Ok(m) => m,
+            Err(e) => {
+                let applied = self
+                    .requests
+                    .get(&tag.request)
+                    .is_none_or(|r| r.open != Some(tag.step) || !r.pending.contains(&tag.patch));
+                return if applied {
+                    Ok(Completion::Stale)
+                } else {
+                    Err(e)
+                };
+            }
+        };
+        let slot = &mut self.workers[w as usize];
+        slot.running = None;
+        slot.load = (slot.load - m.cost).max(0.0);
+        let Some(req) = self.requests.get_mut(&tag.request) else {
+            return Ok(Completion::Stale);
+        };
+        let Some(pos) = req
+            .pending
+            .iter()
+            .position(|&p| p == tag.patch)
+            .filter(|_| req.open == Some(tag.step))
+        else {
+            return Ok(Completion::Stale);
+        };
+        req.pending.swap_remove(pos);
+        req.outstanding -= 1;
+        let result = if req.outstanding > 0 {
+            Completion::Patch
+        } else {
+            req.open = None;
+            req.last_done = Some(tag.step);
+            if tag.patch == WARMUP_PATCH {
+                Completion::WarmupDone(tag.request)
+            } else {
+                Completion::StepDone(tag.request, tag.step)
+            }
+        };
+        self.log(|| Event::Completed { worker: w, tag });
+        Ok(result)
+    }
+
+    /// Worker `w` could not run `tag` (an error, not a death): it is queued again, or after
+    /// `max_attempts` executions its request fails.
+    pub fn fail(&mut self, w: WorkerId, tag: Tag) -> Result<Completion, SchedError> {
+        let mut m = self.running_on(w, tag)?;
+        let slot = &mut self.workers[w as usize];
+        slot.running = None;
+        slot.load = (slot.load - m.cost).max(0.0);
+        m.attempt += 1;
+        if m.attempt >= self.cfg.max_attempts {
+            self.end(tag.request, true);
+            return Ok(Completion::RequestFailed(tag.request));
+        }
+        self.log(|| Event::Requeued { tag });
+        self.place(m);
+        Ok(Completion::Patch)
+    }
+
+    /// Declares worker `w` lost: its running and queued monotasks are placed on the others
+    /// (they run again; completions stay at most once). Returns how many were re-queued.
+    pub fn worker_lost(&mut self, w: WorkerId) -> Result<usize, SchedError> {
+        let slot = self
+            .workers
+            .get_mut(w as usize)
+            .ok_or(SchedError::UnknownWorker(w))?;
+        if !slot.alive {
+            return Ok(0);
+        }
+        slot.alive = false;
+        slot.load = 0.0;
+        let running = slot.running.take().map(|mut m| {
+            m.attempt += 1;
+            m
+        });
+        let mut queued = Vec::new();
+        for l in (0..PRIORITY_LEVELS).rev() {
+            queued.extend(slot.front[l].take());
+            while let Some(m) = slot.queue.pop_level(l) {
+                queued.push(m);
+            }
+        }
+        self.queued -= queued.len();
+        let moved: Vec<Monotask> = running.into_iter().chain(queued).collect();
+        for r in self.requests.values_mut() {
+            r.holders.retain(|&h| h != w);
+        }
+        self.log(|| Event::WorkerLost(w));
+        let mut n = 0;
+        for m in moved {
+            if self.requests.contains_key(&m.tag.request) {
+                self.log(|| Event::Requeued { tag: m.tag });
+                self.place(m);
+                n += 1;
+            }
+        }
+        Ok(n)
+    }
+
+    /// Adds a worker (a replacement); monotasks waiting for any worker go to it.
+    pub fn add_worker(&mut self) -> WorkerId {
+        self.workers.push(WorkerSlot::new());
+        let orphans = std::mem::take(&mut self.orphans);
+        self.queued -= orphans.len();
+        for m in orphans {
+            self.place(m);
+        }
+        (self.workers.len() - 1) as WorkerId
+    }
+
+    /// The engine is done with a request (after its last step): frees its admission slot.
+    pub fn finish(&mut self, request: RequestId) -> Result<(), SchedError> {
+        let r = self
+            .requests
+            .get(&request)
+            .ok_or(SchedError::UnknownRequest(request))?;
+        if r.open.is_some() {
+            return Err(SchedError::NotIdle(request));
+        }
+        self.end(request, false);
+        Ok(())
+    }
+
+    /// Drops a request in any phase; its queued monotasks are discarded, running ones report
+    /// `Stale`.
+    pub fn cancel(&mut self, request: RequestId) -> Result<(), SchedError> {
+        if !self.requests.contains_key(&request) {
+            return Err(SchedError::UnknownRequest(request));
+        }
+        self.end(request, true);
+        Ok(())
+    }
+
+    fn end(&mut self, request: RequestId, failed: bool) {
+        self.requests.remove(&request);
+        self.log(|| Event::RequestEnded { request, failed });
+    }
+
+    /// Load snapshot (for admission upstream and the load-adaptive ε).
+    pub fn load(&self) -> LoadInfo {
+        LoadInfo {
+            requests: self.requests.len(),
+            queued: self.queued,
+            running: self.workers.iter().filter(|w| w.running.is_some()).count(),
+            per_worker: self
+                .workers
+                .iter()
+                .map(|w| if w.alive { w.load } else { 0.0 })
+                .collect(),
+            alive: self.workers.iter().filter(|w| w.alive).count(),
+        }
+    }
+
+    /// Whether the request is admitted and between steps (ready for `submit_step`/`finish`).
+    pub fn is_between_steps(&self, request: RequestId) -> Option<bool> {
+        self.requests.get(&request).map(|r| r.open.is_none())
+    }
+}

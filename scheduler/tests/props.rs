@@ -1,0 +1,409 @@
+//! Scheduler properties: simulated workloads pass the independent checker; the paper's rules
+//! (barriers, eq. 1 packing, priority, switch cost, at-most-once, admission) hold in unit cases.
+
+use flashdiff_scheduler::checker::SchedChecker;
+use flashdiff_scheduler::sim::{simulate, ActiveModel, SimRequest};
+use flashdiff_scheduler::{
+    Completion, Event, Pick, SchedError, Scheduler, SchedulerConfig, Tag, PRIORITY_LEVELS,
+    WARMUP_PATCH,
+};
+use proptest::prelude::*;
+
+fn cfg(workers: u32) -> SchedulerConfig {
+    SchedulerConfig {
+        workers,
+        record_events: true,
+        ..Default::default()
+    }
+}
+
+fn request() -> impl Strategy<Value = (f64, u8, u32, u32, f64, Option<(f64, u32)>)> {
+    (
+        0.0f64..20.0,
+        0u8..PRIORITY_LEVELS as u8,
+        0u32..8,
+        1u32..12,
+        0.1f64..2.0,
+        prop::option::of((0.0f64..1.0, 0u32..5)),
+    )
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(128))]
+
+    #[test]
+    fn simulated_workloads_pass_the_checker(
+        workers in 1u32..5,
+        max_requests in 1usize..10,
+        switch in 0.0f64..2.0,
+        transfer in 0.0f64..2.0,
+        reqs in prop::collection::vec(request(), 1..20),
+        seed in any::<u64>(),
+    ) {
+        let c = SchedulerConfig { workers, max_requests, switch_cost: switch, transfer_cost: transfer, record_events: true, ..Default::default() };
+        let reqs: Vec<SimRequest> = reqs.into_iter().enumerate().map(|(i, (arrival, priority, steps, patches, patch_cost, skip))| SimRequest {
+            id: i as u64 + 100, arrival, priority, warmup_cost: 1.0, steps, patches, patch_cost,
+            active: skip.map_or(ActiveModel::All, |(p, max_skip)| ActiveModel::Bernoulli { p, max_skip }),
+        }).collect();
+        let res = simulate(c, &reqs, seed).unwrap();
+        prop_assert_eq!(res.outcomes.len(), reqs.len());
+        let mut checker = SchedChecker::new();
+        prop_assert_eq!(checker.check_all(&res.events), Ok(()));
+        prop_assert_eq!(checker.finished(), reqs.len() as u64);
+        for o in &res.outcomes {
+            prop_assert!(o.completion >= o.admitted && o.admitted >= o.arrival);
+        }
+        prop_assert_eq!(res, simulate(c, &reqs, seed).unwrap());
+    }
+}
+
+fn run_warmup(s: &mut Scheduler, w: u32, r: u64) {
+    let a = s.next(w).unwrap().unwrap();
+    assert_eq!(
+        a.task.tag,
+        Tag {
+            request: r,
+            step: 0,
+            patch: WARMUP_PATCH
+        }
+    );
+    assert_eq!(
+        s.complete(w, a.task.tag).unwrap(),
+        Completion::WarmupDone(r)
+    );
+}
+
+#[test]
+fn barriers_hold() {
+    let mut s = Scheduler::new(cfg(1)).unwrap();
+    s.submit(1, 0, 1.0).unwrap();
+    assert!(matches!(
+        s.submit_step(1, 5, &[(0, 1.0)]),
+        Err(SchedError::Barrier { .. })
+    ));
+    run_warmup(&mut s, 0, 1);
+    s.submit_step(1, 5, &[(0, 1.0), (1, 1.0)]).unwrap();
+    assert!(matches!(
+        s.submit_step(1, 6, &[(0, 1.0)]),
+        Err(SchedError::Barrier { .. })
+    ));
+    for _ in 0..2 {
+        let a = s.next(0).unwrap().unwrap();
+        s.complete(0, a.task.tag).unwrap();
+    }
+    assert!(matches!(
+        s.submit_step(1, 5, &[(0, 1.0)]),
+        Err(SchedError::Barrier {
+            why: "steps must increase",
+            ..
+        })
+    ));
+    assert!(matches!(
+        s.submit_step(1, 6, &[(0, 1.0), (0, 2.0)]),
+        Err(SchedError::BadPatches(_))
+    ));
+    assert!(matches!(
+        s.submit_step(1, 6, &[]),
+        Err(SchedError::BadPatches(_))
+    ));
+    assert!(
+        matches!(s.submit_step(1, 6, &[(0, f64::NAN)]), Err(SchedError::BadCost(c)) if c.is_nan())
+    );
+    s.submit_step(1, 6, &[(3, 1.0)]).unwrap();
+    assert_eq!(s.finish(1), Err(SchedError::NotIdle(1)));
+}
+
+#[test]
+fn least_max_load_packing_balances_and_prefers_state_holders() {
+    let mut c = cfg(2);
+    c.transfer_cost = 0.5;
+    let mut s = Scheduler::new(c).unwrap();
+    s.submit(1, 0, 1.0).unwrap();
+    run_warmup(&mut s, 0, 1); // worker 0 now holds request 1's state
+    s.take_events();
+    s.submit_step(1, 1, &[(0, 1.0), (1, 1.0), (2, 1.0), (3, 1.0)])
+        .unwrap();
+    let placed: Vec<u32> = s
+        .take_events()
+        .iter()
+        .filter_map(|e| match e {
+            Event::Ready { worker, .. } => Some(*worker),
+            _ => None,
+        })
+        .collect();
+    // Eq. 1: 0 -> w0 (holder, load 1); 1 -> w1 (max(1, 1.5) < 2); 2 -> w0 (max 2 < 2.5);
+    // 3 -> w1 (max(2, 2.5) < 3).
+    assert_eq!(placed, [0, 1, 0, 1]);
+    let l = s.load();
+    assert_eq!(l.per_worker, vec![2.0, 2.5]);
+}
+
+#[test]
+fn highest_priority_first_fifo_within_a_level() {
+    let mut s = Scheduler::new(cfg(1)).unwrap();
+    s.submit(1, 1, 1.0).unwrap();
+    s.submit(2, 1, 1.0).unwrap();
+    s.submit(3, 6, 1.0).unwrap();
+    let order: Vec<u64> = (0..3)
+        .map(|_| {
+            let a = s.next(0).unwrap().unwrap();
+            s.complete(0, a.task.tag).unwrap();
+            a.task.tag.request
+        })
+        .collect();
+    assert_eq!(order, [3, 1, 2]);
+    let mut checker = SchedChecker::new();
+    checker.check_all(&s.take_events()).unwrap();
+}
+
+#[test]
+fn switch_cost_rule_keeps_own_work_when_moving_costs_more() {
+    let mut c = cfg(2);
+    c.transfer_cost = 100.0;
+    let mut s = Scheduler::new(c).unwrap();
+    s.submit(1, 0, 1.0).unwrap(); // low priority -> w0
+    s.submit(2, 7, 1.0).unwrap(); // high priority -> w1
+    run_warmup(&mut s, 0, 1);
+    run_warmup(&mut s, 1, 2);
+    s.submit_step(1, 1, &[(0, 1.0)]).unwrap();
+    s.submit_step(2, 1, &[(0, 1.0), (1, 1.0)]).unwrap();
+    // w1 holds request 2, so both its patches land on w1 (w0 would pay the transfer).
+    let a = s.next(1).unwrap().unwrap();
+    assert_eq!(a.task.tag.request, 2);
+    // w0: request 2's other patch waits behind 1.0 of work on w1; moving it costs 100.
+    let b = s.next(0).unwrap().unwrap();
+    assert_eq!(b.task.tag.request, 1);
+    assert!(
+        matches!(
+            b.pick,
+            Pick::KeptOwn {
+                waiting_priority: 7,
+                ..
+            }
+        ),
+        "{:?}",
+        b.pick
+    );
+    let mut checker = SchedChecker::new();
+    checker.check_all(&s.take_events()).unwrap();
+}
+
+#[test]
+fn idle_worker_steals_when_it_pays() {
+    let mut s = Scheduler::new(cfg(2)).unwrap();
+    s.submit(1, 0, 1.0).unwrap(); // warm-up -> w0
+    s.submit(2, 0, 5.0).unwrap(); // warm-up -> w1 (lighter)
+    run_warmup(&mut s, 0, 1);
+    let long = s.next(1).unwrap().unwrap();
+    assert_eq!(long.task.tag.request, 2);
+    // w1 is busy for 5, so eq. 1 puts both patches of request 1 on w0.
+    s.submit_step(1, 1, &[(0, 1.0), (1, 1.0)]).unwrap();
+    let a = s.next(0).unwrap().unwrap();
+    s.complete(1, long.task.tag).unwrap();
+    // w1 is idle; request 1's second patch would wait behind w0's running one: steal it.
+    let b = s.next(1).unwrap().unwrap();
+    assert_eq!((a.task.tag.request, b.task.tag.request), (1, 1));
+    assert_eq!(b.pick, Pick::Stolen { from: 0 });
+    let mut checker = SchedChecker::new();
+    checker.check_all(&s.take_events()).unwrap();
+}
+
+#[test]
+fn admission_control_refuses_and_recovers() {
+    let mut c = cfg(1);
+    c.max_requests = 1;
+    c.max_queued = 3;
+    let mut s = Scheduler::new(c).unwrap();
+    s.submit(1, 0, 1.0).unwrap();
+    assert_eq!(
+        s.submit(2, 0, 1.0),
+        Err(SchedError::Full {
+            what: "requests",
+            limit: 1
+        })
+    );
+    assert_eq!(s.submit(1, 0, 1.0), Err(SchedError::DuplicateRequest(1)));
+    run_warmup(&mut s, 0, 1);
+    assert_eq!(
+        s.submit_step(1, 1, &[(0, 1.0), (1, 1.0), (2, 1.0), (3, 1.0)]),
+        Err(SchedError::Full {
+            what: "queued monotasks",
+            limit: 3
+        })
+    );
+    assert_eq!(
+        s.is_between_steps(1),
+        Some(true),
+        "a refused step leaves nothing behind"
+    );
+    s.finish(1).unwrap();
+    s.submit(2, 0, 1.0).unwrap();
+    assert_eq!(s.submit(3, 9, 1.0), Err(SchedError::BadPriority(9)));
+}
+
+#[test]
+fn lost_worker_work_runs_again_and_applies_once() {
+    let mut s = Scheduler::new(cfg(2)).unwrap();
+    s.submit(1, 0, 1.0).unwrap();
+    run_warmup(&mut s, 0, 1);
+    s.submit_step(1, 1, &[(0, 1.0), (1, 1.0)]).unwrap();
+    let a = s.next(0).unwrap().unwrap();
+    let b = s.next(1).unwrap().unwrap();
+    assert_eq!(s.worker_lost(1).unwrap(), 1);
+    // The lost worker's late report is stale; its monotask runs on worker 0.
+    assert_eq!(s.complete(1, b.task.tag).unwrap(), Completion::Stale);
+    assert_eq!(s.next(1), Err(SchedError::WorkerDead(1)));
+    assert_eq!(s.complete(0, a.task.tag).unwrap(), Completion::Patch);
+    let again = s.next(0).unwrap().unwrap();
+    assert_eq!(again.task.tag, b.task.tag);
+    assert_eq!(again.task.attempt, 1);
+    assert_eq!(
+        s.complete(0, again.task.tag).unwrap(),
+        Completion::StepDone(1, 1)
+    );
+    assert_eq!(s.complete(0, again.task.tag).unwrap(), Completion::Stale);
+    let w = s.add_worker();
+    assert_eq!(w, 2);
+    s.finish(1).unwrap();
+    let mut checker = SchedChecker::new();
+    checker.check_all(&s.take_events()).unwrap();
+    assert_eq!(checker.finished(), 1);
+}
+
+#[test]
+fn orphaned_work_waits_for_a_replacement_worker() {
+    let mut s = Scheduler::new(cfg(1)).unwrap();
+    s.submit(1, 0, 1.0).unwrap();
+    assert_eq!(s.worker_lost(0).unwrap(), 1);
+    let w = s.add_worker();
+    run_warmup(&mut s, w, 1);
+}
+
+#[test]
+fn failures_retry_then_fail_the_request() {
+    let mut c = cfg(1);
+    c.max_attempts = 2;
+    let mut s = Scheduler::new(c).unwrap();
+    s.submit(1, 0, 1.0).unwrap();
+    let a = s.next(0).unwrap().unwrap();
+    assert_eq!(s.fail(0, a.task.tag).unwrap(), Completion::Patch);
+    let a = s.next(0).unwrap().unwrap();
+    assert_eq!(a.task.attempt, 1);
+    assert_eq!(s.fail(0, a.task.tag).unwrap(), Completion::RequestFailed(1));
+    assert_eq!(s.next(0).unwrap(), None);
+    assert_eq!(s.load().requests, 0);
+}
+
+#[test]
+fn misuse_is_refused_by_name() {
+    assert!(matches!(
+        Scheduler::new(SchedulerConfig {
+            workers: 0,
+            ..Default::default()
+        }),
+        Err(SchedError::BadConfig(_))
+    ));
+    let mut s = Scheduler::new(cfg(1)).unwrap();
+    assert_eq!(s.next(4), Err(SchedError::UnknownWorker(4)));
+    assert_eq!(s.submit(1, 0, -1.0), Err(SchedError::BadCost(-1.0)));
+    s.submit(1, 0, 1.0).unwrap();
+    let a = s.next(0).unwrap().unwrap();
+    assert_eq!(s.next(0), Err(SchedError::Busy(0)));
+    let wrong = Tag {
+        request: 1,
+        step: 0,
+        patch: 3,
+    };
+    assert!(matches!(s.complete(0, wrong), Ok(Completion::Stale)));
+    assert!(matches!(
+        s.fail(0, wrong),
+        Err(SchedError::NotRunning { .. })
+    ));
+    assert_eq!(
+        s.complete(0, a.task.tag).unwrap(),
+        Completion::WarmupDone(1)
+    );
+    assert_eq!(
+        s.submit_step(9, 1, &[(0, 1.0)]),
+        Err(SchedError::UnknownRequest(9))
+    );
+    s.cancel(1).unwrap();
+    assert_eq!(s.cancel(1), Err(SchedError::UnknownRequest(1)));
+}
+
+#[test]
+fn checker_catches_violations() {
+    let t = |patch| Tag {
+        request: 1,
+        step: 1,
+        patch,
+    };
+    let open = Event::StepOpened {
+        request: 1,
+        step: 1,
+        tasks: 2,
+    };
+    let ready = |p, pr| Event::Ready {
+        tag: t(p),
+        priority: pr,
+        worker: 0,
+    };
+    let disp = |p, pr| Event::Dispatched {
+        worker: 0,
+        tag: t(p),
+        priority: pr,
+        pick: Pick::Own,
+    };
+    let mut c = SchedChecker::new();
+    let two_at_once = [
+        open.clone(),
+        ready(0, 1),
+        ready(1, 1),
+        disp(0, 1),
+        disp(1, 1),
+    ];
+    assert!(c
+        .check_all(&two_at_once)
+        .unwrap_err()
+        .contains("already runs"));
+    let mut c = SchedChecker::new();
+    let inversion = [open.clone(), ready(0, 1), ready(1, 5), disp(0, 1)];
+    assert!(c
+        .check_all(&inversion)
+        .unwrap_err()
+        .contains("while priority 5"));
+    let mut c = SchedChecker::new();
+    let early = [
+        open.clone(),
+        ready(0, 1),
+        ready(1, 1),
+        disp(0, 1),
+        Event::Completed {
+            worker: 0,
+            tag: t(0),
+        },
+        Event::StepOpened {
+            request: 1,
+            step: 2,
+            tasks: 1,
+        },
+    ];
+    assert!(c.check_all(&early).unwrap_err().contains("opened while"));
+    let mut c = SchedChecker::new();
+    let kept = [
+        open,
+        ready(0, 1),
+        ready(1, 5),
+        Event::Dispatched {
+            worker: 0,
+            tag: t(0),
+            priority: 1,
+            pick: Pick::KeptOwn {
+                waiting_priority: 5,
+                benefit: 3.0,
+                cost: 1.0,
+            },
+        },
+    ];
+    assert!(c.check_all(&kept).unwrap_err().contains("benefit"));
+}
