@@ -35,6 +35,16 @@ fn otsu_of<I: Iterator<Item = f32>>(values: impl Fn() -> I) -> Option<Otsu> {
     for v in values() {
         hist[(((v - lo) * scale) as usize).min(BINS - 1)] += 1;
     }
+    let (k, separability) = otsu_hist(&hist)?;
+    Some(Otsu {
+        threshold: lo + k as f32 / scale,
+        separability,
+    })
+}
+
+/// Otsu on a histogram: the first bin of the upper class (values in bins `>= k` form the
+/// focus) and the separability. `None` when fewer than two bins are occupied.
+pub(crate) fn otsu_hist(hist: &[u32; BINS]) -> Option<(usize, f32)> {
     let total: f64 = hist.iter().map(|&c| c as f64).sum();
     let sum_all: f64 = hist
         .iter()
@@ -69,14 +79,12 @@ fn otsu_of<I: Iterator<Item = f32>>(values: impl Fn() -> I) -> Option<Otsu> {
     if best_k == 0 {
         return None;
     }
-    Some(Otsu {
-        threshold: lo + best_k as f32 / scale,
-        separability: if var_total > 0.0 {
-            (best / var_total).clamp(0.0, 1.0) as f32
-        } else {
-            0.0
-        },
-    })
+    let sep = if var_total > 0.0 {
+        (best / var_total).clamp(0.0, 1.0) as f32
+    } else {
+        0.0
+    };
+    Some((best_k, sep))
 }
 
 #[cfg(test)]

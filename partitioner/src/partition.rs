@@ -18,7 +18,7 @@
 //! The uniform partitioner is the spatial rule alone from the root: balanced recursive
 //! bisection, the NaivePatch / DistriFusion layout.
 
-use crate::otsu::otsu;
+use crate::otsu::{otsu_hist, BINS};
 use crate::saliency::validate_map;
 use crate::{Grid, PartitionError, PatchLayout};
 
@@ -104,7 +104,11 @@ struct Ctx<'a> {
     r_total: u64,
     saliency: Option<&'a [f32]>,
     cfg: PartitionConfig,
-    min_range: f32,
+    /// Minimum node range in global histogram bins for a saliency split.
+    min_bins: usize,
+    /// Global 256-bin quantisation of the saliency map, computed once: a node's histogram is
+    /// then one pass over bytes.
+    bins: Vec<u8>,
     patch_of: Vec<u32>,
     /// Per-token stamp: which node / BFS pass last touched the token.
     mark: Vec<u32>,
@@ -117,23 +121,32 @@ struct Ctx<'a> {
 impl<'a> Ctx<'a> {
     fn new(grid: Grid, r: u32, saliency: Option<&'a [f32]>, cfg: PartitionConfig) -> Self {
         let n = grid.tokens() as usize;
-        let min_range = saliency
-            .map(|s| {
-                let (lo, hi) = s
-                    .iter()
-                    .fold((f32::INFINITY, f32::NEG_INFINITY), |(a, b), &v| {
-                        (a.min(v), b.max(v))
-                    });
-                (hi - lo) * cfg.min_contrast
-            })
-            .unwrap_or(0.0);
+        let mut bins = Vec::new();
+        if let Some(s) = saliency {
+            let (lo, hi) = s
+                .iter()
+                .fold((f32::INFINITY, f32::NEG_INFINITY), |(a, b), &v| {
+                    (a.min(v), b.max(v))
+                });
+            let scale = if hi > lo {
+                BINS as f32 / (hi - lo)
+            } else {
+                0.0
+            };
+            bins = s
+                .iter()
+                .map(|&v| (((v - lo) * scale) as usize).min(BINS - 1) as u8)
+                .collect();
+        }
+        let min_bins = (cfg.min_contrast * BINS as f32).ceil().max(1.0) as usize;
         Self {
             grid,
             j: n as u64,
             r_total: r as u64,
             saliency,
             cfg,
-            min_range,
+            min_bins,
+            bins,
             patch_of: vec![0; n],
             mark: vec![0; n],
             stamp: 0,
@@ -201,37 +214,32 @@ impl<'a> Ctx<'a> {
     /// ascending, and returns the focus's patch count.
     fn saliency_split(&mut self, tokens: &mut [u32], a: u32, r: u32) -> Option<u32> {
         let s = self.saliency?;
-        // Range first: most nodes below the top are flat, and then Otsu is not worth running.
-        let (lo, hi) = tokens
-            .iter()
-            .fold((f32::INFINITY, f32::NEG_INFINITY), |(l, h), &t| {
-                (l.min(s[t as usize]), h.max(s[t as usize]))
-            });
-        if hi - lo < self.min_range || hi - lo <= 0.0 {
+        let mut hist = [0u32; BINS];
+        for &t in tokens.iter() {
+            hist[self.bins[t as usize] as usize] += 1;
+        }
+        let lo_bin = hist.iter().position(|&c| c > 0)?;
+        let hi_bin = hist.iter().rposition(|&c| c > 0)?;
+        // Flat nodes (most below the top) are split spatially without running Otsu.
+        if hi_bin - lo_bin < self.min_bins {
             return None;
         }
-        let o = otsu(s, Some(tokens))?;
-        if o.separability < self.cfg.min_separability {
+        let (cut, separability) = otsu_hist(&hist)?;
+        if separability < self.cfg.min_separability {
             return None;
         }
         let n = tokens.len() as u64;
-        let n_f = tokens
-            .iter()
-            .filter(|&&t| s[t as usize] >= o.threshold)
-            .count() as u64;
+        let n_f = hist[cut..].iter().map(|&c| c as u64).sum::<u64>();
         if n_f == 0 || n_f == n {
             return None;
         }
+        let in_focus = |t: u32| self.bins[t as usize] as usize >= cut;
         let r_f = (r as u64 * n_f).div_ceil(n).clamp(1, r as u64 - 1) as u32;
         let k = self.p(a + r_f) - self.p(a);
 
         self.stamp += 1;
         let chosen = self.stamp;
-        let mut focus: Vec<u32> = tokens
-            .iter()
-            .copied()
-            .filter(|&t| s[t as usize] >= o.threshold)
-            .collect();
+        let mut focus: Vec<u32> = tokens.iter().copied().filter(|&t| in_focus(t)).collect();
         if focus.len() > k {
             // Keep the k most salient (ties: lower index), deterministic.
             focus.select_nth_unstable_by(k, |&x, &y| {
