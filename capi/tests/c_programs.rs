@@ -1,0 +1,213 @@
+//! Compiles the C programs in `tests/c/` against `include/flashdiff.h` with
+//! `-std=c11 -Wall -Wextra -Wpedantic -Werror`, links them once against `libflashdiff.a` and
+//! once against `libflashdiff.so`, once more with `-fsanitize=address,undefined`, runs them,
+//! and checks that the header also compiles as C++. Needs a C compiler (`cc`, `c++`).
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+fn root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+/// The directory holding libflashdiff.{a,so} built for this test run (target/<profile>).
+fn lib_dir() -> PathBuf {
+    let exe = std::env::current_exe().expect("test executable path");
+    let dir = exe
+        .parent()
+        .and_then(Path::parent)
+        .expect("target/<profile>/deps/..")
+        .to_path_buf();
+    for lib in ["libflashdiff.a", "libflashdiff.so"] {
+        assert!(
+            dir.join(lib).exists(),
+            "{} not built next to the tests ({})",
+            lib,
+            dir.display()
+        );
+    }
+    dir
+}
+
+fn out_dir() -> PathBuf {
+    let d = std::env::temp_dir().join(format!("flashdiff-ctests-{}", std::process::id()));
+    std::fs::create_dir_all(&d).expect("temp dir");
+    d
+}
+
+const CFLAGS: &[&str] = &[
+    "-std=c11",
+    "-Wall",
+    "-Wextra",
+    "-Wpedantic",
+    "-Werror",
+    "-g",
+];
+/// What a Rust staticlib needs from the system (rustc --print native-static-libs).
+const STATIC_LIBS: &[&str] = &[
+    "-lgcc_s",
+    "-lutil",
+    "-lrt",
+    "-lpthread",
+    "-lm",
+    "-ldl",
+    "-lc",
+];
+
+#[derive(Clone, Copy, Debug)]
+enum Link {
+    Static,
+    Shared,
+    Sanitized,
+}
+
+fn build(sources: &[&str], link: Link, name: &str) -> PathBuf {
+    let lib = lib_dir();
+    let exe = out_dir().join(format!("{name}-{link:?}"));
+    let mut cmd = Command::new("cc");
+    cmd.args(CFLAGS).arg("-I").arg(root().join("include"));
+    for s in sources {
+        cmd.arg(root().join("tests/c").join(s));
+    }
+    match link {
+        Link::Static | Link::Sanitized => {
+            if matches!(link, Link::Sanitized) {
+                cmd.args([
+                    "-fsanitize=address,undefined",
+                    "-fno-omit-frame-pointer",
+                    "-fno-sanitize-recover=all",
+                ]);
+            }
+            cmd.arg(lib.join("libflashdiff.a")).args(STATIC_LIBS);
+        }
+        Link::Shared => {
+            cmd.arg("-L")
+                .arg(&lib)
+                .arg("-lflashdiff")
+                .arg(format!("-Wl,-rpath,{}", lib.display()))
+                .arg("-lm");
+        }
+    }
+    cmd.arg("-o").arg(&exe);
+    let out = cmd
+        .output()
+        .expect("run cc (a C compiler is required for these tests)");
+    assert!(
+        out.status.success(),
+        "compiling {sources:?} ({link:?}) failed:\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    exe
+}
+
+fn run(exe: &Path) -> String {
+    let out = Command::new(exe)
+        .env("ASAN_OPTIONS", "detect_leaks=1:abort_on_error=0")
+        .env("UBSAN_OPTIONS", "print_stacktrace=1:halt_on_error=1")
+        .output()
+        .expect("run C program");
+    let stdout = String::from_utf8_lossy(&out.stdout).to_string();
+    assert!(
+        out.status.success(),
+        "{} failed ({}):\n{}\n{}",
+        exe.display(),
+        out.status,
+        stdout,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    stdout
+}
+
+#[test]
+fn example_server_runs_static_shared_and_sanitized() {
+    for link in [Link::Static, Link::Shared, Link::Sanitized] {
+        let out = run(&build(&["example_server.c"], link, "example_server"));
+        assert!(out.contains("all requests:"), "{out}");
+        assert!(out.contains("request 3 step"), "{out}");
+    }
+}
+
+#[test]
+fn bad_input_suite_static_shared_and_sanitized() {
+    for link in [Link::Static, Link::Shared, Link::Sanitized] {
+        let out = run(&build(&["bad_input.c", "second_unit.c"], link, "bad_input"));
+        let last = out.lines().last().unwrap_or("");
+        assert!(last.ends_with(" 0 failed"), "{out}");
+        let passed: u32 = last
+            .split_whitespace()
+            .next()
+            .and_then(|n| n.parse().ok())
+            .unwrap_or(0);
+        assert!(passed >= 60, "only {passed} checks ran:\n{out}");
+    }
+}
+
+#[test]
+fn header_compiles_as_cpp() {
+    let out = Command::new("c++")
+        .args([
+            "-fsyntax-only",
+            "-x",
+            "c++",
+            "-std=c++17",
+            "-Wall",
+            "-Wextra",
+            "-Werror",
+            "-pedantic",
+        ])
+        .arg(root().join("include/flashdiff.h"))
+        .output()
+        .expect("run c++");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+#[test]
+fn install_script_writes_a_usable_pkg_config_file() {
+    let prefix = out_dir().join("prefix");
+    let out = Command::new("bash")
+        .arg(root().join("capi/install.sh"))
+        .arg(&prefix)
+        .arg(lib_dir())
+        .output()
+        .expect("run capi/install.sh");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let pc =
+        std::fs::read_to_string(prefix.join("lib/pkgconfig/flashdiff.pc")).expect(".pc written");
+    assert!(
+        pc.contains(&format!("Version: {}", env!("CARGO_PKG_VERSION"))),
+        "{pc}"
+    );
+    for f in [
+        "lib/libflashdiff.a",
+        "lib/libflashdiff.so",
+        "include/flashdiff.h",
+    ] {
+        assert!(prefix.join(f).exists(), "{f} not installed");
+    }
+    // Build the example with exactly the flags the .pc file gives (expanded by hand, so the
+    // test needs no pkg-config binary).
+    let exe = out_dir().join("example_from_prefix");
+    let inc = prefix.join("include");
+    let lib = prefix.join("lib");
+    let st = Command::new("cc")
+        .args(CFLAGS)
+        .arg(format!("-I{}", inc.display()))
+        .arg(root().join("tests/c/example_server.c"))
+        .arg(format!("-L{}", lib.display()))
+        .arg("-lflashdiff")
+        .arg(format!("-Wl,-rpath,{}", lib.display()))
+        .arg("-o")
+        .arg(&exe)
+        .status()
+        .expect("cc");
+    assert!(st.success());
+    run(&exe);
+}
