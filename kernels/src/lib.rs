@@ -1,6 +1,105 @@
-//! FlashDiff compute kernels: not built yet (issue "A built-in model whose attention means
-//! something"). This crate will hold GEMM, attention over token subsets with fused attention
-//! statistics (cross-attention maps for the partitioner, per-patch self-attention mass for the
-//! gate), layer norm, adaLN modulation, GELU and gather/scatter, as a CPU reference behind a
-//! `Backend` trait, with CUDA (NVRTC through cudarc, loaded at run time) in the next milestone.
-//! Until then it exports nothing, so nothing can depend on a stub.
+//! FlashDiff compute kernels, CPU reference implementation.
+//!
+//! What the built-in model and regional execution need: a linear layer over a subset of rows
+//! ([`linear_f32`]), multi-head attention of a subset of queries over a whole latent's keys
+//! with fused statistics ([`attention_f32`]: head-averaged probabilities for cross-attention
+//! saliency, per-query mass into each key group for the gate's refinement importance), layer
+//! norm and adaLN modulation, GELU/SiLU, and row gather/scatter. Plain `&[f32]` row-major
+//! buffers in and out; the caller owns all memory.
+//!
+//! ```
+//! use flashdiff_kernels::linear_f32;
+//! // y[2x3] = x[2x2] W^T + b, W stored [out x in] as PyTorch stores it.
+//! let x = [1.0, 2.0, 3.0, 4.0];
+//! let w = [1.0, 0.0, 0.0, 1.0, 1.0, 1.0];
+//! let b = [0.5, 0.0, 0.0];
+//! let mut y = [0.0; 6];
+//! linear_f32(&x, 2, 2, &w, Some(&b), 3, &mut y);
+//! assert_eq!(y, [1.5, 2.0, 3.0, 3.5, 4.0, 7.0]);
+//! ```
+//!
+//! The [`Backend`] trait is the seam for other devices: the CUDA backend (NVRTC through
+//! cudarc, loaded at run time) implements the same ops in the next milestone, and the
+//! tests compare every op against this CPU reference.
+
+mod activation;
+mod attention;
+mod ftz;
+mod gather;
+mod linear;
+mod norm;
+
+pub use activation::{exp_f32, gelu_tanh_f32, silu_f32};
+pub use attention::{attention_f32, AttnStats, GroupMass};
+pub use ftz::flush_denormals_to_zero;
+pub use gather::{gather_rows_f32, scatter_rows_f32};
+pub use linear::linear_f32;
+pub use norm::{layer_norm_f32, modulate_f32};
+
+/// A compute device. The model is written against this trait; [`Cpu`] is the reference.
+pub trait Backend: Send + Sync {
+    /// Short name for reports ("cpu", "cuda:0").
+    fn name(&self) -> &str;
+    /// See [`linear_f32`].
+    #[allow(clippy::too_many_arguments)]
+    fn linear(
+        &self,
+        x: &[f32],
+        rows: usize,
+        in_dim: usize,
+        w: &[f32],
+        b: Option<&[f32]>,
+        out_dim: usize,
+        y: &mut [f32],
+    );
+    /// See [`attention_f32`].
+    #[allow(clippy::too_many_arguments)]
+    fn attention(
+        &self,
+        q: &[f32],
+        nq: usize,
+        k: &[f32],
+        v: &[f32],
+        nk: usize,
+        d: usize,
+        heads: usize,
+        out: &mut [f32],
+        stats: &mut AttnStats<'_>,
+    );
+}
+
+/// The CPU reference backend (single-threaded per call: workers are processes).
+#[derive(Debug, Default, Clone, Copy)]
+pub struct Cpu;
+
+impl Backend for Cpu {
+    fn name(&self) -> &str {
+        "cpu"
+    }
+    fn linear(
+        &self,
+        x: &[f32],
+        rows: usize,
+        in_dim: usize,
+        w: &[f32],
+        b: Option<&[f32]>,
+        out_dim: usize,
+        y: &mut [f32],
+    ) {
+        linear_f32(x, rows, in_dim, w, b, out_dim, y)
+    }
+    fn attention(
+        &self,
+        q: &[f32],
+        nq: usize,
+        k: &[f32],
+        v: &[f32],
+        nk: usize,
+        d: usize,
+        heads: usize,
+        out: &mut [f32],
+        stats: &mut AttnStats<'_>,
+    ) {
+        attention_f32(q, nq, k, v, nk, d, heads, out, stats)
+    }
+}

@@ -1,0 +1,651 @@
+use std::path::Path;
+
+use flashdiff_kernels::{
+    gelu_tanh_f32, layer_norm_f32, modulate_f32, silu_f32, AttnStats, Backend, Cpu, GroupMass,
+};
+
+use super::weights::{Weights, WeightsError};
+
+const EPS: f32 = 1e-6;
+
+/// Model hyper-parameters (from the weights file's metadata).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Config {
+    /// Image side in pixels.
+    pub image: usize,
+    /// Patch side in pixels (one latent token per patch).
+    pub patch: usize,
+    /// Colour channels.
+    pub channels: usize,
+    /// Width.
+    pub d: usize,
+    /// Transformer blocks.
+    pub depth: usize,
+    /// Attention heads.
+    pub heads: usize,
+    /// Text encoder layers.
+    pub text_layers: usize,
+    /// Vocabulary size.
+    pub vocab: usize,
+    /// Prompt length in tokens (padded).
+    pub max_tokens: usize,
+    /// MLP hidden = d * mlp_ratio.
+    pub mlp_ratio: usize,
+}
+
+impl Config {
+    /// Latent grid side (tokens per row).
+    pub fn grid(&self) -> usize {
+        self.image / self.patch
+    }
+    /// Latent tokens.
+    pub fn tokens(&self) -> usize {
+        self.grid() * self.grid()
+    }
+    /// Values per latent token.
+    pub fn patch_dim(&self) -> usize {
+        self.patch * self.patch * self.channels
+    }
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Lin {
+    w: usize,
+    b: usize,
+    out: usize,
+    inp: usize,
+}
+
+#[derive(Debug)]
+struct TextLayer {
+    ln1: (usize, usize),
+    ln2: (usize, usize),
+    qkv: Lin,
+    proj: Lin,
+    fc1: Lin,
+    fc2: Lin,
+}
+
+#[derive(Debug)]
+struct Block {
+    ada: Lin,
+    qkv: Lin,
+    proj: Lin,
+    cq: Lin,
+    ckv: Lin,
+    cproj: Lin,
+    fc1: Lin,
+    fc2: Lin,
+}
+
+/// The model: weights (mapped) and the layer table.
+pub struct TinyDit {
+    cfg: Config,
+    w: Weights,
+    slices: Vec<(String, Vec<usize>)>,
+    tok_emb: usize,
+    txt_pos: usize,
+    text: Vec<TextLayer>,
+    txt_ln: (usize, usize),
+    t1: Lin,
+    t2: Lin,
+    pool: Lin,
+    x_embed: Lin,
+    pos: usize,
+    blocks: Vec<Block>,
+    final_ada: Lin,
+    final_: Lin,
+    vocab: Vec<String>,
+    saliency_layers: Vec<usize>,
+    backend: Box<dyn Backend>,
+}
+
+impl std::fmt::Debug for TinyDit {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TinyDit")
+            .field("cfg", &self.cfg)
+            .field("weights", &self.w.path())
+            .finish()
+    }
+}
+
+/// Per-request prompt state, computed once: encoded text, its pooled conditioning, and every
+/// block's cross-attention keys and values.
+#[derive(Debug, Clone)]
+pub struct TextContext {
+    pooled: Vec<f32>,
+    cross_k: Vec<Vec<f32>>,
+    cross_v: Vec<Vec<f32>>,
+}
+
+/// Per-(request, step) conditioning shared by all patches: each block's adaLN vectors.
+#[derive(Debug, Clone)]
+pub struct StepCond {
+    mods: Vec<Vec<f32>>,
+    final_mod: Vec<f32>,
+}
+
+/// Self-attention keys and values of every latent token at every block, as last computed.
+#[derive(Debug, Clone, PartialEq)]
+pub struct KvCache {
+    d: usize,
+    /// Per block, `tokens x d`.
+    pub k: Vec<Vec<f32>>,
+    /// Per block, `tokens x d`.
+    pub v: Vec<Vec<f32>>,
+}
+
+impl KvCache {
+    /// A zeroed cache for `blocks` blocks of `tokens x d`.
+    pub fn new(blocks: usize, tokens: usize, d: usize) -> Self {
+        Self {
+            d,
+            k: vec![vec![0.0; tokens * d]; blocks],
+            v: vec![vec![0.0; tokens * d]; blocks],
+        }
+    }
+
+    /// Writes the fresh rows of a [`ForwardOut`] for tokens `active`.
+    pub fn update(&mut self, active: &[u32], fresh: &ForwardOut) {
+        for l in 0..self.k.len() {
+            flashdiff_kernels::scatter_rows_f32(&fresh.k[l], self.d, active, &mut self.k[l]);
+            flashdiff_kernels::scatter_rows_f32(&fresh.v[l], self.d, active, &mut self.v[l]);
+        }
+    }
+
+    /// Row width.
+    pub fn d(&self) -> usize {
+        self.d
+    }
+}
+
+/// Result of a (subset) forward.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ForwardOut {
+    /// Velocity of the active tokens, `n x patch_dim`.
+    pub velocity: Vec<f32>,
+    /// Fresh keys of the active tokens, per block `n x d`.
+    pub k: Vec<Vec<f32>>,
+    /// Fresh values, per block `n x d`.
+    pub v: Vec<Vec<f32>>,
+}
+
+/// Statistics to accumulate during a forward (see [`TinyDit::forward`]).
+#[derive(Debug, Default)]
+pub struct StepStats<'a> {
+    /// `n x max_tokens`: cross-attention of the active tokens, averaged over heads and the
+    /// saliency layers (added, weight 1).
+    pub cross: Option<&'a mut [f32]>,
+    /// Patch of every latent token and the patch count; `mass` gets `n x patches`: each active
+    /// token's self-attention mass into each patch, averaged over heads and blocks.
+    pub patch_mass: Option<(&'a [u32], usize, &'a mut [f32])>,
+}
+
+fn parse_config(w: &Weights) -> Result<Config, WeightsError> {
+    let bad = |m: String| WeightsError::Metadata(m);
+    let v: serde_json::Value = serde_json::from_str(w.meta("config")?)
+        .map_err(|e| bad(format!("config is not JSON: {e}")))?;
+    let get = |k: &str| -> Result<usize, WeightsError> {
+        v.get(k)
+            .and_then(|x| x.as_u64())
+            .map(|x| x as usize)
+            .ok_or_else(|| bad(format!("config has no integer {k:?}")))
+    };
+    let cfg = Config {
+        image: get("image")?,
+        patch: get("patch")?,
+        channels: get("channels")?,
+        d: get("d")?,
+        depth: get("depth")?,
+        heads: get("heads")?,
+        text_layers: get("text_layers")?,
+        vocab: get("vocab")?,
+        max_tokens: get("max_tokens")?,
+        mlp_ratio: get("mlp_ratio")?,
+    };
+    if cfg.patch == 0
+        || cfg.image % cfg.patch != 0
+        || cfg.heads == 0
+        || cfg.d % cfg.heads != 0
+        || cfg.d % 4 != 0
+        || cfg.depth == 0
+    {
+        return Err(bad(format!("inconsistent config {cfg:?}")));
+    }
+    Ok(cfg)
+}
+
+impl TinyDit {
+    /// Loads a model from a safetensors file written by `models/tinydit/export.py`.
+    pub fn load(path: &Path) -> Result<Self, WeightsError> {
+        let w = Weights::open(path)?;
+        let format = w.meta("format")?;
+        if format != "flashdiff-tinydit" {
+            return Err(WeightsError::Metadata(format!(
+                "format {format:?}, expected \"flashdiff-tinydit\""
+            )));
+        }
+        let cfg = parse_config(&w)?;
+        let vocab: Vec<String> = serde_json::from_str(w.meta("vocab")?)
+            .map_err(|e| WeightsError::Metadata(format!("vocab: {e}")))?;
+        if vocab.len() != cfg.vocab {
+            return Err(WeightsError::Metadata(format!(
+                "vocab has {} words, config says {}",
+                vocab.len(),
+                cfg.vocab
+            )));
+        }
+        let saliency_layers: Vec<usize> = serde_json::from_str(w.meta("saliency_layers")?)
+            .map_err(|e| WeightsError::Metadata(format!("saliency_layers: {e}")))?;
+        if saliency_layers.is_empty() || saliency_layers.iter().any(|&l| l >= cfg.depth) {
+            return Err(WeightsError::Metadata(format!(
+                "saliency_layers {saliency_layers:?} must name blocks below {}",
+                cfg.depth
+            )));
+        }
+        let mut m = Self {
+            cfg: cfg.clone(),
+            w,
+            slices: Vec::new(),
+            tok_emb: 0,
+            txt_pos: 0,
+            text: Vec::new(),
+            txt_ln: (0, 0),
+            t1: Lin {
+                w: 0,
+                b: 0,
+                out: 0,
+                inp: 0,
+            },
+            t2: Lin {
+                w: 0,
+                b: 0,
+                out: 0,
+                inp: 0,
+            },
+            pool: Lin {
+                w: 0,
+                b: 0,
+                out: 0,
+                inp: 0,
+            },
+            x_embed: Lin {
+                w: 0,
+                b: 0,
+                out: 0,
+                inp: 0,
+            },
+            pos: 0,
+            blocks: Vec::new(),
+            final_ada: Lin {
+                w: 0,
+                b: 0,
+                out: 0,
+                inp: 0,
+            },
+            final_: Lin {
+                w: 0,
+                b: 0,
+                out: 0,
+                inp: 0,
+            },
+            vocab,
+            saliency_layers,
+            backend: Box::new(Cpu),
+        };
+        let d = cfg.d;
+        let h = d * cfg.mlp_ratio;
+        m.tok_emb = m.tensor("tok_emb.weight", &[cfg.vocab, d])?;
+        m.txt_pos = m.tensor("txt_pos", &[cfg.max_tokens, d])?;
+        for i in 0..cfg.text_layers {
+            let p = format!("text.{i}");
+            let layer = TextLayer {
+                ln1: (
+                    m.tensor(&format!("{p}.ln1.weight"), &[d])?,
+                    m.tensor(&format!("{p}.ln1.bias"), &[d])?,
+                ),
+                ln2: (
+                    m.tensor(&format!("{p}.ln2.weight"), &[d])?,
+                    m.tensor(&format!("{p}.ln2.bias"), &[d])?,
+                ),
+                qkv: m.lin(&format!("{p}.attn.qkv"), 3 * d, d)?,
+                proj: m.lin(&format!("{p}.attn.proj"), d, d)?,
+                fc1: m.lin(&format!("{p}.mlp.fc1"), h, d)?,
+                fc2: m.lin(&format!("{p}.mlp.fc2"), d, h)?,
+            };
+            m.text.push(layer);
+        }
+        m.txt_ln = (
+            m.tensor("txt_ln.weight", &[d])?,
+            m.tensor("txt_ln.bias", &[d])?,
+        );
+        m.t1 = m.lin("t_mlp1", d, 256)?;
+        m.t2 = m.lin("t_mlp2", d, d)?;
+        m.pool = m.lin("pool", d, d)?;
+        m.x_embed = m.lin("x_embed", d, cfg.patch_dim())?;
+        m.pos = m.tensor("pos_embed", &[cfg.tokens(), d])?;
+        for i in 0..cfg.depth {
+            let p = format!("blocks.{i}");
+            let b = Block {
+                ada: m.lin(&format!("{p}.ada"), 6 * d, d)?,
+                qkv: m.lin(&format!("{p}.attn.qkv"), 3 * d, d)?,
+                proj: m.lin(&format!("{p}.attn.proj"), d, d)?,
+                cq: m.lin(&format!("{p}.cross.q"), d, d)?,
+                ckv: m.lin(&format!("{p}.cross.kv"), 2 * d, d)?,
+                cproj: m.lin(&format!("{p}.cross.proj"), d, d)?,
+                fc1: m.lin(&format!("{p}.mlp.fc1"), h, d)?,
+                fc2: m.lin(&format!("{p}.mlp.fc2"), d, h)?,
+            };
+            m.blocks.push(b);
+        }
+        m.final_ada = m.lin("final_ada", 2 * d, d)?;
+        m.final_ = m.lin("final", cfg.patch_dim(), d)?;
+        Ok(m)
+    }
+
+    fn tensor(&mut self, name: &str, shape: &[usize]) -> Result<usize, WeightsError> {
+        self.w.get(name, shape)?;
+        self.slices.push((name.to_string(), shape.to_vec()));
+        Ok(self.slices.len() - 1)
+    }
+
+    fn lin(&mut self, name: &str, out: usize, inp: usize) -> Result<Lin, WeightsError> {
+        Ok(Lin {
+            w: self.tensor(&format!("{name}.weight"), &[out, inp])?,
+            b: self.tensor(&format!("{name}.bias"), &[out])?,
+            out,
+            inp,
+        })
+    }
+
+    fn t(&self, id: usize) -> &[f32] {
+        let (name, shape) = &self.slices[id];
+        self.w.get(name, shape).expect("checked at load")
+    }
+
+    fn apply(&self, l: Lin, x: &[f32], rows: usize) -> Vec<f32> {
+        let mut y = vec![0.0; rows * l.out];
+        self.backend.linear(
+            x,
+            rows,
+            l.inp,
+            self.t(l.w),
+            Some(self.t(l.b)),
+            l.out,
+            &mut y,
+        );
+        y
+    }
+
+    /// Hyper-parameters.
+    pub fn config(&self) -> &Config {
+        &self.cfg
+    }
+
+    /// The vocabulary (index 0 is the padding token).
+    pub fn vocab(&self) -> &[String] {
+        &self.vocab
+    }
+
+    /// Blocks whose cross-attention makes the saliency map.
+    pub fn saliency_layers(&self) -> &[usize] {
+        &self.saliency_layers
+    }
+
+    /// A zeroed K/V cache for this model.
+    pub fn new_cache(&self) -> KvCache {
+        KvCache::new(self.cfg.depth, self.cfg.tokens(), self.cfg.d)
+    }
+
+    /// Encodes a prompt (token ids, padded to `max_tokens`) once per request.
+    pub fn encode_text(&self, ids: &[u32]) -> TextContext {
+        let (d, n) = (self.cfg.d, self.cfg.max_tokens);
+        assert_eq!(
+            ids.len(),
+            n,
+            "encode_text: ids must be padded to max_tokens"
+        );
+        let emb = self.t(self.tok_emb);
+        let pos = self.t(self.txt_pos);
+        let mut x = vec![0.0f32; n * d];
+        for (i, &id) in ids.iter().enumerate() {
+            let id = (id as usize).min(self.cfg.vocab - 1);
+            for c in 0..d {
+                x[i * d + c] = emb[id * d + c] + pos[i * d + c];
+            }
+        }
+        for l in &self.text {
+            let mut a = x.clone();
+            layer_norm_f32(&mut a, d, EPS, Some(self.t(l.ln1.0)), Some(self.t(l.ln1.1)));
+            let qkv = self.apply(l.qkv, &a, n);
+            let (q, k, v) = split3(&qkv, n, d);
+            let mut o = vec![0.0; n * d];
+            self.backend.attention(
+                &q,
+                n,
+                &k,
+                &v,
+                n,
+                d,
+                self.cfg.heads,
+                &mut o,
+                &mut AttnStats::default(),
+            );
+            add(&mut x, &self.apply(l.proj, &o, n));
+            let mut a = x.clone();
+            layer_norm_f32(&mut a, d, EPS, Some(self.t(l.ln2.0)), Some(self.t(l.ln2.1)));
+            let mut hdn = self.apply(l.fc1, &a, n);
+            gelu_tanh_f32(&mut hdn);
+            add(&mut x, &self.apply(l.fc2, &hdn, n));
+        }
+        layer_norm_f32(
+            &mut x,
+            d,
+            EPS,
+            Some(self.t(self.txt_ln.0)),
+            Some(self.t(self.txt_ln.1)),
+        );
+        let mut mean = vec![0.0f32; d];
+        for row in x.chunks_exact(d) {
+            add(&mut mean, row);
+        }
+        mean.iter_mut().for_each(|m| *m /= n as f32);
+        let pooled = self.apply(self.pool, &mean, 1);
+        let (mut cross_k, mut cross_v) = (Vec::new(), Vec::new());
+        for b in &self.blocks {
+            let kv = self.apply(b.ckv, &x, n);
+            let (k, v) = split2(&kv, n, d);
+            cross_k.push(k);
+            cross_v.push(v);
+        }
+        TextContext {
+            pooled,
+            cross_k,
+            cross_v,
+        }
+    }
+
+    /// Conditioning for time `t` (1 = noise, 0 = data), shared by every patch of a step.
+    pub fn step_cond(&self, text: &TextContext, t: f32) -> StepCond {
+        let half = 128;
+        let mut emb = vec![0.0f32; 2 * half];
+        for i in 0..half {
+            let f = (-(10000f32).ln() * i as f32 / half as f32).exp();
+            let a = 1000.0 * t * f;
+            emb[i] = a.cos();
+            emb[half + i] = a.sin();
+        }
+        let mut c = self.apply(self.t1, &emb, 1);
+        silu_f32(&mut c);
+        let mut c = self.apply(self.t2, &c, 1);
+        add(&mut c, &text.pooled);
+        silu_f32(&mut c);
+        let mods = self
+            .blocks
+            .iter()
+            .map(|b| self.apply(b.ada, &c, 1))
+            .collect();
+        let final_mod = self.apply(self.final_ada, &c, 1);
+        StepCond { mods, final_mod }
+    }
+
+    /// Forward of the tokens `active` (ascending) whose noisy values are `x_active`
+    /// (`n x patch_dim`). Keys and values of every other token come from `cache` (their last
+    /// computation: displaced K/V); the active tokens use their fresh ones. With every token
+    /// active the cache is not read and this is the ordinary full forward.
+    pub fn forward(
+        &self,
+        x_active: &[f32],
+        active: &[u32],
+        cond: &StepCond,
+        text: &TextContext,
+        cache: &KvCache,
+        stats: &mut StepStats<'_>,
+    ) -> ForwardOut {
+        let cfg = &self.cfg;
+        let (d, n, tokens, heads) = (cfg.d, active.len(), cfg.tokens(), cfg.heads);
+        assert_eq!(
+            x_active.len(),
+            n * cfg.patch_dim(),
+            "forward: x_active is not n x patch_dim"
+        );
+        assert!(
+            active.windows(2).all(|w| w[0] < w[1])
+                && active.last().is_none_or(|&t| (t as usize) < tokens),
+            "forward: active must be ascending token ids"
+        );
+        let all = n == tokens;
+        let mut x = self.apply(self.x_embed, x_active, n);
+        let pos = self.t(self.pos);
+        for (i, &tok) in active.iter().enumerate() {
+            add(
+                &mut x[i * d..(i + 1) * d],
+                &pos[tok as usize * d..(tok as usize + 1) * d],
+            );
+        }
+        let (mut fk, mut fv) = (Vec::new(), Vec::new());
+        let n_sal = self.saliency_layers.len() as f32;
+        let mut cross_probs = stats
+            .cross
+            .as_ref()
+            .map(|_| vec![0.0f32; n * cfg.max_tokens]);
+        for (li, b) in self.blocks.iter().enumerate() {
+            let m = &cond.mods[li];
+            let (sh1, sc1, g1, sh2, sc2, g2) = (
+                &m[0..d],
+                &m[d..2 * d],
+                &m[2 * d..3 * d],
+                &m[3 * d..4 * d],
+                &m[4 * d..5 * d],
+                &m[5 * d..6 * d],
+            );
+            let mut a = x.clone();
+            layer_norm_f32(&mut a, d, EPS, None, None);
+            modulate_f32(&mut a, d, sh1, sc1);
+            let qkv = self.apply(b.qkv, &a, n);
+            let (q, k, v) = split3(&qkv, n, d);
+            let (kk, vv) = if all {
+                (k.clone(), v.clone())
+            } else {
+                let (mut kk, mut vv) = (cache.k[li].clone(), cache.v[li].clone());
+                flashdiff_kernels::scatter_rows_f32(&k, d, active, &mut kk);
+                flashdiff_kernels::scatter_rows_f32(&v, d, active, &mut vv);
+                (kk, vv)
+            };
+            let mut o = vec![0.0; n * d];
+            let mut st = AttnStats::default();
+            if let Some((groups_of, groups, mass)) = stats.patch_mass.as_mut() {
+                st.group_mass = Some(GroupMass {
+                    key_group: groups_of,
+                    groups: *groups,
+                    out: mass,
+                    weight: 1.0 / cfg.depth as f32,
+                });
+            }
+            self.backend
+                .attention(&q, n, &kk, &vv, tokens, d, heads, &mut o, &mut st);
+            let p = self.apply(b.proj, &o, n);
+            add_gated(&mut x, &p, g1, d);
+            fk.push(k);
+            fv.push(v);
+            let mut a = x.clone();
+            layer_norm_f32(&mut a, d, EPS, None, None);
+            let cq = self.apply(b.cq, &a, n);
+            let mut o = vec![0.0; n * d];
+            let mut st = AttnStats::default();
+            if let Some(cp) = cross_probs
+                .as_mut()
+                .filter(|_| self.saliency_layers.contains(&li))
+            {
+                st.probs = Some((cp, 1.0 / n_sal));
+            }
+            self.backend.attention(
+                &cq,
+                n,
+                &text.cross_k[li],
+                &text.cross_v[li],
+                cfg.max_tokens,
+                d,
+                heads,
+                &mut o,
+                &mut st,
+            );
+            add(&mut x, &self.apply(b.cproj, &o, n));
+            let mut a = x.clone();
+            layer_norm_f32(&mut a, d, EPS, None, None);
+            modulate_f32(&mut a, d, sh2, sc2);
+            let mut hdn = self.apply(b.fc1, &a, n);
+            gelu_tanh_f32(&mut hdn);
+            let y = self.apply(b.fc2, &hdn, n);
+            add_gated(&mut x, &y, g2, d);
+        }
+        if let (Some(dst), Some(src)) = (stats.cross.as_mut(), cross_probs) {
+            add(dst, &src);
+        }
+        layer_norm_f32(&mut x, d, EPS, None, None);
+        modulate_f32(&mut x, d, &cond.final_mod[0..d], &cond.final_mod[d..2 * d]);
+        let velocity = self.apply(self.final_, &x, n);
+        ForwardOut {
+            velocity,
+            k: fk,
+            v: fv,
+        }
+    }
+}
+
+fn add(x: &mut [f32], y: &[f32]) {
+    for (a, b) in x.iter_mut().zip(y) {
+        *a += b;
+    }
+}
+
+fn add_gated(x: &mut [f32], y: &[f32], gate: &[f32], d: usize) {
+    for (xr, yr) in x.chunks_exact_mut(d).zip(y.chunks_exact(d)) {
+        for i in 0..d {
+            xr[i] += gate[i] * yr[i];
+        }
+    }
+}
+
+fn split3(qkv: &[f32], n: usize, d: usize) -> (Vec<f32>, Vec<f32>, Vec<f32>) {
+    let (mut q, mut k, mut v) = (
+        Vec::with_capacity(n * d),
+        Vec::with_capacity(n * d),
+        Vec::with_capacity(n * d),
+    );
+    for row in qkv.chunks_exact(3 * d) {
+        q.extend_from_slice(&row[..d]);
+        k.extend_from_slice(&row[d..2 * d]);
+        v.extend_from_slice(&row[2 * d..]);
+    }
+    (q, k, v)
+}
+
+fn split2(kv: &[f32], n: usize, d: usize) -> (Vec<f32>, Vec<f32>) {
+    let (mut k, mut v) = (Vec::with_capacity(n * d), Vec::with_capacity(n * d));
+    for row in kv.chunks_exact(2 * d) {
+        k.extend_from_slice(&row[..d]);
+        v.extend_from_slice(&row[d..]);
+    }
+    (k, v)
+}
