@@ -31,6 +31,8 @@ def main():
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--save-every", type=int, default=200)
+    ap.add_argument("--reset-ema", action="store_true",
+                    help="on resume, restart the EMA from the current weights")
     ap.add_argument("--d", type=int, default=128)
     ap.add_argument("--depth", type=int, default=6)
     ap.add_argument("--patch", type=int, default=4)
@@ -57,6 +59,8 @@ def main():
         step = ck["step"]
         rng.bit_generator.state = ck["np_rng"]
         torch.set_rng_state(ck["torch_rng"])
+        if args.reset_ema:
+            ema.load_state_dict(model.state_dict())
         print(f"resumed at step {step}", flush=True)
     with open(os.path.join(args.out, "config.json"), "w") as f:
         json.dump({"model": cfg.to_dict(), "train": vars(args), "vocab": shapes.VOCAB}, f, indent=1)
@@ -85,9 +89,11 @@ def main():
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
+        # EMA with a warm-up of its decay, so the initial weights do not linger in it.
+        decay = min(args.ema, (1 + step) / (10 + step))
         with torch.no_grad():
             for pe, pm in zip(ema.parameters(), model.parameters()):
-                pe.lerp_(pm, 1 - args.ema)
+                pe.lerp_(pm, 1 - decay)
         step += 1
         losses.append(loss.item())
         if step % 50 == 0:

@@ -1,4 +1,7 @@
-//! FlashDiff engine. So far: the built-in model ([`model`]); the engine loop, worker
-//! processes, shared memory and the `flashdiff` command come with the engine issue.
+//! FlashDiff engine. So far: the built-in model ([`model`]), its language and checker
+//! ([`scene`]), images and metrics ([`image`]), and the single-process engine ([`engine`]).
 
+pub mod engine;
+pub mod image;
 pub mod model;
+pub mod scene;

@@ -1,0 +1,737 @@
+//! The engine, single-process mode: requests move through warm-up, partition and gated
+//! patch-wise denoising, with every unit of work (a request's warm-up, one patch-step) a
+//! monotask that the Patch Scheduler orders and places on (virtual) workers.
+//!
+//! Execution semantics, per request:
+//! 1. Warm-up: `warmup` ordinary Euler steps over the whole latent, recording the
+//!    cross-attention of every latent token to every prompt word (head- and saliency-layer
+//!    average, mean over the warm-up steps).
+//! 2. Partition: salient words ([`crate::scene::is_salient`]) -> saliency map -> R patches
+//!    (R fixed, or from the adaptive controller).
+//! 3. Each remaining step: the gate picks the active patches (all of them in the final
+//!    [`FINAL_FULL_STEPS`] steps); each active patch runs the token-subset forward on its own
+//!    tokens, reading every other token's K/V as it stood at the start of the step (displaced
+//!    K/V); skipped patches advance with their cached velocity. When the step's last
+//!    patch-step completes, velocities and K/V are committed, the gate is fed each active
+//!    patch's refinement importance, and `x <- x - h v` for the whole latent.
+//!
+//! Because every patch-step reads only start-of-step state, the result does not depend on
+//! which worker ran which patch or in which order: it is bit-identical for any packing.
+//!
+//! Modes: [`Mode::FlashDiff`] (default), [`Mode::NoSkip`] (all patches every step, displaced
+//! K/V: the DistriFusion-style baseline), [`Mode::Full`] (one patch: ordinary sampling, the
+//! quality reference).
+
+use std::collections::HashMap;
+use std::fmt;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use flashdiff_gate::{Gate, GateConfig, GateError, DEFAULT_EPSILON, DEFAULT_MAX_SKIP};
+use flashdiff_partitioner::{
+    partition_saliency, partition_uniform, saliency_map, GranularityConfig, GranularityController,
+    Grid, PartitionError, PatchLayout,
+};
+use flashdiff_scheduler::{Completion, SchedError, Scheduler, SchedulerConfig, Tag, WARMUP_PATCH};
+
+use crate::image;
+use crate::model::{ForwardOut, KvCache, StepCond, StepStats, TextContext, TinyDit, WeightsError};
+use crate::scene::{self, PromptError};
+
+/// Default total steps (DESIGN.md: N = 50).
+pub const DEFAULT_STEPS: u32 = 50;
+/// Default warm-up steps (DESIGN.md and the paper's §4.1: the first five steps).
+pub const DEFAULT_WARMUP: u32 = 5;
+/// Steps at the end computed in full whatever the gate says: a probe of this model family saw
+/// every region's update jump at the last step (issue "The engine"); one step covers it.
+pub const FINAL_FULL_STEPS: u32 = 1;
+
+/// How a request is executed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mode {
+    /// Saliency patches, gated skipping, displaced K/V.
+    FlashDiff,
+    /// Saliency patches, no skipping, displaced K/V.
+    NoSkip,
+    /// One patch, every step: ordinary sampling.
+    Full,
+}
+
+impl std::str::FromStr for Mode {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "flashdiff" => Ok(Self::FlashDiff),
+            "no-skip" => Ok(Self::NoSkip),
+            "full" => Ok(Self::Full),
+            _ => Err(format!("mode {s:?}: expected flashdiff, no-skip or full")),
+        }
+    }
+}
+
+/// Per-request settings.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RequestConfig {
+    /// Total Euler steps N.
+    pub steps: u32,
+    /// Warm-up steps T_w (>= 1, < steps).
+    pub warmup: u32,
+    /// Patch count R; `None`: the engine's adaptive controller picks it.
+    pub patches: Option<u32>,
+    /// Gate threshold ε.
+    pub epsilon: f32,
+    /// Longest run of skips K.
+    pub max_skip: u32,
+    /// Noise seed.
+    pub seed: u64,
+    /// Execution mode.
+    pub mode: Mode,
+    /// Scheduling priority (0..8, higher first).
+    pub priority: u8,
+}
+
+impl Default for RequestConfig {
+    fn default() -> Self {
+        Self {
+            steps: DEFAULT_STEPS,
+            warmup: DEFAULT_WARMUP,
+            patches: None,
+            epsilon: DEFAULT_EPSILON,
+            max_skip: DEFAULT_MAX_SKIP,
+            seed: 0,
+            mode: Mode::FlashDiff,
+            priority: 0,
+        }
+    }
+}
+
+/// Why a request or the engine failed.
+#[derive(Debug)]
+pub enum EngineError {
+    /// The model could not be loaded.
+    Weights(WeightsError),
+    /// The prompt is not in the model's language.
+    Prompt(PromptError),
+    /// A setting is out of range: which, and the valid range.
+    Config(String),
+    /// A policy refused (should not happen for validated input).
+    Partition(PartitionError),
+    /// Gate refusal.
+    Gate(GateError),
+    /// Scheduler refusal (admission control included).
+    Scheduler(SchedError),
+}
+
+impl fmt::Display for EngineError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Weights(e) => write!(f, "{e}"),
+            Self::Prompt(e) => write!(f, "{e}"),
+            Self::Config(e) => write!(f, "{e}"),
+            Self::Partition(e) => write!(f, "partitioner: {e}"),
+            Self::Gate(e) => write!(f, "gate: {e}"),
+            Self::Scheduler(e) => write!(f, "scheduler: {e}"),
+        }
+    }
+}
+
+impl std::error::Error for EngineError {}
+
+impl From<WeightsError> for EngineError {
+    fn from(e: WeightsError) -> Self {
+        Self::Weights(e)
+    }
+}
+impl From<PromptError> for EngineError {
+    fn from(e: PromptError) -> Self {
+        Self::Prompt(e)
+    }
+}
+impl From<PartitionError> for EngineError {
+    fn from(e: PartitionError) -> Self {
+        Self::Partition(e)
+    }
+}
+impl From<GateError> for EngineError {
+    fn from(e: GateError) -> Self {
+        Self::Gate(e)
+    }
+}
+impl From<SchedError> for EngineError {
+    fn from(e: SchedError) -> Self {
+        Self::Scheduler(e)
+    }
+}
+
+/// Where the time of a request went.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct TimeSplit {
+    /// Warm-up steps (model time).
+    pub warmup: Duration,
+    /// Salient words, saliency map, partition.
+    pub partition: Duration,
+    /// Gate decisions and importance bookkeeping.
+    pub gate: Duration,
+    /// Patch-step forwards and commits.
+    pub compute: Duration,
+    /// Waiting for a worker, and scheduler bookkeeping.
+    pub queue: Duration,
+}
+
+/// What happened to a request.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Report {
+    /// Request id.
+    pub id: u64,
+    /// Total steps.
+    pub steps: u32,
+    /// Warm-up steps.
+    pub warmup: u32,
+    /// Patches after the warm-up.
+    pub patches: u32,
+    /// Patch-steps after the warm-up if nothing were skipped.
+    pub patch_steps: u64,
+    /// Patch-steps computed.
+    pub computed: u64,
+    /// Latent tokens computed after the warm-up (sum over computed patch-steps of their size).
+    pub computed_tokens: u64,
+    /// Active patches per step after the warm-up.
+    pub active_per_step: Vec<u32>,
+    /// Time split.
+    pub time: TimeSplit,
+    /// Submit to completion.
+    pub latency: Duration,
+    /// Share of model work skipped, weighting patch-steps by their tokens (warm-up included
+    /// as computed).
+    pub work_skipped: f64,
+}
+
+impl Report {
+    /// Patch-steps skipped, as a share of all patch-steps after the warm-up.
+    pub fn skipped_share(&self) -> f64 {
+        if self.patch_steps == 0 {
+            0.0
+        } else {
+            1.0 - self.computed as f64 / self.patch_steps as f64
+        }
+    }
+}
+
+/// A finished request.
+#[derive(Debug, Clone)]
+pub struct Output {
+    /// Final latent (`tokens x patch_dim`, model space).
+    pub latent: Vec<f32>,
+    /// RGB image in [0, 1], `IMAGE x IMAGE x 3`.
+    pub rgb: Vec<f32>,
+    /// The report.
+    pub report: Report,
+    /// The patch layout used.
+    pub layout: PatchLayout,
+}
+
+/// Gaussian noise from a seed (SplitMix64 + Box-Muller): the same seed gives the same latent.
+pub fn noise(seed: u64, n: usize) -> Vec<f32> {
+    let mut s = seed ^ 0x5DEE_CE66_D1CE_4E5D;
+    let mut next = || {
+        s = s.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = s;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        ((z ^ (z >> 31)) >> 11) as f64 / (1u64 << 53) as f64
+    };
+    let mut out = Vec::with_capacity(n + 1);
+    while out.len() < n {
+        let (u1, u2) = (next().max(1e-300), next());
+        let r = (-2.0 * u1.ln()).sqrt();
+        out.push((r * (2.0 * std::f64::consts::PI * u2).cos()) as f32);
+        out.push((r * (2.0 * std::f64::consts::PI * u2).sin()) as f32);
+    }
+    out.truncate(n);
+    out
+}
+
+/// Results of one step's patch-steps, kept until the step's barrier.
+#[derive(Debug, Default)]
+struct StepBuffer {
+    /// Per patch: forward result and its refinement importance.
+    done: HashMap<u32, (ForwardOut, f32)>,
+}
+
+struct Request {
+    cfg: RequestConfig,
+    words: Vec<String>,
+    text: TextContext,
+    x: Vec<f32>,
+    v: Vec<f32>,
+    cache: KvCache,
+    cross: Vec<f32>,
+    layout: Option<PatchLayout>,
+    gate: Option<Gate>,
+    step: u32,
+    cond: Option<StepCond>,
+    buffer: StepBuffer,
+    active: Vec<bool>,
+    report: Report,
+    submitted: Instant,
+}
+
+/// The engine: one model, a scheduler over `workers` virtual workers, the adaptive-R
+/// controller, and the requests in flight.
+pub struct Engine {
+    model: TinyDit,
+    sched: Scheduler,
+    workers: u32,
+    granularity: GranularityController,
+    requests: HashMap<u64, Request>,
+    finished: Vec<Result<Output, (u64, EngineError)>>,
+}
+
+impl fmt::Debug for Engine {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Engine")
+            .field("model", &self.model)
+            .field("workers", &self.workers)
+            .finish()
+    }
+}
+
+/// The shipped weights: `$FLASHDIFF_WEIGHTS`, or `models/tinydit/tinydit.safetensors` of the
+/// source tree this binary was built from.
+pub fn default_weights() -> PathBuf {
+    std::env::var_os("FLASHDIFF_WEIGHTS")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../models/tinydit/tinydit.safetensors")
+        })
+}
+
+impl Engine {
+    /// An engine over the model at `weights` with `workers` workers.
+    pub fn new(weights: &Path, workers: u32) -> Result<Self, EngineError> {
+        flashdiff_kernels::flush_denormals_to_zero();
+        if workers == 0 || workers > 1024 {
+            return Err(EngineError::Config(format!(
+                "--workers {workers}: must be in 1..=1024"
+            )));
+        }
+        let model = TinyDit::load(weights)?;
+        let sched = Scheduler::new(SchedulerConfig {
+            workers,
+            ..Default::default()
+        })?;
+        let tokens = model.config().tokens() as u32;
+        let granularity = GranularityController::new(GranularityConfig {
+            r_min: 2,
+            r_max: 16.min(tokens),
+            ..Default::default()
+        })?;
+        Ok(Self {
+            model,
+            sched,
+            workers,
+            granularity,
+            requests: HashMap::new(),
+            finished: Vec::new(),
+        })
+    }
+
+    /// The model.
+    pub fn model(&self) -> &TinyDit {
+        &self.model
+    }
+
+    /// Checks a request's settings; the error names the setting and its valid range.
+    pub fn validate(&self, cfg: &RequestConfig) -> Result<(), EngineError> {
+        let bad = |s: String| Err(EngineError::Config(s));
+        if !(2..=1000).contains(&cfg.steps) {
+            return bad(format!("--steps {}: must be in 2..=1000", cfg.steps));
+        }
+        if cfg.warmup < 1 || cfg.warmup >= cfg.steps {
+            return bad(format!(
+                "--warmup {}: must be in 1..={} (below --steps)",
+                cfg.warmup,
+                cfg.steps - 1
+            ));
+        }
+        let tokens = self.model.config().tokens() as u32;
+        if let Some(r) = cfg.patches {
+            if r == 0 || r > tokens {
+                return bad(format!(
+                    "--patches {r}: must be in 1..={tokens} (tokens in the latent)"
+                ));
+            }
+        }
+        if !(cfg.epsilon.is_finite() && (0.0..=1.0).contains(&cfg.epsilon)) {
+            return bad(format!("--epsilon {}: must be in [0, 1]", cfg.epsilon));
+        }
+        if cfg.max_skip > 1000 {
+            return bad(format!("--max-skip {}: must be in 0..=1000", cfg.max_skip));
+        }
+        if cfg.priority as usize >= flashdiff_scheduler::PRIORITY_LEVELS {
+            return bad(format!(
+                "--priority {}: must be in 0..{}",
+                cfg.priority,
+                flashdiff_scheduler::PRIORITY_LEVELS
+            ));
+        }
+        Ok(())
+    }
+
+    /// Admits a request. Prompt and settings are checked here, so a bad request fails alone.
+    pub fn submit(&mut self, id: u64, prompt: &str, cfg: RequestConfig) -> Result<(), EngineError> {
+        self.validate(&cfg)?;
+        if self.requests.contains_key(&id) {
+            return Err(EngineError::Config(format!(
+                "request id {id} is already in flight"
+            )));
+        }
+        let mcfg = self.model.config().clone();
+        let ids = scene::tokenize(prompt, self.model.vocab(), mcfg.max_tokens)?;
+        let words = scene::words(prompt);
+        let text = self.model.encode_text(&ids);
+        let tokens = mcfg.tokens();
+        self.sched
+            .submit(id, cfg.priority, (cfg.warmup as usize * tokens) as f64)?;
+        let x = noise(cfg.seed, tokens * mcfg.patch_dim());
+        let req = Request {
+            words,
+            text,
+            v: vec![0.0; x.len()],
+            x,
+            cache: self.model.new_cache(),
+            cross: vec![0.0; tokens * mcfg.max_tokens],
+            layout: None,
+            gate: None,
+            step: 0,
+            cond: None,
+            buffer: StepBuffer::default(),
+            active: Vec::new(),
+            report: Report {
+                id,
+                steps: cfg.steps,
+                warmup: cfg.warmup,
+                patches: 0,
+                patch_steps: 0,
+                computed: 0,
+                computed_tokens: 0,
+                active_per_step: Vec::new(),
+                time: TimeSplit::default(),
+                latency: Duration::ZERO,
+                work_skipped: 0.0,
+            },
+            cfg,
+            submitted: Instant::now(),
+        };
+        self.requests.insert(id, req);
+        Ok(())
+    }
+
+    /// Requests in flight.
+    pub fn in_flight(&self) -> usize {
+        self.requests.len()
+    }
+
+    /// Runs monotasks until every request in flight has finished; `progress(id, step, steps)`
+    /// is called after every completed step. Returns the finished requests (or their errors).
+    pub fn run(
+        &mut self,
+        progress: &mut dyn FnMut(u64, u32, u32),
+    ) -> Vec<Result<Output, (u64, EngineError)>> {
+        while !self.requests.is_empty() {
+            let mut ran = false;
+            for w in 0..self.workers {
+                let a = match self.sched.next(w) {
+                    Ok(Some(a)) => a,
+                    Ok(None) => continue,
+                    Err(e) => {
+                        self.fail_all(EngineError::Scheduler(e));
+                        break;
+                    }
+                };
+                ran = true;
+                let tag = a.task.tag;
+                self.execute(tag);
+                match self.sched.complete(w, tag) {
+                    Ok(Completion::WarmupDone(id)) => {
+                        self.after_warmup(id);
+                        self.open_step(id, progress);
+                    }
+                    Ok(Completion::StepDone(id, _)) => {
+                        self.commit_step(id);
+                        self.open_step(id, progress);
+                    }
+                    Ok(_) => {}
+                    Err(e) => self.fail(tag.request, EngineError::Scheduler(e)),
+                }
+            }
+            if !ran && !self.requests.is_empty() {
+                // Nothing runnable yet nothing finished: a bug, never a hang.
+                self.fail_all(EngineError::Config(
+                    "scheduler has no runnable monotask for requests in flight".into(),
+                ));
+            }
+        }
+        std::mem::take(&mut self.finished)
+    }
+
+    /// One request, start to end.
+    pub fn generate(
+        &mut self,
+        prompt: &str,
+        cfg: RequestConfig,
+        progress: &mut dyn FnMut(u64, u32, u32),
+    ) -> Result<Output, EngineError> {
+        let id = u64::MAX - 1;
+        self.submit(id, prompt, cfg)?;
+        let mut out = self.run(progress);
+        match out.pop() {
+            Some(Ok(o)) => Ok(o),
+            Some(Err((_, e))) => Err(e),
+            None => Err(EngineError::Config("request vanished".into())),
+        }
+    }
+
+    fn fail(&mut self, id: u64, e: EngineError) {
+        if self.requests.remove(&id).is_some() {
+            let _ = self.sched.cancel(id);
+            self.finished.push(Err((id, e)));
+        }
+    }
+
+    fn fail_all(&mut self, e: EngineError) {
+        let ids: Vec<u64> = self.requests.keys().copied().collect();
+        for id in ids {
+            self.fail(id, EngineError::Config(e.to_string()));
+        }
+    }
+
+    fn execute(&mut self, tag: Tag) {
+        let model = &self.model;
+        let Some(r) = self.requests.get_mut(&tag.request) else {
+            return;
+        };
+        let cfg = model.config();
+        let (tokens, pd) = (cfg.tokens(), cfg.patch_dim());
+        if tag.patch == WARMUP_PATCH {
+            let t0 = Instant::now();
+            let all: Vec<u32> = (0..tokens as u32).collect();
+            let h = 1.0 / r.cfg.steps as f32;
+            for n in 0..r.cfg.warmup {
+                let cond = model.step_cond(&r.text, 1.0 - n as f32 * h);
+                let mut cross = vec![0.0f32; tokens * cfg.max_tokens];
+                let out = model.forward(
+                    &r.x,
+                    &all,
+                    &cond,
+                    &r.text,
+                    &r.cache,
+                    &mut StepStats {
+                        cross: Some(&mut cross),
+                        patch_mass: None,
+                    },
+                );
+                for (a, c) in r.cross.iter_mut().zip(&cross) {
+                    *a += c / r.cfg.warmup as f32;
+                }
+                r.cache.update(&all, &out);
+                r.v.copy_from_slice(&out.velocity);
+                for (x, v) in r.x.iter_mut().zip(&r.v) {
+                    *x -= h * v;
+                }
+            }
+            r.step = r.cfg.warmup;
+            r.report.time.warmup += t0.elapsed();
+            return;
+        }
+        // One patch-step: its tokens, start-of-step cache, fresh K/V kept for the barrier.
+        if r.buffer.done.contains_key(&tag.patch) || tag.step != r.step {
+            return; // already applied (a re-run), or stale: at most once
+        }
+        let t0 = Instant::now();
+        let layout = r.layout.as_ref().expect("partitioned after warm-up");
+        let toks = layout.patch_tokens(tag.patch);
+        let x: Vec<f32> = toks
+            .iter()
+            .flat_map(|&t| r.x[t as usize * pd..(t as usize + 1) * pd].iter().copied())
+            .collect();
+        let groups = layout.patches() as usize;
+        let mut mass = vec![0.0f32; toks.len() * groups];
+        let cond = r
+            .cond
+            .as_ref()
+            .expect("step conditioning set when the step opened");
+        let out = model.forward(
+            &x,
+            toks,
+            cond,
+            &r.text,
+            &r.cache,
+            &mut StepStats {
+                cross: None,
+                patch_mass: Some((layout.patch_of(), groups, &mut mass)),
+            },
+        );
+        // R_i = (1/|A_i|^2) sum_{u in A_i} mass[u][i] (paper §4.2).
+        let p = tag.patch as usize;
+        let n = toks.len() as f32;
+        let importance = (0..toks.len()).map(|u| mass[u * groups + p]).sum::<f32>() / (n * n);
+        r.buffer.done.insert(tag.patch, (out, importance));
+        r.report.time.compute += t0.elapsed();
+    }
+
+    fn after_warmup(&mut self, id: u64) {
+        let Some(r) = self.requests.get_mut(&id) else {
+            return;
+        };
+        let t0 = Instant::now();
+        let cfg = self.model.config();
+        let grid = match Grid::image(cfg.grid() as u32, cfg.grid() as u32) {
+            Ok(g) => g,
+            Err(e) => return self.fail(id, e.into()),
+        };
+        let r_count = match r.cfg.mode {
+            Mode::Full => 1,
+            _ => r.cfg.patches.unwrap_or_else(|| self.granularity.current()),
+        };
+        // Saliency over the prompt's real words (padding excluded).
+        let n_words = r.words.len();
+        let tokens = cfg.tokens();
+        let mt = cfg.max_tokens;
+        let attn: Vec<f32> = (0..tokens)
+            .flat_map(|t| r.cross[t * mt..t * mt + n_words].to_vec())
+            .collect();
+        let salient: Vec<bool> = r.words.iter().map(|w| scene::is_salient(w)).collect();
+        let layout = match saliency_map(&attn, tokens, &salient)
+            .and_then(|s| partition_saliency(grid, &s, r_count))
+        {
+            Ok(l) => l,
+            Err(PartitionError::NoSalientTokens) => match partition_uniform(grid, r_count) {
+                Ok(l) => l,
+                Err(e) => return self.fail(id, e.into()),
+            },
+            Err(e) => return self.fail(id, e.into()),
+        };
+        let eps = if r.cfg.mode == Mode::FlashDiff {
+            r.cfg.epsilon
+        } else {
+            0.0
+        };
+        let gate = match Gate::new(
+            layout.patches() as usize,
+            GateConfig {
+                epsilon: eps,
+                eta: flashdiff_gate::DEFAULT_ETA,
+                max_skip: r.cfg.max_skip,
+            },
+        ) {
+            Ok(g) => g,
+            Err(e) => return self.fail(id, e.into()),
+        };
+        r.report.patches = layout.patches();
+        r.active = vec![false; layout.patches() as usize];
+        r.layout = Some(layout);
+        r.gate = Some(gate);
+        r.report.time.partition += t0.elapsed();
+    }
+
+    fn open_step(&mut self, id: u64, progress: &mut dyn FnMut(u64, u32, u32)) {
+        let Some(r) = self.requests.get_mut(&id) else {
+            return;
+        };
+        progress(id, r.step, r.cfg.steps);
+        if r.step >= r.cfg.steps {
+            return self.finish(id);
+        }
+        let t0 = Instant::now();
+        let final_full = r.step + FINAL_FULL_STEPS >= r.cfg.steps;
+        let gate = r.gate.as_mut().expect("partitioned");
+        if final_full {
+            // ε = 0 never skips: the gate itself records every patch as run.
+            if let Err(e) = gate.set_epsilon(0.0) {
+                return self.fail(id, e.into());
+            }
+        }
+        if let Err(e) = gate.decide(&mut r.active) {
+            return self.fail(id, e.into());
+        }
+        r.report.time.gate += t0.elapsed();
+        let layout = r.layout.as_ref().expect("partitioned");
+        let list: Vec<(u32, f64)> = (0..layout.patches())
+            .filter(|&p| r.active[p as usize])
+            .map(|p| (p, layout.patch_tokens(p).len() as f64))
+            .collect();
+        r.report.active_per_step.push(list.len() as u32);
+        r.report.patch_steps += layout.patches() as u64;
+        r.report.computed += list.len() as u64;
+        r.report.computed_tokens += list.iter().map(|p| p.1 as u64).sum::<u64>();
+        let h = 1.0 / r.cfg.steps as f32;
+        r.cond = Some(self.model.step_cond(&r.text, 1.0 - r.step as f32 * h));
+        r.buffer = StepBuffer::default();
+        let step = r.step;
+        if let Err(e) = self.sched.submit_step(id, step, &list) {
+            self.fail(id, e.into());
+        }
+    }
+
+    fn commit_step(&mut self, id: u64) {
+        let Some(r) = self.requests.get_mut(&id) else {
+            return;
+        };
+        let t0 = Instant::now();
+        let pd = self.model.config().patch_dim();
+        let layout = r.layout.as_ref().expect("partitioned");
+        let mut done: Vec<(u32, (ForwardOut, f32))> =
+            std::mem::take(&mut r.buffer.done).into_iter().collect();
+        done.sort_by_key(|(p, _)| *p);
+        let gate = r.gate.as_mut().expect("partitioned");
+        for (p, (out, importance)) in &done {
+            let toks = layout.patch_tokens(*p);
+            for (i, &t) in toks.iter().enumerate() {
+                r.v[t as usize * pd..(t as usize + 1) * pd]
+                    .copy_from_slice(&out.velocity[i * pd..(i + 1) * pd]);
+            }
+            r.cache.update(toks, out);
+            if let Err(e) = gate.observe(*p as usize, *importance) {
+                return self.fail(id, e.into());
+            }
+        }
+        let h = 1.0 / r.cfg.steps as f32;
+        for (x, v) in r.x.iter_mut().zip(&r.v) {
+            *x -= h * v;
+        }
+        r.step += 1;
+        r.report.time.compute += t0.elapsed();
+    }
+
+    fn finish(&mut self, id: u64) {
+        let Some(mut r) = self.requests.remove(&id) else {
+            return;
+        };
+        let _ = self.sched.finish(id);
+        let cfg = self.model.config();
+        r.report.latency = r.submitted.elapsed();
+        let t = &r.report.time;
+        r.report.time.queue = r
+            .report
+            .latency
+            .saturating_sub(t.warmup + t.partition + t.gate + t.compute);
+        // Work: warm-up steps are full; after that, computed tokens over all tokens.
+        let layout = r.layout.take().expect("partitioned");
+        let tokens = cfg.tokens() as f64;
+        let after = (r.cfg.steps - r.cfg.warmup) as f64 * tokens;
+        let total = r.cfg.steps as f64 * tokens;
+        r.report.work_skipped = ((after - r.report.computed_tokens as f64) / total).max(0.0);
+        if self.requests.is_empty() || r.cfg.patches.is_none() {
+            let cost = r.report.latency.as_secs_f64();
+            let _ = self.granularity.observe(layout.patches(), cost);
+        }
+        let rgb = image::to_rgb(&r.x, cfg.grid(), cfg.patch);
+        self.finished.push(Ok(Output {
+            latent: r.x,
+            rgb,
+            report: r.report,
+            layout,
+        }));
+    }
+}

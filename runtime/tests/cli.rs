@@ -1,0 +1,155 @@
+//! The `flashdiff` command as a user runs it.
+
+use std::process::Command;
+
+fn flashdiff() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_flashdiff"))
+}
+
+#[test]
+fn generate_writes_a_png_and_a_report() {
+    let dir = std::env::temp_dir().join(format!("flashdiff-cli-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let png = dir.join("out.png");
+    let out = flashdiff()
+        .args([
+            "generate",
+            "a red circle top left on a blue background",
+            "--steps",
+            "10",
+            "--warmup",
+            "2",
+            "--patches",
+            "4",
+            "--compare",
+            "-o",
+        ])
+        .arg(&png)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    for needle in [
+        "patch-steps computed",
+        "warm-up",
+        "partition",
+        "gate",
+        "compute",
+        "queue",
+        "checker:",
+        "vs full computation: PSNR",
+    ] {
+        assert!(
+            stdout.contains(needle),
+            "report lacks {needle:?}:\n{stdout}"
+        );
+    }
+    let bytes = std::fs::read(&png).unwrap();
+    assert_eq!(&bytes[..8], b"\x89PNG\r\n\x1a\n");
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("step 10/10"),
+        "no progress shown"
+    );
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+#[test]
+fn bad_arguments_name_the_problem() {
+    let cases: &[(&[&str], &str)] = &[
+        (
+            &["generate", "a red dragon on a blue background"],
+            "\"dragon\"",
+        ),
+        (&["generate", "x", "--steps", "abc"], "--steps"),
+        (
+            &[
+                "generate",
+                "a red circle top on a blue background",
+                "--epsilon",
+                "2",
+            ],
+            "--epsilon",
+        ),
+        (
+            &[
+                "generate",
+                "a red circle top on a blue background",
+                "--mode",
+                "fast",
+            ],
+            "mode",
+        ),
+        (
+            &[
+                "generate",
+                "a red circle top on a blue background",
+                "--bogus",
+            ],
+            "unknown option --bogus",
+        ),
+        (&["generate"], "needs a prompt"),
+        (&["frobnicate"], "unknown command"),
+    ];
+    for (args, needle) in cases {
+        let out = flashdiff().args(*args).output().unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {err}");
+        assert!(err.contains(needle), "{args:?}: {err:?} lacks {needle:?}");
+    }
+}
+
+#[test]
+fn serve_answers_every_line() {
+    let dir = std::env::temp_dir().join(format!("flashdiff-serve-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let input = dir.join("requests.jsonl");
+    std::fs::write(
+        &input,
+        concat!(
+            "{\"id\": 1, \"prompt\": \"a red circle top left on a blue background\", \"steps\": 8, \"warmup\": 2, \"priority\": 3}\n",
+            "{\"id\": 2, \"prompt\": \"a purple dragon on a blue background\", \"steps\": 8, \"warmup\": 2}\n",
+            "not json\n",
+            "{\"id\": 4, \"prompt\": \"a green cross center on a black background\", \"steps\": 8, \"warmup\": 2, \"mode\": \"full\"}\n",
+            "{\"id\": 5, \"prompt\": \"a green cross center on a black background\", \"colour\": 1}\n",
+        ),
+    )
+    .unwrap();
+    let out = flashdiff()
+        .args(["serve", "--input"])
+        .arg(&input)
+        .arg("--out-dir")
+        .arg(&dir)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let lines: Vec<serde_json::Value> = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(lines.len(), 5);
+    let by_id = |id: u64| {
+        lines
+            .iter()
+            .find(|v| v["id"] == id)
+            .unwrap_or_else(|| panic!("no result for {id}"))
+    };
+    assert_eq!(by_id(1)["ok"], true);
+    assert!(dir.join("1.png").exists());
+    assert_eq!(by_id(4)["ok"], true);
+    assert_eq!(by_id(2)["ok"], false);
+    assert!(by_id(2)["error"].as_str().unwrap().contains("dragon"));
+    assert!(by_id(3)["error"].as_str().unwrap().contains("not JSON"));
+    assert!(by_id(5)["error"]
+        .as_str()
+        .unwrap()
+        .contains("unknown field \"colour\""));
+    std::fs::remove_dir_all(&dir).ok();
+}

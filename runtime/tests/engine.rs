@@ -1,0 +1,212 @@
+//! Engine semantics: determinism across workers and packing, modes, request isolation, and
+//! clear errors for bad requests.
+
+use flashdiff_runtime::engine::{default_weights, noise, Engine, EngineError, Mode, RequestConfig};
+use flashdiff_runtime::model::StepStats;
+
+const PROMPT: &str = "a red circle top left and a blue square bottom right on a white background";
+
+fn cfg(mode: Mode) -> RequestConfig {
+    RequestConfig {
+        steps: 12,
+        warmup: 3,
+        patches: Some(6),
+        epsilon: 0.15,
+        max_skip: 2,
+        seed: 7,
+        mode,
+        priority: 0,
+    }
+}
+
+#[test]
+fn output_is_bit_identical_for_any_number_of_workers() {
+    let mut outs = Vec::new();
+    for workers in [1u32, 2, 3] {
+        let mut e = Engine::new(&default_weights(), workers).unwrap();
+        let o = e
+            .generate(PROMPT, cfg(Mode::FlashDiff), &mut |_, _, _| {})
+            .unwrap();
+        assert!(
+            o.report.computed < o.report.patch_steps,
+            "the gate skipped nothing: {:?}",
+            o.report.active_per_step
+        );
+        outs.push(o);
+    }
+    for o in &outs[1..] {
+        assert_eq!(
+            o.latent, outs[0].latent,
+            "latent differs between worker counts"
+        );
+        assert_eq!(o.report.active_per_step, outs[0].report.active_per_step);
+    }
+}
+
+#[test]
+fn concurrent_requests_do_not_change_each_others_output() {
+    let mut alone = Engine::new(&default_weights(), 2).unwrap();
+    let solo = alone
+        .generate(PROMPT, cfg(Mode::FlashDiff), &mut |_, _, _| {})
+        .unwrap();
+    let mut e = Engine::new(&default_weights(), 2).unwrap();
+    e.submit(
+        1,
+        "a green cross center on a black background",
+        RequestConfig {
+            priority: 5,
+            ..cfg(Mode::NoSkip)
+        },
+    )
+    .unwrap();
+    e.submit(2, PROMPT, cfg(Mode::FlashDiff)).unwrap();
+    e.submit(
+        3,
+        "a yellow triangle left on a purple background",
+        cfg(Mode::Full),
+    )
+    .unwrap();
+    let results = e.run(&mut |_, _, _| {});
+    assert_eq!(results.len(), 3);
+    let two = results
+        .iter()
+        .flatten()
+        .find(|o| o.report.id == 2)
+        .expect("request 2 finished");
+    assert_eq!(two.latent, solo.latent);
+}
+
+#[test]
+fn full_mode_is_ordinary_sampling() {
+    let mut e = Engine::new(&default_weights(), 1).unwrap();
+    let c = cfg(Mode::Full);
+    let o = e.generate(PROMPT, c.clone(), &mut |_, _, _| {}).unwrap();
+    assert_eq!(o.report.patches, 1);
+    assert_eq!(o.report.computed, o.report.patch_steps);
+    // Plain Euler sampling with the model directly.
+    let m = e.model();
+    let mc = m.config().clone();
+    let ids = flashdiff_runtime::scene::tokenize(PROMPT, m.vocab(), mc.max_tokens).unwrap();
+    let text = m.encode_text(&ids);
+    let mut x = noise(c.seed, mc.tokens() * mc.patch_dim());
+    let all: Vec<u32> = (0..mc.tokens() as u32).collect();
+    let h = 1.0 / c.steps as f32;
+    for n in 0..c.steps {
+        let cond = m.step_cond(&text, 1.0 - n as f32 * h);
+        let out = m.forward(
+            &x,
+            &all,
+            &cond,
+            &text,
+            &m.new_cache(),
+            &mut StepStats::default(),
+        );
+        for (xi, v) in x.iter_mut().zip(&out.velocity) {
+            *xi -= h * v;
+        }
+    }
+    assert_eq!(o.latent, x);
+}
+
+#[test]
+fn no_skip_runs_every_patch_and_flashdiff_skips() {
+    let mut e = Engine::new(&default_weights(), 1).unwrap();
+    let ns = e
+        .generate(PROMPT, cfg(Mode::NoSkip), &mut |_, _, _| {})
+        .unwrap();
+    assert_eq!(ns.report.computed, ns.report.patch_steps);
+    let fd = e
+        .generate(PROMPT, cfg(Mode::FlashDiff), &mut |_, _, _| {})
+        .unwrap();
+    assert!(fd.report.computed < fd.report.patch_steps);
+    // The last step is always computed in full.
+    assert_eq!(
+        *fd.report.active_per_step.last().unwrap(),
+        fd.report.patches
+    );
+    // Every patch runs at least once every max_skip + 1 steps: no run of skips longer than K.
+    assert!(fd.report.active_per_step.iter().all(|&a| a >= 1));
+}
+
+#[test]
+fn bad_requests_fail_alone_with_clear_errors() {
+    let mut e = Engine::new(&default_weights(), 1).unwrap();
+    let err = e
+        .submit(
+            1,
+            "a red dragon on a white background",
+            cfg(Mode::FlashDiff),
+        )
+        .unwrap_err();
+    let msg = err.to_string();
+    assert!(
+        matches!(err, EngineError::Prompt(_))
+            && msg.contains("\"dragon\"")
+            && msg.contains("circle"),
+        "{msg}"
+    );
+    let bad = |c: RequestConfig, flag: &str| {
+        let m = Engine::new(&default_weights(), 1)
+            .unwrap()
+            .submit(9, PROMPT, c)
+            .unwrap_err()
+            .to_string();
+        assert!(m.contains(flag), "{m} does not name {flag}");
+    };
+    bad(
+        RequestConfig {
+            steps: 1,
+            ..cfg(Mode::FlashDiff)
+        },
+        "--steps",
+    );
+    bad(
+        RequestConfig {
+            warmup: 12,
+            ..cfg(Mode::FlashDiff)
+        },
+        "--warmup",
+    );
+    bad(
+        RequestConfig {
+            patches: Some(0),
+            ..cfg(Mode::FlashDiff)
+        },
+        "--patches",
+    );
+    bad(
+        RequestConfig {
+            patches: Some(65),
+            ..cfg(Mode::FlashDiff)
+        },
+        "--patches",
+    );
+    bad(
+        RequestConfig {
+            epsilon: f32::NAN,
+            ..cfg(Mode::FlashDiff)
+        },
+        "--epsilon",
+    );
+    bad(
+        RequestConfig {
+            priority: 9,
+            ..cfg(Mode::FlashDiff)
+        },
+        "--priority",
+    );
+    // A good request still runs after the bad ones.
+    e.submit(2, PROMPT, cfg(Mode::FlashDiff)).unwrap();
+    let r = e.run(&mut |_, _, _| {});
+    assert!(r.len() == 1 && r[0].is_ok());
+    assert!(
+        Engine::new(std::path::Path::new("/nonexistent/w.safetensors"), 1)
+            .unwrap_err()
+            .to_string()
+            .contains("cannot read weights")
+    );
+    assert!(Engine::new(&default_weights(), 0)
+        .unwrap_err()
+        .to_string()
+        .contains("--workers"));
+}
