@@ -23,7 +23,14 @@ fn bench(c: &mut Criterion) {
     let x: Vec<f32> = (0..cfg.tokens() * cfg.patch_dim())
         .map(|i| ((i * 7919) % 200) as f32 / 100.0 - 1.0)
         .collect();
-    let warm = m.forward(&x, &all, &cond, &text, &cache, &mut StepStats::default());
+    let warm = m.forward(
+        &x,
+        &all,
+        &cond,
+        &text,
+        cache.view(),
+        &mut StepStats::default(),
+    );
     cache.update(&all, &warm);
     let mut g = c.benchmark_group("tinydit_forward");
     for pct in [25usize, 50, 75, 100] {
@@ -40,7 +47,7 @@ fn bench(c: &mut Criterion) {
                         &active,
                         &cond,
                         &text,
-                        &cache,
+                        cache.view(),
                         &mut StepStats::default(),
                     )
                 })

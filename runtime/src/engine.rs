@@ -34,9 +34,12 @@ use flashdiff_partitioner::{
 };
 use flashdiff_scheduler::{Completion, SchedError, Scheduler, SchedulerConfig, Tag, WARMUP_PATCH};
 
+use crate::exec::{self, Task};
 use crate::image;
-use crate::model::{ForwardOut, KvCache, StepCond, StepStats, TextContext, TinyDit, WeightsError};
+use crate::model::{TextContext, TinyDit, WeightsError};
+use crate::proc::{Event, Order, Pool, Report as WorkerReport};
 use crate::scene::{self, PromptError};
+use crate::state::{Layout, Region, SharedState};
 
 /// Default total steps (DESIGN.md: N = 50).
 pub const DEFAULT_STEPS: u32 = 50;
@@ -251,40 +254,43 @@ pub fn noise(seed: u64, n: usize) -> Vec<f32> {
     out
 }
 
-/// Results of one step's patch-steps, kept until the step's barrier.
-#[derive(Debug, Default)]
-struct StepBuffer {
-    /// Per patch: forward result and its refinement importance.
-    done: HashMap<u32, (ForwardOut, f32)>,
-}
-
 struct Request {
     cfg: RequestConfig,
     words: Vec<String>,
     text: TextContext,
-    x: Vec<f32>,
-    v: Vec<f32>,
-    cache: KvCache,
-    cross: Vec<f32>,
+    state: SharedState,
     layout: Option<PatchLayout>,
     gate: Option<Gate>,
     step: u32,
-    cond: Option<StepCond>,
-    buffer: StepBuffer,
     active: Vec<bool>,
     report: Report,
     submitted: Instant,
+}
+
+/// Where monotasks run.
+enum Executor {
+    /// In the coordinator's own thread.
+    InProcess,
+    /// In worker processes; `busy[w]` holds the tag and dispatch time of worker w's monotask.
+    Processes {
+        pool: Pool,
+        busy: Vec<Option<(Tag, Instant)>>,
+        replacements: u32,
+    },
 }
 
 /// The engine: one model, a scheduler over `workers` virtual workers, the adaptive-R
 /// controller, and the requests in flight.
 pub struct Engine {
     model: TinyDit,
+    layout: Layout,
     sched: Scheduler,
     workers: u32,
     granularity: GranularityController,
     requests: HashMap<u64, Request>,
     finished: Vec<Result<Output, (u64, EngineError)>>,
+    exec: Executor,
+    shm: Option<PathBuf>,
 }
 
 impl fmt::Debug for Engine {
@@ -307,8 +313,46 @@ pub fn default_weights() -> PathBuf {
 }
 
 impl Engine {
-    /// An engine over the model at `weights` with `workers` workers.
+    /// An engine over the model at `weights` with `workers` virtual workers in this process.
     pub fn new(weights: &Path, workers: u32) -> Result<Self, EngineError> {
+        Self::build(weights, workers, None)
+    }
+
+    /// An engine whose `workers` run as child processes of `exe` (`exe worker ...`), with
+    /// request state in memory-mapped files under `shm_dir` (e.g. `/dev/shm`).
+    pub fn with_processes(
+        weights: &Path,
+        workers: u32,
+        exe: &Path,
+        shm_dir: &Path,
+    ) -> Result<Self, EngineError> {
+        let mut e = Self::build(weights, workers, Some(shm_dir.to_path_buf()))?;
+        let pool = Pool::new(exe, weights, workers).map_err(EngineError::Config)?;
+        e.exec = Executor::Processes {
+            pool,
+            busy: vec![None; workers as usize],
+            replacements: 0,
+        };
+        Ok(e)
+    }
+
+    /// Process ids of the worker processes (empty in single-process mode).
+    pub fn worker_pids(&self) -> Vec<Option<u32>> {
+        match &self.exec {
+            Executor::InProcess => Vec::new(),
+            Executor::Processes { pool, .. } => pool.pids(),
+        }
+    }
+
+    /// Worker processes started to replace lost ones.
+    pub fn replacements(&self) -> u32 {
+        match &self.exec {
+            Executor::InProcess => 0,
+            Executor::Processes { replacements, .. } => *replacements,
+        }
+    }
+
+    fn build(weights: &Path, workers: u32, shm: Option<PathBuf>) -> Result<Self, EngineError> {
         flashdiff_kernels::flush_denormals_to_zero();
         if workers == 0 || workers > 1024 {
             return Err(EngineError::Config(format!(
@@ -326,13 +370,17 @@ impl Engine {
             r_max: 16.min(tokens),
             ..Default::default()
         })?;
+        let layout = Layout::new(model.config());
         Ok(Self {
             model,
+            layout,
             sched,
             workers,
             granularity,
             requests: HashMap::new(),
             finished: Vec::new(),
+            exec: Executor::InProcess,
+            shm,
         })
     }
 
@@ -391,21 +439,24 @@ impl Engine {
         let words = scene::words(prompt);
         let text = self.model.encode_text(&ids);
         let tokens = mcfg.tokens();
+        let mut state = SharedState::create(self.layout.clone(), self.shm.as_deref(), id)
+            .map_err(|e| EngineError::Config(format!("cannot create request state: {e}")))?;
+        state
+            .get_mut(Region::X0)
+            .copy_from_slice(&noise(cfg.seed, tokens * mcfg.patch_dim()));
+        let (pooled, tk, tv) = text.parts();
+        state.get_mut(Region::Pooled).copy_from_slice(pooled);
+        state.get_mut(Region::TextK).copy_from_slice(tk);
+        state.get_mut(Region::TextV).copy_from_slice(tv);
         self.sched
             .submit(id, cfg.priority, (cfg.warmup as usize * tokens) as f64)?;
-        let x = noise(cfg.seed, tokens * mcfg.patch_dim());
         let req = Request {
             words,
             text,
-            v: vec![0.0; x.len()],
-            x,
-            cache: self.model.new_cache(),
-            cross: vec![0.0; tokens * mcfg.max_tokens],
+            state,
             layout: None,
             gate: None,
             step: 0,
-            cond: None,
-            buffer: StepBuffer::default(),
             active: Vec::new(),
             report: Report {
                 id,
@@ -439,33 +490,63 @@ impl Engine {
         progress: &mut dyn FnMut(u64, u32, u32),
     ) -> Vec<Result<Output, (u64, EngineError)>> {
         while !self.requests.is_empty() {
-            let mut ran = false;
-            for w in 0..self.workers {
+            let mut dispatched = false;
+            for w in 0..self.sched.workers() {
+                if let Executor::Processes { busy, .. } = &self.exec {
+                    if busy.get(w as usize).is_none_or(|b| b.is_some()) {
+                        continue;
+                    }
+                }
                 let a = match self.sched.next(w) {
                     Ok(Some(a)) => a,
-                    Ok(None) => continue,
+                    Ok(None) | Err(SchedError::WorkerDead(_)) => continue,
                     Err(e) => {
                         self.fail_all(EngineError::Scheduler(e));
                         break;
                     }
                 };
-                ran = true;
+                dispatched = true;
                 let tag = a.task.tag;
-                self.execute(tag);
-                match self.sched.complete(w, tag) {
-                    Ok(Completion::WarmupDone(id)) => {
-                        self.after_warmup(id);
-                        self.open_step(id, progress);
+                match &mut self.exec {
+                    Executor::InProcess => {
+                        let t0 = Instant::now();
+                        let res = self.execute_here(tag);
+                        self.account(tag, t0.elapsed());
+                        match res {
+                            Ok(()) => self.completed(w, tag, progress),
+                            Err(e) => self.failed(w, tag, e),
+                        }
                     }
-                    Ok(Completion::StepDone(id, _)) => {
-                        self.commit_step(id);
-                        self.open_step(id, progress);
+                    Executor::Processes { pool, busy, .. } => {
+                        let Some(r) = self.requests.get(&tag.request) else {
+                            continue;
+                        };
+                        let order = Order::Run {
+                            request: tag.request,
+                            step: tag.step,
+                            patch: tag.patch,
+                            steps: r.cfg.steps,
+                            warmup: r.cfg.warmup,
+                            state: r
+                                .state
+                                .path()
+                                .map(|p| p.display().to_string())
+                                .unwrap_or_default(),
+                        };
+                        busy[w as usize] = Some((tag, Instant::now()));
+                        // A broken pipe shows up as the worker's Lost event.
+                        pool.send(w, &order);
                     }
-                    Ok(_) => {}
-                    Err(e) => self.fail(tag.request, EngineError::Scheduler(e)),
                 }
             }
-            if !ran && !self.requests.is_empty() {
+            if let Executor::Processes { .. } = self.exec {
+                let any_busy = matches!(&self.exec, Executor::Processes { busy, .. } if busy.iter().any(Option::is_some));
+                if any_busy {
+                    self.wait_worker(progress);
+                    continue;
+                }
+            }
+            if !dispatched && !self.requests.is_empty() {
                 // Nothing runnable yet nothing finished: a bug, never a hang.
                 self.fail_all(EngineError::Config(
                     "scheduler has no runnable monotask for requests in flight".into(),
@@ -473,6 +554,124 @@ impl Engine {
             }
         }
         std::mem::take(&mut self.finished)
+    }
+
+    /// Handles one event from the worker processes.
+    fn wait_worker(&mut self, progress: &mut dyn FnMut(u64, u32, u32)) {
+        let Executor::Processes { pool, .. } = &mut self.exec else {
+            return;
+        };
+        let Some((w, ev)) = pool.recv() else {
+            return self.fail_all(EngineError::Config("all worker processes are gone".into()));
+        };
+        match ev {
+            Event::Report(rep) => {
+                let (tag, err) = match rep {
+                    WorkerReport::Done {
+                        request,
+                        step,
+                        patch,
+                    } => (
+                        Tag {
+                            request,
+                            step,
+                            patch,
+                        },
+                        None,
+                    ),
+                    WorkerReport::Failed {
+                        request,
+                        step,
+                        patch,
+                        error,
+                    } => (
+                        Tag {
+                            request,
+                            step,
+                            patch,
+                        },
+                        Some(error),
+                    ),
+                };
+                let started = match &mut self.exec {
+                    Executor::Processes { busy, .. } => {
+                        busy.get_mut(w as usize).and_then(Option::take)
+                    }
+                    Executor::InProcess => None,
+                };
+                if let Some((_, t0)) = started {
+                    self.account(tag, t0.elapsed());
+                }
+                match err {
+                    None => self.completed(w, tag, progress),
+                    Some(e) => self.failed(w, tag, e),
+                }
+            }
+            Event::Lost(why) => {
+                let Executor::Processes {
+                    pool,
+                    busy,
+                    replacements,
+                } = &mut self.exec
+                else {
+                    return;
+                };
+                pool.reap(w);
+                if let Some(b) = busy.get_mut(w as usize) {
+                    *b = None;
+                }
+                eprintln!("flashdiff: worker {w} lost ({why}); re-running its monotasks on the others and starting a replacement");
+                let _ = self.sched.worker_lost(w);
+                let id = self.sched.add_worker();
+                if let Err(e) = pool.spawn(id) {
+                    eprintln!("flashdiff: {e}");
+                }
+                *replacements += 1;
+                if busy.len() <= id as usize {
+                    busy.resize(id as usize + 1, None);
+                }
+            }
+        }
+    }
+
+    fn account(&mut self, tag: Tag, d: Duration) {
+        if let Some(r) = self.requests.get_mut(&tag.request) {
+            if tag.patch == WARMUP_PATCH {
+                r.report.time.warmup += d;
+            } else {
+                r.report.time.compute += d;
+            }
+        }
+    }
+
+    fn completed(&mut self, w: u32, tag: Tag, progress: &mut dyn FnMut(u64, u32, u32)) {
+        match self.sched.complete(w, tag) {
+            Ok(Completion::WarmupDone(id)) => {
+                if let Some(r) = self.requests.get_mut(&id) {
+                    r.step = r.cfg.warmup;
+                }
+                self.after_warmup(id);
+                self.open_step(id, progress);
+            }
+            Ok(Completion::StepDone(id, _)) => {
+                self.commit_step(id);
+                self.open_step(id, progress);
+            }
+            Ok(_) => {}
+            Err(e) => self.fail(tag.request, EngineError::Scheduler(e)),
+        }
+    }
+
+    fn failed(&mut self, w: u32, tag: Tag, why: String) {
+        eprintln!("flashdiff: monotask {tag} failed on worker {w}: {why}");
+        match self.sched.fail(w, tag) {
+            Ok(Completion::RequestFailed(id)) => self.fail(
+                id,
+                EngineError::Config(format!("monotask {tag} failed repeatedly: {why}")),
+            ),
+            Ok(_) => {}
+            Err(e) => self.fail(tag.request, EngineError::Scheduler(e)),
+        }
     }
 
     /// One request, start to end.
@@ -492,9 +691,16 @@ impl Engine {
         }
     }
 
+    fn forget(&mut self, id: u64) {
+        if let Executor::Processes { pool, .. } = &mut self.exec {
+            pool.broadcast(&Order::Forget { request: id });
+        }
+    }
+
     fn fail(&mut self, id: u64, e: EngineError) {
         if self.requests.remove(&id).is_some() {
             let _ = self.sched.cancel(id);
+            self.forget(id);
             self.finished.push(Err((id, e)));
         }
     }
@@ -506,78 +712,19 @@ impl Engine {
         }
     }
 
-    fn execute(&mut self, tag: Tag) {
-        let model = &self.model;
+    fn execute_here(&mut self, tag: Tag) -> Result<(), String> {
         let Some(r) = self.requests.get_mut(&tag.request) else {
-            return;
+            return Ok(());
         };
-        let cfg = model.config();
-        let (tokens, pd) = (cfg.tokens(), cfg.patch_dim());
-        if tag.patch == WARMUP_PATCH {
-            let t0 = Instant::now();
-            let all: Vec<u32> = (0..tokens as u32).collect();
-            let h = 1.0 / r.cfg.steps as f32;
-            for n in 0..r.cfg.warmup {
-                let cond = model.step_cond(&r.text, 1.0 - n as f32 * h);
-                let mut cross = vec![0.0f32; tokens * cfg.max_tokens];
-                let out = model.forward(
-                    &r.x,
-                    &all,
-                    &cond,
-                    &r.text,
-                    &r.cache,
-                    &mut StepStats {
-                        cross: Some(&mut cross),
-                        patch_mass: None,
-                    },
-                );
-                for (a, c) in r.cross.iter_mut().zip(&cross) {
-                    *a += c / r.cfg.warmup as f32;
-                }
-                r.cache.update(&all, &out);
-                r.v.copy_from_slice(&out.velocity);
-                for (x, v) in r.x.iter_mut().zip(&r.v) {
-                    *x -= h * v;
-                }
+        let task = if tag.patch == WARMUP_PATCH {
+            Task::Warmup {
+                steps: r.cfg.steps,
+                warmup: r.cfg.warmup,
             }
-            r.step = r.cfg.warmup;
-            r.report.time.warmup += t0.elapsed();
-            return;
-        }
-        // One patch-step: its tokens, start-of-step cache, fresh K/V kept for the barrier.
-        if r.buffer.done.contains_key(&tag.patch) || tag.step != r.step {
-            return; // already applied (a re-run), or stale: at most once
-        }
-        let t0 = Instant::now();
-        let layout = r.layout.as_ref().expect("partitioned after warm-up");
-        let toks = layout.patch_tokens(tag.patch);
-        let x: Vec<f32> = toks
-            .iter()
-            .flat_map(|&t| r.x[t as usize * pd..(t as usize + 1) * pd].iter().copied())
-            .collect();
-        let groups = layout.patches() as usize;
-        let mut mass = vec![0.0f32; toks.len() * groups];
-        let cond = r
-            .cond
-            .as_ref()
-            .expect("step conditioning set when the step opened");
-        let out = model.forward(
-            &x,
-            toks,
-            cond,
-            &r.text,
-            &r.cache,
-            &mut StepStats {
-                cross: None,
-                patch_mass: Some((layout.patch_of(), groups, &mut mass)),
-            },
-        );
-        // R_i = (1/|A_i|^2) sum_{u in A_i} mass[u][i] (paper §4.2).
-        let p = tag.patch as usize;
-        let n = toks.len() as f32;
-        let importance = (0..toks.len()).map(|u| mass[u * groups + p]).sum::<f32>() / (n * n);
-        r.buffer.done.insert(tag.patch, (out, importance));
-        r.report.time.compute += t0.elapsed();
+        } else {
+            Task::Patch { patch: tag.patch }
+        };
+        exec::run(&self.model, &mut r.state, task)
     }
 
     fn after_warmup(&mut self, id: u64) {
@@ -598,8 +745,9 @@ impl Engine {
         let n_words = r.words.len();
         let tokens = cfg.tokens();
         let mt = cfg.max_tokens;
+        let cross = r.state.get(Region::Cross);
         let attn: Vec<f32> = (0..tokens)
-            .flat_map(|t| r.cross[t * mt..t * mt + n_words].to_vec())
+            .flat_map(|t| cross[t * mt..t * mt + n_words].to_vec())
             .collect();
         let salient: Vec<bool> = r.words.iter().map(|w| scene::is_salient(w)).collect();
         let layout = match saliency_map(&attn, tokens, &salient)
@@ -628,6 +776,14 @@ impl Engine {
             Ok(g) => g,
             Err(e) => return self.fail(id, e.into()),
         };
+        for (dst, &p) in r
+            .state
+            .get_mut(Region::PatchOf)
+            .iter_mut()
+            .zip(layout.patch_of())
+        {
+            *dst = p as f32;
+        }
         r.report.patches = layout.patches();
         r.active = vec![false; layout.patches() as usize];
         r.layout = Some(layout);
@@ -666,39 +822,49 @@ impl Engine {
         r.report.computed += list.len() as u64;
         r.report.computed_tokens += list.iter().map(|p| p.1 as u64).sum::<u64>();
         let h = 1.0 / r.cfg.steps as f32;
-        r.cond = Some(self.model.step_cond(&r.text, 1.0 - r.step as f32 * h));
-        r.buffer = StepBuffer::default();
+        let cond = self.model.step_cond(&r.text, 1.0 - r.step as f32 * h);
+        r.state
+            .get_mut(Region::Cond)
+            .copy_from_slice(cond.as_slice());
         let step = r.step;
         if let Err(e) = self.sched.submit_step(id, step, &list) {
             self.fail(id, e.into());
         }
     }
 
+    /// The step's barrier: every active patch-step wrote its fresh rows; commit them, feed the
+    /// gate, and advance the whole latent.
     fn commit_step(&mut self, id: u64) {
         let Some(r) = self.requests.get_mut(&id) else {
             return;
         };
         let t0 = Instant::now();
-        let pd = self.model.config().patch_dim();
+        let cfg = self.model.config();
+        let (tokens, pd, d) = (cfg.tokens(), cfg.patch_dim(), cfg.d);
         let layout = r.layout.as_ref().expect("partitioned");
-        let mut done: Vec<(u32, (ForwardOut, f32))> =
-            std::mem::take(&mut r.buffer.done).into_iter().collect();
-        done.sort_by_key(|(p, _)| *p);
         let gate = r.gate.as_mut().expect("partitioned");
-        for (p, (out, importance)) in &done {
-            let toks = layout.patch_tokens(*p);
-            for (i, &t) in toks.iter().enumerate() {
-                r.v[t as usize * pd..(t as usize + 1) * pd]
-                    .copy_from_slice(&out.velocity[i * pd..(i + 1) * pd]);
+        for p in (0..layout.patches()).filter(|&p| r.active[p as usize]) {
+            for &t in layout.patch_tokens(p) {
+                let t = t as usize;
+                for l in 0..cfg.depth {
+                    let at = (l * tokens + t) * d;
+                    let (src, dst) = r.state.get_pair(Region::FreshK, Region::CacheK);
+                    dst[at..at + d].copy_from_slice(&src[at..at + d]);
+                    let (src, dst) = r.state.get_pair(Region::FreshV, Region::CacheV);
+                    dst[at..at + d].copy_from_slice(&src[at..at + d]);
+                }
+                let (src, dst) = r.state.get_pair(Region::FreshVel, Region::V);
+                dst[t * pd..(t + 1) * pd].copy_from_slice(&src[t * pd..(t + 1) * pd]);
             }
-            r.cache.update(toks, out);
-            if let Err(e) = gate.observe(*p as usize, *importance) {
+            let importance = r.state.get(Region::Importance)[p as usize];
+            if let Err(e) = gate.observe(p as usize, importance) {
                 return self.fail(id, e.into());
             }
         }
         let h = 1.0 / r.cfg.steps as f32;
-        for (x, v) in r.x.iter_mut().zip(&r.v) {
-            *x -= h * v;
+        let (v, x) = r.state.get_pair(Region::V, Region::X);
+        for (xi, vi) in x.iter_mut().zip(v) {
+            *xi -= h * vi;
         }
         r.step += 1;
         r.report.time.compute += t0.elapsed();
@@ -709,6 +875,7 @@ impl Engine {
             return;
         };
         let _ = self.sched.finish(id);
+        self.forget(id);
         let cfg = self.model.config();
         r.report.latency = r.submitted.elapsed();
         let t = &r.report.time;
@@ -716,19 +883,21 @@ impl Engine {
             .report
             .latency
             .saturating_sub(t.warmup + t.partition + t.gate + t.compute);
-        // Work: warm-up steps are full; after that, computed tokens over all tokens.
         let layout = r.layout.take().expect("partitioned");
+        // Work: warm-up steps are full; after that, the tokens actually computed.
         let tokens = cfg.tokens() as f64;
         let after = (r.cfg.steps - r.cfg.warmup) as f64 * tokens;
         let total = r.cfg.steps as f64 * tokens;
         r.report.work_skipped = ((after - r.report.computed_tokens as f64) / total).max(0.0);
-        if self.requests.is_empty() || r.cfg.patches.is_none() {
-            let cost = r.report.latency.as_secs_f64();
-            let _ = self.granularity.observe(layout.patches(), cost);
+        if r.cfg.patches.is_none() && r.cfg.mode != Mode::Full {
+            let _ = self
+                .granularity
+                .observe(layout.patches(), r.report.latency.as_secs_f64());
         }
-        let rgb = image::to_rgb(&r.x, cfg.grid(), cfg.patch);
+        let latent = r.state.get(Region::X).to_vec();
+        let rgb = image::to_rgb(&latent, cfg.grid(), cfg.patch);
         self.finished.push(Ok(Output {
-            latent: r.x,
+            latent,
             rgb,
             report: r.report,
             layout,

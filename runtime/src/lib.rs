@@ -2,6 +2,9 @@
 //! ([`scene`]), images and metrics ([`image`]), and the single-process engine ([`engine`]).
 
 pub mod engine;
+pub mod exec;
 pub mod image;
 pub mod model;
+pub mod proc;
 pub mod scene;
+pub mod state;

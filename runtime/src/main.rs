@@ -23,7 +23,9 @@ generate options:
   --max-skip K     longest run of skips per patch (default 4)
   --seed S         noise seed (default 0)
   --mode M         flashdiff | no-skip | full (default flashdiff)
-  --workers W      workers (default 1; this build runs them in one process)
+  --workers W      workers (default 1)
+  --processes      run the workers as separate processes sharing request state in /dev/shm
+                   (default: in this process; outputs are bit-identical either way)
   --compare        also run full computation from the same seed: PSNR, SSIM, checker for both
   --weights PATH   model file (default: the shipped models/tinydit/tinydit.safetensors)
   -o, --output P   PNG path (default flashdiff.png)
@@ -37,6 +39,7 @@ fn main() -> ExitCode {
     let result = match args.first().map(String::as_str) {
         Some("generate") => generate(&args[1..]),
         Some("serve") => serve(&args[1..]),
+        Some("worker") => worker(&args[1..]),
         Some("-h") | Some("--help") | Some("help") => {
             println!("{USAGE}");
             Ok(())
@@ -68,6 +71,7 @@ struct Opts {
     output: PathBuf,
     input: Option<PathBuf>,
     out_dir: Option<PathBuf>,
+    processes: bool,
 }
 
 fn parse(args: &[String], positional: bool) -> Result<Opts, String> {
@@ -80,6 +84,7 @@ fn parse(args: &[String], positional: bool) -> Result<Opts, String> {
         output: PathBuf::from("flashdiff.png"),
         input: None,
         out_dir: None,
+        processes: false,
     };
     let mut i = 0;
     while i < args.len() {
@@ -111,6 +116,10 @@ fn parse(args: &[String], positional: bool) -> Result<Opts, String> {
             "--out-dir" => o.out_dir = Some(PathBuf::from(v.ok_or("--out-dir needs a path")?)),
             "--compare" => {
                 o.compare = true;
+                took = false;
+            }
+            "--processes" => {
+                o.processes = true;
                 took = false;
             }
             _ if a.starts_with('-') => return Err(format!("unknown option {a}\n\n{USAGE}")),
@@ -257,7 +266,7 @@ fn serve(args: &[String]) -> Result<(), String> {
     if let Some(d) = &o.out_dir {
         std::fs::create_dir_all(d).map_err(|e| format!("cannot create {}: {e}", d.display()))?;
     }
-    let mut engine = Engine::new(&o.weights, o.workers).map_err(|e| e.to_string())?;
+    let mut engine = make_engine(&o)?;
     let stdout = std::io::stdout();
     let mut out = stdout.lock();
     let mut prompts = std::collections::HashMap::new();
@@ -409,4 +418,32 @@ fn parse_request(
         cfg.mode = m.as_str().ok_or("\"mode\" must be a string")?.parse()?;
     }
     Ok((id, prompt, cfg))
+}
+
+fn make_engine(o: &Opts) -> Result<Engine, String> {
+    if !o.processes {
+        return Engine::new(&o.weights, o.workers).map_err(|e| e.to_string());
+    }
+    let exe = std::env::current_exe()
+        .map_err(|e| format!("cannot find the flashdiff executable: {e}"))?;
+    let shm = PathBuf::from("/dev/shm");
+    let dir = if shm.is_dir() {
+        shm
+    } else {
+        std::env::temp_dir()
+    };
+    Engine::with_processes(&o.weights, o.workers, &exe, &dir).map_err(|e| e.to_string())
+}
+
+/// `flashdiff worker --weights PATH`: a worker process (started by the engine, not by hand).
+fn worker(args: &[String]) -> Result<(), String> {
+    let weights = match args {
+        [flag, path] if flag == "--weights" => PathBuf::from(path),
+        _ => {
+            return Err(
+                "worker is started by the engine as: flashdiff worker --weights PATH".into(),
+            )
+        }
+    };
+    flashdiff_runtime::proc::worker_main(&weights)
 }

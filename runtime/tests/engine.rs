@@ -98,7 +98,7 @@ fn full_mode_is_ordinary_sampling() {
             &all,
             &cond,
             &text,
-            &m.new_cache(),
+            m.new_cache().view(),
             &mut StepStats::default(),
         );
         for (xi, v) in x.iter_mut().zip(&out.velocity) {
@@ -209,4 +209,73 @@ fn bad_requests_fail_alone_with_clear_errors() {
         .unwrap_err()
         .to_string()
         .contains("--workers"));
+}
+
+fn exe() -> std::path::PathBuf {
+    std::path::PathBuf::from(env!("CARGO_BIN_EXE_flashdiff"))
+}
+
+#[test]
+fn worker_processes_give_the_same_output() {
+    let mut here = Engine::new(&default_weights(), 1).unwrap();
+    let want = here
+        .generate(PROMPT, cfg(Mode::FlashDiff), &mut |_, _, _| {})
+        .unwrap();
+    let shm = std::env::temp_dir();
+    let mut e = Engine::with_processes(&default_weights(), 2, &exe(), &shm).unwrap();
+    assert_eq!(e.worker_pids().len(), 2);
+    let got = e
+        .generate(PROMPT, cfg(Mode::FlashDiff), &mut |_, _, _| {})
+        .unwrap();
+    assert_eq!(
+        got.latent, want.latent,
+        "worker processes changed the output"
+    );
+    assert_eq!(got.report.active_per_step, want.report.active_per_step);
+}
+
+#[test]
+fn a_killed_worker_loses_nothing_and_changes_nothing() {
+    let long = RequestConfig {
+        steps: 30,
+        warmup: 3,
+        ..cfg(Mode::FlashDiff)
+    };
+    let mut here = Engine::new(&default_weights(), 1).unwrap();
+    let want = here
+        .generate(PROMPT, long.clone(), &mut |_, _, _| {})
+        .unwrap();
+    let mut e =
+        Engine::with_processes(&default_weights(), 2, &exe(), &std::env::temp_dir()).unwrap();
+    let victim = e.worker_pids()[1].expect("worker 1 running");
+    e.submit(1, PROMPT, long.clone()).unwrap();
+    e.submit(
+        2,
+        "a green cross center on a black background",
+        long.clone(),
+    )
+    .unwrap();
+    let mut killed = false;
+    let results = e.run(&mut |_, step, _| {
+        if step == 10 && !killed {
+            // SAFETY: kill(2) with a pid we started and have not reaped; SIGKILL ends it.
+            let rc = unsafe { libc::kill(victim as libc::pid_t, libc::SIGKILL) };
+            assert_eq!(rc, 0, "kill failed");
+            killed = true;
+        }
+    });
+    assert!(killed);
+    assert_eq!(results.len(), 2, "a request was lost");
+    let one = results
+        .iter()
+        .flatten()
+        .find(|o| o.report.id == 1)
+        .expect("request 1 finished");
+    assert_eq!(one.latent, want.latent, "the re-run changed the output");
+    assert!(e.replacements() >= 1, "no replacement worker was started");
+    assert_eq!(
+        e.worker_pids().iter().filter(|p| p.is_some()).count(),
+        2,
+        "pool not back to 2 workers"
+    );
 }

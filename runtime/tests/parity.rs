@@ -79,7 +79,7 @@ fn full_forward_cross_attention_and_importance_match() {
             cross: Some(&mut cross),
             patch_mass: Some((&layout, 4, &mut mass)),
         };
-        m.forward(&x, &all, &cond, &text, &m.new_cache(), &mut st)
+        m.forward(&x, &all, &cond, &text, m.new_cache().view(), &mut st)
     };
     assert_close(
         "velocity (full forward)",
@@ -120,8 +120,9 @@ fn subset_forward_with_a_known_cache_matches() {
     let (d, depth) = (cfg.d, cfg.depth);
     let mut cache = KvCache::new(depth, cfg.tokens(), d);
     for l in 0..depth {
-        cache.k[l] = g.f(&format!("cache_k.{l}"));
-        cache.v[l] = g.f(&format!("cache_v.{l}"));
+        let n = cfg.tokens() * d;
+        cache.k[l * n..(l + 1) * n].copy_from_slice(&g.f(&format!("cache_k.{l}")));
+        cache.v[l * n..(l + 1) * n].copy_from_slice(&g.f(&format!("cache_v.{l}")));
     }
     // The same cache from our own full forward at the earlier (x', t').
     let text = m.encode_text(&g.i("ids"));
@@ -131,7 +132,7 @@ fn subset_forward_with_a_known_cache_matches() {
         &all,
         &m.step_cond(&text, g.f("t_prev")[0]),
         &text,
-        &m.new_cache(),
+        m.new_cache().view(),
         &mut StepStats::default(),
     );
     let mut ours = m.new_cache();
@@ -139,8 +140,8 @@ fn subset_forward_with_a_known_cache_matches() {
     for l in 0..depth {
         assert_close(
             &format!("warm-up K/V block {l}"),
-            &ours.k[l],
-            &cache.k[l],
+            ours.layer_k(l),
+            cache.layer_k(l),
             2e-4,
         );
     }
@@ -157,7 +158,7 @@ fn subset_forward_with_a_known_cache_matches() {
         &active,
         &m.step_cond(&text, g.f("t")[0]),
         &text,
-        &cache,
+        cache.view(),
         &mut StepStats::default(),
     );
     assert_close(

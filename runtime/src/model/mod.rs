@@ -6,5 +6,7 @@
 mod tinydit;
 mod weights;
 
-pub use tinydit::{Config, ForwardOut, KvCache, StepCond, StepStats, TextContext, TinyDit};
+pub use tinydit::{
+    write_rows, CacheView, Config, ForwardOut, KvCache, StepCond, StepStats, TextContext, TinyDit,
+};
 pub use weights::{Weights, WeightsError};

@@ -114,25 +114,65 @@ impl std::fmt::Debug for TinyDit {
 #[derive(Debug, Clone)]
 pub struct TextContext {
     pooled: Vec<f32>,
-    cross_k: Vec<Vec<f32>>,
-    cross_v: Vec<Vec<f32>>,
+    /// Per block `max_tokens x d`, blocks concatenated.
+    cross_k: Vec<f32>,
+    cross_v: Vec<f32>,
+}
+
+impl TextContext {
+    /// Rebuilds a context from its parts (as stored in a request's shared state).
+    pub fn from_parts(pooled: &[f32], cross_k: &[f32], cross_v: &[f32]) -> Self {
+        Self {
+            pooled: pooled.to_vec(),
+            cross_k: cross_k.to_vec(),
+            cross_v: cross_v.to_vec(),
+        }
+    }
+
+    /// (pooled, cross K, cross V), for storing.
+    pub fn parts(&self) -> (&[f32], &[f32], &[f32]) {
+        (&self.pooled, &self.cross_k, &self.cross_v)
+    }
 }
 
 /// Per-(request, step) conditioning shared by all patches: each block's adaLN vectors.
 #[derive(Debug, Clone)]
 pub struct StepCond {
-    mods: Vec<Vec<f32>>,
-    final_mod: Vec<f32>,
+    /// Per block `6 d`, then the final `2 d`.
+    all: Vec<f32>,
 }
 
-/// Self-attention keys and values of every latent token at every block, as last computed.
+impl StepCond {
+    /// Rebuilds conditioning from its stored form.
+    pub fn from_slice(v: &[f32]) -> Self {
+        Self { all: v.to_vec() }
+    }
+
+    /// The stored form.
+    pub fn as_slice(&self) -> &[f32] {
+        &self.all
+    }
+}
+
+/// Self-attention keys and values of every latent token at every block, as last computed,
+/// `depth x tokens x d` each.
 #[derive(Debug, Clone, PartialEq)]
 pub struct KvCache {
     d: usize,
-    /// Per block, `tokens x d`.
-    pub k: Vec<Vec<f32>>,
-    /// Per block, `tokens x d`.
-    pub v: Vec<Vec<f32>>,
+    tokens: usize,
+    /// Keys.
+    pub k: Vec<f32>,
+    /// Values.
+    pub v: Vec<f32>,
+}
+
+/// A borrowed K/V cache (e.g. inside a shared request state), same layout as [`KvCache`].
+#[derive(Debug, Clone, Copy)]
+pub struct CacheView<'a> {
+    /// Keys, `depth x tokens x d`.
+    pub k: &'a [f32],
+    /// Values.
+    pub v: &'a [f32],
 }
 
 impl KvCache {
@@ -140,22 +180,52 @@ impl KvCache {
     pub fn new(blocks: usize, tokens: usize, d: usize) -> Self {
         Self {
             d,
-            k: vec![vec![0.0; tokens * d]; blocks],
-            v: vec![vec![0.0; tokens * d]; blocks],
+            tokens,
+            k: vec![0.0; blocks * tokens * d],
+            v: vec![0.0; blocks * tokens * d],
         }
+    }
+
+    /// Borrowed view.
+    pub fn view(&self) -> CacheView<'_> {
+        CacheView {
+            k: &self.k,
+            v: &self.v,
+        }
+    }
+
+    /// Keys of block `l`.
+    pub fn layer_k(&self, l: usize) -> &[f32] {
+        &self.k[l * self.tokens * self.d..(l + 1) * self.tokens * self.d]
+    }
+
+    /// Values of block `l`.
+    pub fn layer_v(&self, l: usize) -> &[f32] {
+        &self.v[l * self.tokens * self.d..(l + 1) * self.tokens * self.d]
     }
 
     /// Writes the fresh rows of a [`ForwardOut`] for tokens `active`.
     pub fn update(&mut self, active: &[u32], fresh: &ForwardOut) {
-        for l in 0..self.k.len() {
-            flashdiff_kernels::scatter_rows_f32(&fresh.k[l], self.d, active, &mut self.k[l]);
-            flashdiff_kernels::scatter_rows_f32(&fresh.v[l], self.d, active, &mut self.v[l]);
-        }
+        write_rows(&mut self.k, &mut self.v, self.tokens, self.d, active, fresh);
     }
+}
 
-    /// Row width.
-    pub fn d(&self) -> usize {
-        self.d
+/// Scatters a forward's fresh K/V rows (tokens `active`) into `depth x tokens x d` buffers.
+pub fn write_rows(
+    k: &mut [f32],
+    v: &mut [f32],
+    tokens: usize,
+    d: usize,
+    active: &[u32],
+    fresh: &ForwardOut,
+) {
+    for l in 0..fresh.k.len() {
+        let (k_l, v_l) = (
+            &mut k[l * tokens * d..(l + 1) * tokens * d],
+            &mut v[l * tokens * d..(l + 1) * tokens * d],
+        );
+        flashdiff_kernels::scatter_rows_f32(&fresh.k[l], d, active, k_l);
+        flashdiff_kernels::scatter_rows_f32(&fresh.v[l], d, active, v_l);
     }
 }
 
@@ -455,8 +525,8 @@ impl TinyDit {
         for b in &self.blocks {
             let kv = self.apply(b.ckv, &x, n);
             let (k, v) = split2(&kv, n, d);
-            cross_k.push(k);
-            cross_v.push(v);
+            cross_k.extend_from_slice(&k);
+            cross_v.extend_from_slice(&v);
         }
         TextContext {
             pooled,
@@ -480,13 +550,12 @@ impl TinyDit {
         let mut c = self.apply(self.t2, &c, 1);
         add(&mut c, &text.pooled);
         silu_f32(&mut c);
-        let mods = self
-            .blocks
-            .iter()
-            .map(|b| self.apply(b.ada, &c, 1))
-            .collect();
-        let final_mod = self.apply(self.final_ada, &c, 1);
-        StepCond { mods, final_mod }
+        let mut all = Vec::with_capacity(self.blocks.len() * 6 * self.cfg.d + 2 * self.cfg.d);
+        for b in &self.blocks {
+            all.extend_from_slice(&self.apply(b.ada, &c, 1));
+        }
+        all.extend_from_slice(&self.apply(self.final_ada, &c, 1));
+        StepCond { all }
     }
 
     /// Forward of the tokens `active` (ascending) whose noisy values are `x_active`
@@ -499,7 +568,7 @@ impl TinyDit {
         active: &[u32],
         cond: &StepCond,
         text: &TextContext,
-        cache: &KvCache,
+        cache: CacheView<'_>,
         stats: &mut StepStats<'_>,
     ) -> ForwardOut {
         let cfg = &self.cfg;
@@ -523,14 +592,19 @@ impl TinyDit {
                 &pos[tok as usize * d..(tok as usize + 1) * d],
             );
         }
+        assert!(
+            all || (cache.k.len() == cfg.depth * tokens * d && cache.v.len() == cache.k.len()),
+            "forward: cache is not depth x tokens x d"
+        );
         let (mut fk, mut fv) = (Vec::new(), Vec::new());
+        let mt = cfg.max_tokens;
         let n_sal = self.saliency_layers.len() as f32;
         let mut cross_probs = stats
             .cross
             .as_ref()
             .map(|_| vec![0.0f32; n * cfg.max_tokens]);
         for (li, b) in self.blocks.iter().enumerate() {
-            let m = &cond.mods[li];
+            let m = &cond.all[li * 6 * d..(li + 1) * 6 * d];
             let (sh1, sc1, g1, sh2, sc2, g2) = (
                 &m[0..d],
                 &m[d..2 * d],
@@ -547,7 +621,10 @@ impl TinyDit {
             let (kk, vv) = if all {
                 (k.clone(), v.clone())
             } else {
-                let (mut kk, mut vv) = (cache.k[li].clone(), cache.v[li].clone());
+                let (mut kk, mut vv) = (
+                    cache.k[li * tokens * d..(li + 1) * tokens * d].to_vec(),
+                    cache.v[li * tokens * d..(li + 1) * tokens * d].to_vec(),
+                );
                 flashdiff_kernels::scatter_rows_f32(&k, d, active, &mut kk);
                 flashdiff_kernels::scatter_rows_f32(&v, d, active, &mut vv);
                 (kk, vv)
@@ -579,17 +656,12 @@ impl TinyDit {
             {
                 st.probs = Some((cp, 1.0 / n_sal));
             }
-            self.backend.attention(
-                &cq,
-                n,
-                &text.cross_k[li],
-                &text.cross_v[li],
-                cfg.max_tokens,
-                d,
-                heads,
-                &mut o,
-                &mut st,
+            let (tk, tv) = (
+                &text.cross_k[li * mt * d..(li + 1) * mt * d],
+                &text.cross_v[li * mt * d..(li + 1) * mt * d],
             );
+            self.backend
+                .attention(&cq, n, tk, tv, mt, d, heads, &mut o, &mut st);
             add(&mut x, &self.apply(b.cproj, &o, n));
             let mut a = x.clone();
             layer_norm_f32(&mut a, d, EPS, None, None);
@@ -603,7 +675,8 @@ impl TinyDit {
             add(dst, &src);
         }
         layer_norm_f32(&mut x, d, EPS, None, None);
-        modulate_f32(&mut x, d, &cond.final_mod[0..d], &cond.final_mod[d..2 * d]);
+        let fm = &cond.all[cfg.depth * 6 * d..];
+        modulate_f32(&mut x, d, &fm[0..d], &fm[d..2 * d]);
         let velocity = self.apply(self.final_, &x, n);
         ForwardOut {
             velocity,

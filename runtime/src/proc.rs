@@ -1,0 +1,385 @@
+//! Worker processes: the coordinator starts `flashdiff worker` children, sends them monotasks
+//! and reads completions over their stdin/stdout as framed rkyv records (header: magic
+//! "FDRC", format version, payload length; payload validated by bytecheck on read). A worker
+//! that exits or breaks its pipe is reported, so the scheduler can re-run its monotasks.
+
+use std::collections::HashMap;
+use std::io::{BufReader, BufWriter, Read, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Child, ChildStdin, Command, Stdio};
+use std::sync::mpsc::{channel, Receiver, Sender};
+
+use crate::exec::{self, Task};
+use crate::model::TinyDit;
+use crate::state::{Layout, SharedState};
+use rkyv::rancor::Error as RkyvError;
+
+const MAGIC: [u8; 4] = *b"FDRC";
+const VERSION: u16 = 1;
+/// Largest record accepted: far above any real one (a path and a few integers).
+const MAX_RECORD: u32 = 1 << 16;
+
+pub use records::{ArchivedOrder, ArchivedReport, Order, Report};
+
+// rkyv's derives generate `Archived*` types without docs; the records are documented here.
+#[allow(missing_docs)]
+mod records {
+    use rkyv::{Archive, Deserialize, Serialize};
+
+    /// Coordinator -> worker.
+    #[derive(Archive, Serialize, Deserialize, Debug, Clone, PartialEq)]
+    pub enum Order {
+        /// Run one monotask of a request whose state lives at `state`.
+        Run {
+            /// Request id.
+            request: u64,
+            /// Step (0 for the warm-up).
+            step: u32,
+            /// Patch, or `u32::MAX` for the warm-up.
+            patch: u32,
+            /// Total steps.
+            steps: u32,
+            /// Warm-up steps.
+            warmup: u32,
+            /// Path of the request's state file.
+            state: String,
+        },
+        /// The request is finished: unmap its state.
+        Forget {
+            /// Request id.
+            request: u64,
+        },
+    }
+
+    /// Worker -> coordinator.
+    #[derive(Archive, Serialize, Deserialize, Debug, Clone, PartialEq)]
+    pub enum Report {
+        /// The monotask's outputs are in the state.
+        Done {
+            /// Request.
+            request: u64,
+            /// Step.
+            step: u32,
+            /// Patch.
+            patch: u32,
+        },
+        /// The monotask could not run.
+        Failed {
+            /// Request.
+            request: u64,
+            /// Step.
+            step: u32,
+            /// Patch.
+            patch: u32,
+            /// Why.
+            error: String,
+        },
+    }
+}
+
+/// Writes one framed record.
+pub fn write_frame(w: &mut impl Write, payload: &[u8]) -> std::io::Result<()> {
+    let mut head = [0u8; 12];
+    head[..4].copy_from_slice(&MAGIC);
+    head[4..6].copy_from_slice(&VERSION.to_le_bytes());
+    head[8..12].copy_from_slice(&(payload.len() as u32).to_le_bytes());
+    w.write_all(&head)?;
+    w.write_all(payload)?;
+    w.flush()
+}
+
+/// Reads one framed record's payload; `Ok(None)` on a clean end of stream.
+pub fn read_frame(r: &mut impl Read) -> Result<Option<rkyv::util::AlignedVec>, String> {
+    let mut head = [0u8; 12];
+    match r.read_exact(&mut head[..1]) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => return Ok(None),
+        Err(e) => return Err(format!("reading record header: {e}")),
+    }
+    r.read_exact(&mut head[1..])
+        .map_err(|e| format!("truncated record header: {e}"))?;
+    if head[..4] != MAGIC {
+        return Err(format!("bad record magic {:?}", &head[..4]));
+    }
+    let version = u16::from_le_bytes([head[4], head[5]]);
+    if version != VERSION {
+        return Err(format!(
+            "record format version {version}, this build speaks {VERSION}"
+        ));
+    }
+    let len = u32::from_le_bytes(head[8..12].try_into().expect("4 bytes"));
+    if len > MAX_RECORD {
+        return Err(format!(
+            "record of {len} bytes exceeds the limit of {MAX_RECORD}"
+        ));
+    }
+    let mut buf = vec![0u8; len as usize];
+    r.read_exact(&mut buf)
+        .map_err(|e| format!("truncated record ({len} bytes announced): {e}"))?;
+    let mut aligned = rkyv::util::AlignedVec::<16>::with_capacity(buf.len());
+    aligned.extend_from_slice(&buf);
+    Ok(Some(aligned))
+}
+
+/// Encodes an order.
+pub fn encode_order(o: &Order) -> Vec<u8> {
+    rkyv::to_bytes::<RkyvError>(o)
+        .expect("orders always serialise")
+        .to_vec()
+}
+
+/// Decodes and validates an order.
+pub fn decode_order(bytes: &[u8]) -> Result<Order, String> {
+    rkyv::from_bytes::<Order, RkyvError>(bytes).map_err(|e| format!("invalid order record: {e}"))
+}
+
+/// Encodes a report.
+pub fn encode_report(r: &Report) -> Vec<u8> {
+    rkyv::to_bytes::<RkyvError>(r)
+        .expect("reports always serialise")
+        .to_vec()
+}
+
+/// Decodes and validates a report.
+pub fn decode_report(bytes: &[u8]) -> Result<Report, String> {
+    rkyv::from_bytes::<Report, RkyvError>(bytes).map_err(|e| format!("invalid report record: {e}"))
+}
+
+/// The worker process's main loop (`flashdiff worker --weights PATH`).
+pub fn worker_main(weights: &Path) -> Result<(), String> {
+    flashdiff_kernels::flush_denormals_to_zero();
+    let model = TinyDit::load(weights).map_err(|e| e.to_string())?;
+    let layout = Layout::new(model.config());
+    let stdin = std::io::stdin();
+    let mut input = BufReader::new(stdin.lock());
+    let stdout = std::io::stdout();
+    let mut out = BufWriter::new(stdout.lock());
+    let mut states: HashMap<u64, SharedState> = HashMap::new();
+    while let Some(frame) = read_frame(&mut input)? {
+        match decode_order(&frame)? {
+            Order::Forget { request } => {
+                states.remove(&request);
+            }
+            Order::Run {
+                request,
+                step,
+                patch,
+                steps,
+                warmup,
+                state,
+            } => {
+                let res = (|| -> Result<(), String> {
+                    let st = match states.entry(request) {
+                        std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
+                        std::collections::hash_map::Entry::Vacant(e) => {
+                            e.insert(SharedState::open(Path::new(&state), layout.clone())?)
+                        }
+                    };
+                    let task = if patch == u32::MAX {
+                        Task::Warmup { steps, warmup }
+                    } else {
+                        Task::Patch { patch }
+                    };
+                    exec::run(&model, st, task)
+                })();
+                let report = match res {
+                    Ok(()) => Report::Done {
+                        request,
+                        step,
+                        patch,
+                    },
+                    Err(error) => Report::Failed {
+                        request,
+                        step,
+                        patch,
+                        error,
+                    },
+                };
+                write_frame(&mut out, &encode_report(&report))
+                    .map_err(|e| format!("writing report: {e}"))?;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// What the pool observed.
+#[derive(Debug)]
+pub enum Event {
+    /// A worker's report.
+    Report(Report),
+    /// The worker is gone (exited, killed, or sent garbage), with why.
+    Lost(String),
+}
+
+struct Slot {
+    child: Child,
+    stdin: Option<ChildStdin>,
+}
+
+/// Worker processes, indexed like the scheduler's workers.
+pub struct Pool {
+    slots: Vec<Option<Slot>>,
+    tx: Sender<(u32, Event)>,
+    rx: Receiver<(u32, Event)>,
+    exe: PathBuf,
+    weights: PathBuf,
+}
+
+impl std::fmt::Debug for Pool {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Pool")
+            .field("workers", &self.slots.len())
+            .finish()
+    }
+}
+
+impl Pool {
+    /// Starts `n` workers running `exe worker --weights weights`.
+    pub fn new(exe: &Path, weights: &Path, n: u32) -> Result<Self, String> {
+        let (tx, rx) = channel();
+        let mut p = Self {
+            slots: Vec::new(),
+            tx,
+            rx,
+            exe: exe.into(),
+            weights: weights.into(),
+        };
+        for id in 0..n {
+            p.spawn(id)?;
+        }
+        Ok(p)
+    }
+
+    /// Starts worker `id` (a new one, or a replacement in a lost one's place).
+    pub fn spawn(&mut self, id: u32) -> Result<(), String> {
+        let mut child = Command::new(&self.exe)
+            .arg("worker")
+            .arg("--weights")
+            .arg(&self.weights)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .map_err(|e| format!("cannot start worker process {}: {e}", self.exe.display()))?;
+        let stdout = child.stdout.take().expect("piped");
+        let tx = self.tx.clone();
+        std::thread::spawn(move || {
+            let mut r = BufReader::new(stdout);
+            loop {
+                let ev = match read_frame(&mut r) {
+                    Ok(Some(f)) => match decode_report(&f) {
+                        Ok(rep) => Event::Report(rep),
+                        Err(e) => Event::Lost(e),
+                    },
+                    Ok(None) => Event::Lost("worker closed its output (exited or killed)".into()),
+                    Err(e) => Event::Lost(e),
+                };
+                let lost = matches!(ev, Event::Lost(_));
+                if tx.send((id, ev)).is_err() || lost {
+                    break;
+                }
+            }
+        });
+        let stdin = child.stdin.take();
+        let idx = id as usize;
+        if self.slots.len() <= idx {
+            self.slots.resize_with(idx + 1, || None);
+        }
+        self.slots[idx] = Some(Slot { child, stdin });
+        Ok(())
+    }
+
+    /// Sends an order; `false` when the worker's pipe is broken (it will be reported lost).
+    pub fn send(&mut self, id: u32, o: &Order) -> bool {
+        let Some(Some(slot)) = self.slots.get_mut(id as usize) else {
+            return false;
+        };
+        let Some(stdin) = slot.stdin.as_mut() else {
+            return false;
+        };
+        write_frame(stdin, &encode_order(o)).is_ok()
+    }
+
+    /// Sends an order to every live worker (best effort).
+    pub fn broadcast(&mut self, o: &Order) {
+        for id in 0..self.slots.len() as u32 {
+            self.send(id, o);
+        }
+    }
+
+    /// Waits for the next event.
+    pub fn recv(&self) -> Option<(u32, Event)> {
+        self.rx.recv().ok()
+    }
+
+    /// Reaps a lost worker.
+    pub fn reap(&mut self, id: u32) {
+        if let Some(slot) = self.slots.get_mut(id as usize).and_then(Option::take) {
+            let mut child = slot.child;
+            drop(slot.stdin);
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// Process ids of the workers (None for lost ones).
+    pub fn pids(&self) -> Vec<Option<u32>> {
+        self.slots
+            .iter()
+            .map(|s| s.as_ref().map(|s| s.child.id()))
+            .collect()
+    }
+}
+
+impl Drop for Pool {
+    fn drop(&mut self) {
+        for id in 0..self.slots.len() as u32 {
+            self.reap(id);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn records_round_trip_and_bad_bytes_are_refused() {
+        let o = Order::Run {
+            request: 7,
+            step: 9,
+            patch: 2,
+            steps: 50,
+            warmup: 5,
+            state: "/dev/shm/x".into(),
+        };
+        let mut buf = Vec::new();
+        write_frame(&mut buf, &encode_order(&o)).unwrap();
+        let frame = read_frame(&mut buf.as_slice()).unwrap().unwrap();
+        assert_eq!(decode_order(&frame).unwrap(), o);
+        // Truncated, wrong magic, wrong version, oversized, garbage payload.
+        assert!(read_frame(&mut &buf[..buf.len() - 1])
+            .unwrap_err()
+            .contains("truncated"));
+        let mut bad = buf.clone();
+        bad[0] = b'X';
+        assert!(read_frame(&mut bad.as_slice())
+            .unwrap_err()
+            .contains("magic"));
+        let mut bad = buf.clone();
+        bad[4] = 9;
+        assert!(read_frame(&mut bad.as_slice())
+            .unwrap_err()
+            .contains("version"));
+        let mut bad = buf.clone();
+        bad[8..12].copy_from_slice(&u32::MAX.to_le_bytes());
+        assert!(read_frame(&mut bad.as_slice())
+            .unwrap_err()
+            .contains("exceeds"));
+        let garbage = [0xFFu8; 40];
+        assert!(decode_order(&garbage).is_err());
+        assert!(decode_report(&garbage).is_err());
+        assert!(read_frame(&mut [].as_slice()).unwrap().is_none());
+    }
+}

@@ -1,0 +1,319 @@
+//! A request's state in one memory region that every worker process can map: the latent,
+//! cached velocities, per-block K/V cache, the fresh rows a step's patch-steps produce, the
+//! prompt's text context, the step conditioning, the patch layout and per-patch importances.
+//! File-backed under `/dev/shm` for worker processes, anonymous in single-process mode; the
+//! same code reads and writes both.
+//!
+//! Ownership protocol (what makes the shared mutable mapping sound): between a step's opening
+//! and its barrier, the coordinator writes nothing, and each patch-step writes only the fresh
+//! rows of its own tokens and its own importance slot; patches are disjoint. At the barrier
+//! (every completion received through a pipe, a syscall that orders memory) the coordinator
+//! alone commits. The warm-up writes the whole state and runs before any patch-step.
+
+use std::fs::{File, OpenOptions};
+use std::path::{Path, PathBuf};
+
+use memmap2::MmapMut;
+
+use crate::model::Config;
+
+/// "FDST" + format version in the state header.
+const MAGIC: u32 = u32::from_le_bytes(*b"FDST");
+const VERSION: u32 = 1;
+/// Header: magic, version, tokens, patch_dim, d, depth, max_tokens, region count (u32 each),
+/// padded to 64 bytes.
+const HEADER: usize = 64;
+
+/// Regions of the state, each an f32 array.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(usize)]
+pub enum Region {
+    /// Initial noise (kept so a re-run warm-up starts from the same point).
+    X0,
+    /// Current latent.
+    X,
+    /// Cached velocity of every token (last computed).
+    V,
+    /// K cache, `depth x tokens x d`.
+    CacheK,
+    /// V cache.
+    CacheV,
+    /// Fresh K rows written by this step's patch-steps.
+    FreshK,
+    /// Fresh V rows.
+    FreshV,
+    /// Fresh velocity rows.
+    FreshVel,
+    /// Warm-up cross-attention, `tokens x max_tokens`.
+    Cross,
+    /// Pooled text conditioning, `d`.
+    Pooled,
+    /// Cross-attention keys of the prompt, `depth x max_tokens x d`.
+    TextK,
+    /// Cross-attention values of the prompt.
+    TextV,
+    /// Step conditioning: per block `6 d`, then the final `2 d`.
+    Cond,
+    /// Patch of every token (as f32, exact below 2^24).
+    PatchOf,
+    /// Refinement importance of every patch (up to `tokens` patches).
+    Importance,
+}
+
+const REGIONS: usize = 15;
+
+/// Offsets of every region for a model config.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Layout {
+    off: [usize; REGIONS + 1],
+    dims: [u32; 5],
+}
+
+impl Layout {
+    /// Layout for a model.
+    pub fn new(cfg: &Config) -> Self {
+        let (t, pd, d, depth, mt) = (
+            cfg.tokens(),
+            cfg.patch_dim(),
+            cfg.d,
+            cfg.depth,
+            cfg.max_tokens,
+        );
+        let sizes = [
+            t * pd,
+            t * pd,
+            t * pd,
+            depth * t * d,
+            depth * t * d,
+            depth * t * d,
+            depth * t * d,
+            t * pd,
+            t * mt,
+            d,
+            depth * mt * d,
+            depth * mt * d,
+            depth * 6 * d + 2 * d,
+            t,
+            t,
+        ];
+        let mut off = [0usize; REGIONS + 1];
+        for i in 0..REGIONS {
+            off[i + 1] = off[i] + sizes[i];
+        }
+        Self {
+            off,
+            dims: [t as u32, pd as u32, d as u32, depth as u32, mt as u32],
+        }
+    }
+
+    /// Bytes of a state.
+    pub fn bytes(&self) -> usize {
+        HEADER + self.off[REGIONS] * 4
+    }
+}
+
+enum Backing {
+    Anon,
+    File(PathBuf),
+}
+
+/// One request's state.
+pub struct SharedState {
+    map: MmapMut,
+    layout: Layout,
+    backing: Backing,
+}
+
+impl std::fmt::Debug for SharedState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SharedState")
+            .field("bytes", &self.map.len())
+            .field("path", &self.path())
+            .finish()
+    }
+}
+
+impl SharedState {
+    /// A fresh zeroed state: anonymous memory when `dir` is `None`, else a new file in `dir`
+    /// (e.g. `/dev/shm`) named after the request and this process.
+    pub fn create(layout: Layout, dir: Option<&Path>, request: u64) -> std::io::Result<Self> {
+        let (map, backing) = match dir {
+            None => (MmapMut::map_anon(layout.bytes())?, Backing::Anon),
+            Some(d) => {
+                let path = d.join(format!("flashdiff-{}-{request}.state", std::process::id()));
+                let file = OpenOptions::new()
+                    .read(true)
+                    .write(true)
+                    .create_new(true)
+                    .open(&path)?;
+                file.set_len(layout.bytes() as u64)?;
+                // SAFETY: the file was just created by this process with create_new, sized
+                // above, and is only shared with our own worker processes, which follow the
+                // ownership protocol in the module docs; nothing truncates it while mapped.
+                (unsafe { MmapMut::map_mut(&file) }?, Backing::File(path))
+            }
+        };
+        let mut s = Self {
+            map,
+            layout,
+            backing,
+        };
+        s.write_header();
+        Ok(s)
+    }
+
+    /// Maps an existing state file and validates its header against `layout`.
+    pub fn open(path: &Path, layout: Layout) -> Result<Self, String> {
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(path)
+            .map_err(|e| format!("cannot open state {}: {e}", path.display()))?;
+        let len = file.metadata().map_err(|e| e.to_string())?.len() as usize;
+        if len != layout.bytes() {
+            return Err(format!(
+                "state {} has {len} bytes, expected {}",
+                path.display(),
+                layout.bytes()
+            ));
+        }
+        // SAFETY: the file belongs to our coordinator, which keeps it at this size until every
+        // worker is done with the request; writes follow the ownership protocol (module docs).
+        let map = unsafe { MmapMut::map_mut(&file) }
+            .map_err(|e| format!("cannot map state {}: {e}", path.display()))?;
+        let s = Self {
+            map,
+            layout,
+            backing: Backing::Anon,
+        };
+        s.check_header()
+            .map_err(|e| format!("state {}: {e}", path.display()))?;
+        Ok(s)
+    }
+
+    fn header_words(&self) -> [u32; 8] {
+        let mut h = [0u32; 8];
+        for (i, w) in h.iter_mut().enumerate() {
+            *w = u32::from_le_bytes(self.map[i * 4..i * 4 + 4].try_into().expect("4 bytes"));
+        }
+        h
+    }
+
+    fn write_header(&mut self) {
+        let d = self.layout.dims;
+        let h = [MAGIC, VERSION, d[0], d[1], d[2], d[3], d[4], REGIONS as u32];
+        for (i, w) in h.iter().enumerate() {
+            self.map[i * 4..i * 4 + 4].copy_from_slice(&w.to_le_bytes());
+        }
+    }
+
+    fn check_header(&self) -> Result<(), String> {
+        let h = self.header_words();
+        let d = self.layout.dims;
+        if h[0] != MAGIC {
+            return Err("bad magic: not a FlashDiff request state".into());
+        }
+        if h[1] != VERSION {
+            return Err(format!(
+                "format version {}, this build reads {VERSION}",
+                h[1]
+            ));
+        }
+        if h[2..7] != d || h[7] != REGIONS as u32 {
+            return Err(format!(
+                "dimensions {:?} do not match the model {:?}",
+                &h[2..8],
+                d
+            ));
+        }
+        Ok(())
+    }
+
+    /// The file path, when file-backed.
+    pub fn path(&self) -> Option<&Path> {
+        match &self.backing {
+            Backing::File(p) => Some(p),
+            Backing::Anon => None,
+        }
+    }
+
+    fn range(&self, r: Region) -> (usize, usize) {
+        let i = r as usize;
+        (
+            HEADER + self.layout.off[i] * 4,
+            self.layout.off[i + 1] - self.layout.off[i],
+        )
+    }
+
+    /// A region, read-only.
+    pub fn get(&self, r: Region) -> &[f32] {
+        let (at, len) = self.range(r);
+        let bytes = &self.map[at..at + len * 4];
+        // SAFETY: the mapping is page-aligned and HEADER and every region offset are multiples
+        // of 4 bytes, so the pointer is f32-aligned; the range lies inside the mapping (layout
+        // sizes sum to its length); any bit pattern is a valid f32. The borrow of `self` keeps
+        // the mapping alive; concurrent writers touch disjoint rows (module docs).
+        unsafe { std::slice::from_raw_parts(bytes.as_ptr().cast::<f32>(), len) }
+    }
+
+    /// A region, writable.
+    pub fn get_mut(&mut self, r: Region) -> &mut [f32] {
+        let (at, len) = self.range(r);
+        let bytes = &mut self.map[at..at + len * 4];
+        // SAFETY: as in `get`, and the unique borrow of `self` rules out other references into
+        // this mapping from this process.
+        unsafe { std::slice::from_raw_parts_mut(bytes.as_mut_ptr().cast::<f32>(), len) }
+    }
+
+    /// Writes `data` at element `at` of region `r` without borrowing the rest of the region:
+    /// how a patch-step writes its own rows while other workers write theirs.
+    pub fn write_at(&mut self, r: Region, at: usize, data: &[f32]) {
+        let (start, len) = self.range(r);
+        assert!(
+            at + data.len() <= len,
+            "write_at: {} + {} past region {r:?} of {len}",
+            at,
+            data.len()
+        );
+        // SAFETY: the destination lies inside the region (asserted) and the mapping, is
+        // f32-aligned (see `get`), and does not overlap `data` (a borrow of other memory);
+        // only these bytes are touched, so writers of other rows are not aliased.
+        unsafe {
+            std::ptr::copy_nonoverlapping(
+                data.as_ptr(),
+                self.map.as_mut_ptr().add(start).cast::<f32>().add(at),
+                data.len(),
+            );
+        }
+    }
+
+    /// Two regions at once: one read, one written (they never overlap).
+    pub fn get_pair(&mut self, read: Region, write: Region) -> (&[f32], &mut [f32]) {
+        assert_ne!(read, write, "get_pair: the same region twice");
+        let (ra, rl) = self.range(read);
+        let (wa, wl) = self.range(write);
+        let base = self.map.as_mut_ptr();
+        // SAFETY: both ranges lie inside the mapping, are f32-aligned (see `get`), and are
+        // disjoint because distinct regions occupy disjoint offset intervals of the layout;
+        // the unique borrow of `self` covers both for the returned lifetime.
+        unsafe {
+            (
+                std::slice::from_raw_parts(base.add(ra).cast::<f32>(), rl),
+                std::slice::from_raw_parts_mut(base.add(wa).cast::<f32>(), wl),
+            )
+        }
+    }
+}
+
+impl Drop for SharedState {
+    fn drop(&mut self) {
+        if let Backing::File(p) = &self.backing {
+            let _ = std::fs::remove_file(p);
+        }
+    }
+}
+
+/// Keeps a file open so tests can check it is removed (helper for callers).
+pub fn exists(path: &Path) -> bool {
+    File::open(path).is_ok()
+}
