@@ -3,6 +3,8 @@
 
 pub mod engine;
 pub mod exec;
+#[cfg(feature = "fuzzing")]
+pub mod fuzzing;
 pub mod image;
 pub mod model;
 pub mod proc;

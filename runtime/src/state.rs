@@ -317,3 +317,60 @@ impl Drop for SharedState {
 pub fn exists(path: &Path) -> bool {
     File::open(path).is_ok()
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::Config;
+
+    fn cfg() -> Config {
+        Config {
+            image: 8,
+            patch: 4,
+            channels: 3,
+            d: 8,
+            depth: 2,
+            heads: 2,
+            text_layers: 1,
+            vocab: 5,
+            max_tokens: 4,
+            mlp_ratio: 2,
+        }
+    }
+
+    #[test]
+    fn files_round_trip_and_bad_ones_are_refused() {
+        let dir = std::env::temp_dir();
+        let layout = Layout::new(&cfg());
+        let mut s = SharedState::create(layout.clone(), Some(&dir), 424242).unwrap();
+        s.get_mut(Region::X)[3] = 1.5;
+        s.write_at(Region::Importance, 1, &[0.25]);
+        let path = s.path().unwrap().to_path_buf();
+        let o = SharedState::open(&path, layout.clone()).unwrap();
+        assert_eq!(o.get(Region::X)[3], 1.5);
+        assert_eq!(o.get(Region::Importance)[1], 0.25);
+        // Wrong model dimensions.
+        let other = Layout::new(&Config { d: 16, ..cfg() });
+        assert!(SharedState::open(&path, other)
+            .unwrap_err()
+            .contains("bytes"));
+        // Corrupt magic.
+        let mut bytes = std::fs::read(&path).unwrap();
+        bytes[0] ^= 0xFF;
+        let bad = dir.join("flashdiff-bad-magic.state");
+        std::fs::write(&bad, &bytes).unwrap();
+        assert!(SharedState::open(&bad, layout.clone())
+            .unwrap_err()
+            .contains("magic"));
+        std::fs::remove_file(&bad).ok();
+        drop(o);
+        drop(s);
+        assert!(
+            !exists(&path),
+            "state file not removed when the request ended"
+        );
+        assert!(SharedState::open(&path, layout)
+            .unwrap_err()
+            .contains("cannot open"));
+    }
+}

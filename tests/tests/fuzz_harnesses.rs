@@ -18,6 +18,21 @@ proptest! {
     }
 
     #[test]
+    fn records_harness(data in prop::collection::vec(any::<u8>(), 0..200)) {
+        flashdiff_runtime::fuzzing::records(&data);
+    }
+
+    /// Well-formed frames with corrupted payloads: the decoder must refuse or decode, never
+    /// panic (bytecheck validation).
+    #[test]
+    fn records_harness_framed(payload in prop::collection::vec(any::<u8>(), 0..120)) {
+        let mut framed = b"FDRC\x01\x00\x00\x00".to_vec();
+        framed.extend_from_slice(&(payload.len() as u32).to_le_bytes());
+        framed.extend_from_slice(&payload);
+        flashdiff_runtime::fuzzing::records(&framed);
+    }
+
+    #[test]
     fn scheduler_harness(data in prop::collection::vec(any::<u8>(), 0..120)) {
         flashdiff_scheduler::fuzzing::scheduler(&data);
     }
