@@ -131,6 +131,39 @@ typedef uint32_t fd_status;
 #endif // __cplusplus
 
 /**
+ * Where a request stands.
+ */
+enum fd_request_state
+#if defined(__cplusplus) || __STDC_VERSION__ >= 202311L
+  : uint32_t
+#endif // defined(__cplusplus) || __STDC_VERSION__ >= 202311L
+ {
+  /**
+   * Never submitted, or released.
+   */
+  FD_REQUEST_UNKNOWN = 0,
+  /**
+   * Submitted, not finished: call `fd_engine_run`.
+   */
+  FD_REQUEST_PENDING = 1,
+  /**
+   * Finished: read it with `fd_engine_result`.
+   */
+  FD_REQUEST_DONE = 2,
+  /**
+   * Failed or cancelled: `fd_engine_result` returns the reason.
+   */
+  FD_REQUEST_FAILED = 3,
+};
+#ifndef __cplusplus
+#if __STDC_VERSION__ >= 202311L
+typedef enum fd_request_state fd_request_state;
+#else
+typedef uint32_t fd_request_state;
+#endif // __STDC_VERSION__ >= 202311L
+#endif // __cplusplus
+
+/**
  * What a completion did.
  */
 enum fd_completion
@@ -168,6 +201,11 @@ typedef uint32_t fd_completion;
 #endif // __cplusplus
 
 /**
+ * The serving engine. Opaque.
+ */
+typedef struct fd_engine fd_engine;
+
+/**
  * Per-request gate for R patches. Opaque.
  */
 typedef struct fd_gate fd_gate;
@@ -186,6 +224,120 @@ typedef struct fd_layout fd_layout;
  * The Patch Scheduler. Opaque.
  */
 typedef struct fd_scheduler fd_scheduler;
+
+/**
+ * Engine settings.
+ */
+typedef struct fd_engine_config {
+  /**
+   * Model file (NUL-terminated path); NULL for the shipped built-in model.
+   */
+  const char *weights;
+  /**
+   * Workers (1..=1024).
+   */
+  uint32_t workers;
+  /**
+   * Run workers as processes (requires the `flashdiff` executable at `worker_exe`).
+   */
+  bool processes;
+  /**
+   * Path of the `flashdiff` executable that workers run; NULL when `processes` is false.
+   */
+  const char *worker_exe;
+} fd_engine_config;
+
+/**
+ * Per-request settings (see `flashdiff generate --help`).
+ */
+typedef struct fd_request_config {
+  /**
+   * Total steps (2..=1000).
+   */
+  uint32_t steps;
+  /**
+   * Warm-up steps (>= 1, below steps).
+   */
+  uint32_t warmup;
+  /**
+   * Patch count; 0 lets the adaptive controller choose.
+   */
+  uint32_t patches;
+  /**
+   * Gate threshold in [0, 1].
+   */
+  float epsilon;
+  /**
+   * Longest run of skips per patch.
+   */
+  uint32_t max_skip;
+  /**
+   * Noise seed.
+   */
+  uint64_t seed;
+  /**
+   * 0 = FlashDiff, 1 = no skipping, 2 = full computation.
+   */
+  uint32_t mode;
+  /**
+   * Priority 0..7, higher first.
+   */
+  uint8_t priority;
+} fd_request_config;
+
+/**
+ * A finished request's report (times in milliseconds).
+ */
+typedef struct fd_report {
+  /**
+   * Request id.
+   */
+  uint64_t id;
+  /**
+   * Total steps.
+   */
+  uint32_t steps;
+  /**
+   * Warm-up steps.
+   */
+  uint32_t warmup;
+  /**
+   * Patches.
+   */
+  uint32_t patches;
+  /**
+   * Patch-steps after the warm-up if nothing were skipped.
+   */
+  uint64_t patch_steps;
+  /**
+   * Patch-steps computed.
+   */
+  uint64_t computed;
+  /**
+   * Submit to completion.
+   */
+  double latency_ms;
+  /**
+   * Warm-up.
+   */
+  double warmup_ms;
+  /**
+   * Partition.
+   */
+  double partition_ms;
+  /**
+   * Gate.
+   */
+  double gate_ms;
+  /**
+   * Patch-step compute.
+   */
+  double compute_ms;
+  /**
+   * Waiting and bookkeeping.
+   */
+  double queue_ms;
+} fd_report;
 
 /**
  * Gate settings.
@@ -384,6 +536,97 @@ size_t fd_last_error_detail(char *buf, size_t len);
  * Highest status code this library returns (codes are 0..=this).
  */
 uint32_t fd_status_last(void);
+
+/**
+ * Defaults: built-in model, one in-process worker.
+ */
+struct fd_engine_config fd_engine_config_default(void);
+
+/**
+ * Defaults: 50 steps, 5 warm-up, adaptive patches, ε 0.05, K 4, seed 0, FlashDiff, priority 0.
+ */
+struct fd_request_config fd_request_config_default(void);
+
+/**
+ * Creates an engine; `cfg` NULL means the defaults.
+ *
+ * # Safety
+ * `cfg` NULL or readable, its strings NULL or NUL-terminated; `out` writable.
+ */
+fd_status fd_engine_new(const struct fd_engine_config *cfg, struct fd_engine **out);
+
+/**
+ * Frees an engine (stopping its worker processes) and NULLs `*e`; NULL is a no-op.
+ *
+ * # Safety
+ * `e` NULL, or points to NULL or to an engine from this library not freed since.
+ */
+void fd_engine_free(struct fd_engine **e);
+
+/**
+ * Submits a request; the prompt and settings are checked now (`cfg` NULL: defaults).
+ *
+ * # Safety
+ * `e` live; `prompt` NUL-terminated; `cfg` NULL or readable.
+ */
+fd_status fd_engine_submit(struct fd_engine *e,
+                           uint64_t id,
+                           const char *prompt,
+                           const struct fd_request_config *cfg);
+
+/**
+ * Runs every submitted request to completion (the results wait for `fd_engine_result`).
+ *
+ * # Safety
+ * `e` live.
+ */
+fd_status fd_engine_run(struct fd_engine *e);
+
+/**
+ * Cancels a pending request.
+ *
+ * # Safety
+ * `e` live.
+ */
+fd_status fd_engine_cancel(struct fd_engine *e, uint64_t id);
+
+/**
+ * Where request `id` stands.
+ *
+ * # Safety
+ * `e` live; `state_out` writable.
+ */
+fd_status fd_engine_poll(const struct fd_engine *e, uint64_t id, fd_request_state *state_out);
+
+/**
+ * Image side of the engine's model (the image is `side x side x 3` floats in [0, 1]).
+ *
+ * # Safety
+ * `e` live; `side_out` writable.
+ */
+fd_status fd_engine_image_side(const struct fd_engine *e, uint32_t *side_out);
+
+/**
+ * Copies a finished request's RGB image (`rgb_len` must be side*side*3) and report. A failed
+ * request returns its error (the reason is in `fd_last_error_detail`).
+ *
+ * # Safety
+ * `e` live; `rgb_out` writable for `rgb_len` floats (or NULL with 0 to skip the image);
+ * `report_out` NULL or writable.
+ */
+fd_status fd_engine_result(const struct fd_engine *e,
+                           uint64_t id,
+                           float *rgb_out,
+                           size_t rgb_len,
+                           struct fd_report *report_out);
+
+/**
+ * Forgets a finished (or failed) request's result.
+ *
+ * # Safety
+ * `e` live.
+ */
+fd_status fd_engine_release(struct fd_engine *e, uint64_t id);
 
 /**
  * The default gate settings (ε 0.05, η 1e-6, K 4).

@@ -10,12 +10,14 @@
 
 #![allow(non_camel_case_types)]
 
+mod engine;
 mod error;
 mod gate;
 mod partitioner;
 mod ptr;
 mod scheduler;
 
+pub use engine::*;
 pub use error::fd_status;
 pub use gate::*;
 pub use partitioner::*;

@@ -478,6 +478,31 @@ impl Engine {
         Ok(())
     }
 
+    /// Drops a request in flight; it is reported as cancelled by the next [`Engine::run`].
+    pub fn cancel(&mut self, id: u64) -> Result<(), EngineError> {
+        if !self.requests.contains_key(&id) {
+            return Err(EngineError::Config(format!(
+                "request {id} is not in flight"
+            )));
+        }
+        self.fail(
+            id,
+            EngineError::Config(format!("request {id} was cancelled")),
+        );
+        Ok(())
+    }
+
+    /// Results finished (or failed, or cancelled) since the last [`Engine::run`], without
+    /// running anything.
+    pub fn take_finished(&mut self) -> Vec<Result<Output, (u64, EngineError)>> {
+        std::mem::take(&mut self.finished)
+    }
+
+    /// Whether a request is in flight.
+    pub fn is_in_flight(&self, id: u64) -> bool {
+        self.requests.contains_key(&id)
+    }
+
     /// Requests in flight.
     pub fn in_flight(&self) -> usize {
         self.requests.len()

@@ -30,7 +30,8 @@ static void expect(const char *what, fd_status got, fd_status want, const char *
   printf("ok   %-48s -> %2u %s\n", what, (unsigned)got, detail);
 }
 
-int main(void) {
+int main(int argc, char **argv) {
+  const char *weights = argc > 1 ? argv[1] : NULL;
   float map[64];
   for (int i = 0; i < 64; i++) map[i] = (float)(i % 8) / 8.0f;
   fd_layout *layout = NULL;
@@ -185,6 +186,55 @@ int main(void) {
   fd_scheduler_free(&s);
   expect("use after free", fd_scheduler_submit(s, 1, 0, 1.0), FD_ERR_NULL, "scheduler");
   fd_scheduler_free(&s);
+
+  /* Engine. */
+  fd_engine *eng = NULL;
+  fd_engine_config ec = fd_engine_config_default();
+  ec.weights = "/nonexistent/model.safetensors";
+  expect("engine missing weights", fd_engine_new(&ec, &eng), FD_ERR_CONFIG, "cannot read weights");
+  ec.weights = weights;
+  ec.workers = 0;
+  expect("engine zero workers", fd_engine_new(&ec, &eng), FD_ERR_CONFIG, "--workers");
+  ec.workers = 1;
+  ec.processes = true;
+  expect("engine processes without exe", fd_engine_new(&ec, &eng), FD_ERR_NULL, "worker_exe");
+  ec.processes = false;
+  expect("engine NULL out", fd_engine_new(&ec, NULL), FD_ERR_NULL, "out");
+  expect("engine ok", fd_engine_new(&ec, &eng), FD_OK, NULL);
+  fd_request_config rq = fd_request_config_default();
+  rq.steps = 6;
+  rq.warmup = 2;
+  expect("submit unknown word", fd_engine_submit(eng, 1, "a red dragon on a white background", &rq), FD_ERR_VALUE, "dragon");
+  expect("submit NULL prompt", fd_engine_submit(eng, 1, NULL, &rq), FD_ERR_NULL, "prompt");
+  rq.mode = 7;
+  expect("submit bad mode", fd_engine_submit(eng, 1, "a red circle top on a white background", &rq), FD_ERR_VALUE, "mode 7");
+  rq.mode = 0;
+  rq.epsilon = NAN;
+  expect("submit NaN epsilon", fd_engine_submit(eng, 1, "a red circle top on a white background", &rq), FD_ERR_CONFIG, "--epsilon");
+  rq.epsilon = 0.05f;
+  rq.warmup = 6;
+  expect("submit warm-up >= steps", fd_engine_submit(eng, 1, "a red circle top on a white background", &rq), FD_ERR_CONFIG, "--warmup");
+  rq.warmup = 2;
+  expect("submit ok", fd_engine_submit(eng, 1, "a red circle top on a white background", &rq), FD_OK, NULL);
+  expect("submit duplicate id", fd_engine_submit(eng, 1, "a red circle top on a white background", &rq), FD_ERR_DUPLICATE_REQUEST, "1");
+  float img[32 * 32 * 3];
+  expect("result while pending", fd_engine_result(eng, 1, img, sizeof img / sizeof img[0], NULL), FD_ERR_NOT_IDLE, "pending");
+  expect("submit second", fd_engine_submit(eng, 2, "a blue cross center on a black background", &rq), FD_OK, NULL);
+  expect("cancel second", fd_engine_cancel(eng, 2), FD_OK, NULL);
+  expect("cancel unknown", fd_engine_cancel(eng, 99), FD_ERR_UNKNOWN_REQUEST, "99");
+  expect("run", fd_engine_run(eng), FD_OK, NULL);
+  fd_request_state rs;
+  expect("poll cancelled", fd_engine_poll(eng, 2, &rs), FD_OK, NULL);
+  if (rs != FD_REQUEST_FAILED) failures++, fprintf(stderr, "FAIL cancelled request not FAILED\n");
+  expect("result of cancelled", fd_engine_result(eng, 2, NULL, 0, NULL), FD_ERR_VALUE, "cancelled");
+  expect("result wrong buffer", fd_engine_result(eng, 1, img, 7, NULL), FD_ERR_LENGTH, "7");
+  expect("result unknown", fd_engine_result(eng, 5, NULL, 0, NULL), FD_ERR_UNKNOWN_REQUEST, "5");
+  expect("result ok", fd_engine_result(eng, 1, img, sizeof img / sizeof img[0], NULL), FD_OK, NULL);
+  expect("release", fd_engine_release(eng, 1), FD_OK, NULL);
+  expect("release twice", fd_engine_release(eng, 1), FD_ERR_UNKNOWN_REQUEST, "1");
+  fd_engine_free(&eng);
+  expect("engine use after free", fd_engine_run(eng), FD_ERR_NULL, "engine");
+  fd_engine_free(&eng);
 
   printf("%d passed, %d failed\n", checks - failures, failures);
   return failures == 0 ? 0 : 1;

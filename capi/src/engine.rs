@@ -1,0 +1,465 @@
+//! Engine exports: create an engine over the built-in model (or given weights), submit
+//! requests, run them to completion, poll, read each image and report, cancel, free.
+
+use std::collections::HashMap;
+use std::ffi::CStr;
+use std::os::raw::c_char;
+use std::path::PathBuf;
+
+use flashdiff_runtime::engine::{
+    default_weights, Engine, EngineError, Mode, Output, RequestConfig,
+};
+use flashdiff_runtime::scene::IMAGE;
+
+use crate::error::{boundary, boundary_value, fd_status, Fail};
+use crate::ptr;
+
+/// Engine settings.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct fd_engine_config {
+    /// Model file (NUL-terminated path); NULL for the shipped built-in model.
+    pub weights: *const c_char,
+    /// Workers (1..=1024).
+    pub workers: u32,
+    /// Run workers as processes (requires the `flashdiff` executable at `worker_exe`).
+    pub processes: bool,
+    /// Path of the `flashdiff` executable that workers run; NULL when `processes` is false.
+    pub worker_exe: *const c_char,
+}
+
+/// Per-request settings (see `flashdiff generate --help`).
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct fd_request_config {
+    /// Total steps (2..=1000).
+    pub steps: u32,
+    /// Warm-up steps (>= 1, below steps).
+    pub warmup: u32,
+    /// Patch count; 0 lets the adaptive controller choose.
+    pub patches: u32,
+    /// Gate threshold in [0, 1].
+    pub epsilon: f32,
+    /// Longest run of skips per patch.
+    pub max_skip: u32,
+    /// Noise seed.
+    pub seed: u64,
+    /// 0 = FlashDiff, 1 = no skipping, 2 = full computation.
+    pub mode: u32,
+    /// Priority 0..7, higher first.
+    pub priority: u8,
+}
+
+/// Where a request stands.
+#[repr(u32)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum fd_request_state {
+    /// Never submitted, or released.
+    FD_REQUEST_UNKNOWN = 0,
+    /// Submitted, not finished: call `fd_engine_run`.
+    FD_REQUEST_PENDING = 1,
+    /// Finished: read it with `fd_engine_result`.
+    FD_REQUEST_DONE = 2,
+    /// Failed or cancelled: `fd_engine_result` returns the reason.
+    FD_REQUEST_FAILED = 3,
+}
+
+/// A finished request's report (times in milliseconds).
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default)]
+pub struct fd_report {
+    /// Request id.
+    pub id: u64,
+    /// Total steps.
+    pub steps: u32,
+    /// Warm-up steps.
+    pub warmup: u32,
+    /// Patches.
+    pub patches: u32,
+    /// Patch-steps after the warm-up if nothing were skipped.
+    pub patch_steps: u64,
+    /// Patch-steps computed.
+    pub computed: u64,
+    /// Submit to completion.
+    pub latency_ms: f64,
+    /// Warm-up.
+    pub warmup_ms: f64,
+    /// Partition.
+    pub partition_ms: f64,
+    /// Gate.
+    pub gate_ms: f64,
+    /// Patch-step compute.
+    pub compute_ms: f64,
+    /// Waiting and bookkeeping.
+    pub queue_ms: f64,
+}
+
+/// The serving engine. Opaque.
+pub struct fd_engine {
+    inner: Engine,
+    results: HashMap<u64, Result<Output, String>>,
+}
+
+fn from_engine(e: EngineError) -> Fail {
+    let status = match &e {
+        EngineError::Weights(_) => fd_status::FD_ERR_CONFIG,
+        EngineError::Prompt(_) => fd_status::FD_ERR_VALUE,
+        EngineError::Config(_) => fd_status::FD_ERR_CONFIG,
+        EngineError::Scheduler(flashdiff_scheduler::SchedError::Full { .. }) => {
+            fd_status::FD_ERR_FULL
+        }
+        _ => fd_status::FD_ERR_VALUE,
+    };
+    Fail::new(status, e.to_string())
+}
+
+/// Defaults: built-in model, one in-process worker.
+#[no_mangle]
+pub extern "C" fn fd_engine_config_default() -> fd_engine_config {
+    fd_engine_config {
+        weights: std::ptr::null(),
+        workers: 1,
+        processes: false,
+        worker_exe: std::ptr::null(),
+    }
+}
+
+/// Defaults: 50 steps, 5 warm-up, adaptive patches, ε 0.05, K 4, seed 0, FlashDiff, priority 0.
+#[no_mangle]
+pub extern "C" fn fd_request_config_default() -> fd_request_config {
+    let d = RequestConfig::default();
+    fd_request_config {
+        steps: d.steps,
+        warmup: d.warmup,
+        patches: 0,
+        epsilon: d.epsilon,
+        max_skip: d.max_skip,
+        seed: d.seed,
+        mode: 0,
+        priority: d.priority,
+    }
+}
+
+/// Reads a C string argument.
+///
+/// # Safety
+/// `p` is NULL or a NUL-terminated string readable for the duration of the call.
+unsafe fn c_str(p: *const c_char, what: &str) -> Result<Option<String>, Fail> {
+    if p.is_null() {
+        return Ok(None);
+    }
+    // SAFETY: the function's contract: non-NULL `p` is NUL-terminated and readable.
+    let s = unsafe { CStr::from_ptr(p) };
+    s.to_str()
+        .map(|s| Some(s.to_string()))
+        .map_err(|e| Fail::new(fd_status::FD_ERR_UTF8, format!("{what} is not UTF-8: {e}")))
+}
+
+/// Creates an engine; `cfg` NULL means the defaults.
+///
+/// # Safety
+/// `cfg` NULL or readable, its strings NULL or NUL-terminated; `out` writable.
+#[no_mangle]
+pub unsafe extern "C" fn fd_engine_new(
+    cfg: *const fd_engine_config,
+    out: *mut *mut fd_engine,
+) -> fd_status {
+    boundary(|| {
+        // SAFETY: this function's `# Safety` section: cfg NULL or readable.
+        let c = unsafe { cfg.as_ref() }
+            .copied()
+            .unwrap_or_else(|| fd_engine_config_default());
+        if out.is_null() {
+            return Err(Fail::new(fd_status::FD_ERR_NULL, "out is NULL"));
+        }
+        // SAFETY: the config's strings are NULL or NUL-terminated (this function's contract).
+        let (weights, exe) = unsafe {
+            (
+                c_str(c.weights, "weights")?,
+                c_str(c.worker_exe, "worker_exe")?,
+            )
+        };
+        let weights = weights.map(PathBuf::from).unwrap_or_else(default_weights);
+        let inner = if c.processes {
+            let exe = exe.ok_or_else(|| {
+                Fail::new(
+                    fd_status::FD_ERR_NULL,
+                    "worker_exe is NULL but processes is true",
+                )
+            })?;
+            let shm = PathBuf::from("/dev/shm");
+            let dir = if shm.is_dir() {
+                shm
+            } else {
+                std::env::temp_dir()
+            };
+            Engine::with_processes(&weights, c.workers, &PathBuf::from(exe), &dir)
+        } else {
+            Engine::new(&weights, c.workers)
+        }
+        .map_err(from_engine)?;
+        // SAFETY: out non-NULL and writable (checked above; this function's contract).
+        unsafe {
+            ptr::write_handle(
+                out,
+                fd_engine {
+                    inner,
+                    results: HashMap::new(),
+                },
+                "out",
+            )
+        }
+    })
+}
+
+/// Frees an engine (stopping its worker processes) and NULLs `*e`; NULL is a no-op.
+///
+/// # Safety
+/// `e` NULL, or points to NULL or to an engine from this library not freed since.
+#[no_mangle]
+pub unsafe extern "C" fn fd_engine_free(e: *mut *mut fd_engine) {
+    // SAFETY: the caller's contract is free_handle's.
+    boundary_value((), || unsafe { ptr::free_handle(e) })
+}
+
+/// Submits a request; the prompt and settings are checked now (`cfg` NULL: defaults).
+///
+/// # Safety
+/// `e` live; `prompt` NUL-terminated; `cfg` NULL or readable.
+#[no_mangle]
+pub unsafe extern "C" fn fd_engine_submit(
+    e: *mut fd_engine,
+    id: u64,
+    prompt: *const c_char,
+    cfg: *const fd_request_config,
+) -> fd_status {
+    boundary(|| {
+        // SAFETY: this function's `# Safety` section (live engine, readable config, string).
+        let (e, c, prompt) = unsafe {
+            (
+                ptr::handle_mut(e, "engine")?,
+                cfg.as_ref()
+                    .copied()
+                    .unwrap_or_else(|| fd_request_config_default()),
+                c_str(prompt, "prompt")?,
+            )
+        };
+        let prompt = prompt.ok_or_else(|| Fail::new(fd_status::FD_ERR_NULL, "prompt is NULL"))?;
+        if e.results.contains_key(&id) || e.inner.is_in_flight(id) {
+            return Err(Fail::new(
+                fd_status::FD_ERR_DUPLICATE_REQUEST,
+                format!("request {id} exists: release it first"),
+            ));
+        }
+        let mode = match c.mode {
+            0 => Mode::FlashDiff,
+            1 => Mode::NoSkip,
+            2 => Mode::Full,
+            m => {
+                return Err(Fail::new(
+                    fd_status::FD_ERR_VALUE,
+                    format!("mode {m}: must be 0 (flashdiff), 1 (no-skip) or 2 (full)"),
+                ))
+            }
+        };
+        let rc = RequestConfig {
+            steps: c.steps,
+            warmup: c.warmup,
+            patches: (c.patches > 0).then_some(c.patches),
+            epsilon: c.epsilon,
+            max_skip: c.max_skip,
+            seed: c.seed,
+            mode,
+            priority: c.priority,
+        };
+        e.inner.submit(id, &prompt, rc).map_err(from_engine)
+    })
+}
+
+/// Runs every submitted request to completion (the results wait for `fd_engine_result`).
+///
+/// # Safety
+/// `e` live.
+#[no_mangle]
+pub unsafe extern "C" fn fd_engine_run(e: *mut fd_engine) -> fd_status {
+    boundary(|| {
+        // SAFETY: this function's `# Safety` section: live, unaliased engine.
+        let e = unsafe { ptr::handle_mut(e, "engine") }?;
+        for r in e.inner.run(&mut |_, _, _| {}) {
+            match r {
+                Ok(o) => {
+                    e.results.insert(o.report.id, Ok(o));
+                }
+                Err((id, err)) => {
+                    e.results.insert(id, Err(err.to_string()));
+                }
+            }
+        }
+        Ok(())
+    })
+}
+
+/// Cancels a pending request.
+///
+/// # Safety
+/// `e` live.
+#[no_mangle]
+pub unsafe extern "C" fn fd_engine_cancel(e: *mut fd_engine, id: u64) -> fd_status {
+    boundary(|| {
+        // SAFETY: this function's `# Safety` section: live, unaliased engine.
+        let e = unsafe { ptr::handle_mut(e, "engine") }?;
+        e.inner.cancel(id).map_err(|_| {
+            Fail::new(
+                fd_status::FD_ERR_UNKNOWN_REQUEST,
+                format!("request {id} is not pending"),
+            )
+        })?;
+        for r in e.inner.take_finished() {
+            match r {
+                Ok(o) => e.results.insert(o.report.id, Ok(o)),
+                Err((rid, err)) => e.results.insert(rid, Err(err.to_string())),
+            };
+        }
+        Ok(())
+    })
+}
+
+/// Where request `id` stands.
+///
+/// # Safety
+/// `e` live; `state_out` writable.
+#[no_mangle]
+pub unsafe extern "C" fn fd_engine_poll(
+    e: *const fd_engine,
+    id: u64,
+    state_out: *mut fd_request_state,
+) -> fd_status {
+    boundary(|| {
+        // SAFETY: this function's `# Safety` section: live engine, writable output.
+        let e = unsafe { ptr::handle(e, "engine") }?;
+        let s = match e.results.get(&id) {
+            Some(Ok(_)) => fd_request_state::FD_REQUEST_DONE,
+            Some(Err(_)) => fd_request_state::FD_REQUEST_FAILED,
+            None if e.inner.is_in_flight(id) => fd_request_state::FD_REQUEST_PENDING,
+            None => fd_request_state::FD_REQUEST_UNKNOWN,
+        };
+        // SAFETY: as above.
+        unsafe { ptr::write_out(state_out, s, "state_out") }
+    })
+}
+
+/// Image side of the engine's model (the image is `side x side x 3` floats in [0, 1]).
+///
+/// # Safety
+/// `e` live; `side_out` writable.
+#[no_mangle]
+pub unsafe extern "C" fn fd_engine_image_side(
+    e: *const fd_engine,
+    side_out: *mut u32,
+) -> fd_status {
+    boundary(|| {
+        // SAFETY: this function's `# Safety` section.
+        unsafe {
+            ptr::handle(e, "engine")?;
+            ptr::write_out(side_out, IMAGE as u32, "side_out")
+        }
+    })
+}
+
+/// Copies a finished request's RGB image (`rgb_len` must be side*side*3) and report. A failed
+/// request returns its error (the reason is in `fd_last_error_detail`).
+///
+/// # Safety
+/// `e` live; `rgb_out` writable for `rgb_len` floats (or NULL with 0 to skip the image);
+/// `report_out` NULL or writable.
+#[no_mangle]
+pub unsafe extern "C" fn fd_engine_result(
+    e: *const fd_engine,
+    id: u64,
+    rgb_out: *mut f32,
+    rgb_len: usize,
+    report_out: *mut fd_report,
+) -> fd_status {
+    boundary(|| {
+        // SAFETY: this function's `# Safety` section (live engine; buffers of the given sizes).
+        let (e, rgb) = unsafe {
+            (
+                ptr::handle(e, "engine")?,
+                ptr::slice_mut(rgb_out, rgb_len, "rgb_out")?,
+            )
+        };
+        let o = match e.results.get(&id) {
+            None if e.inner.is_in_flight(id) => {
+                return Err(Fail::new(
+                    fd_status::FD_ERR_NOT_IDLE,
+                    format!("request {id} is still pending: call fd_engine_run"),
+                ))
+            }
+            None => {
+                return Err(Fail::new(
+                    fd_status::FD_ERR_UNKNOWN_REQUEST,
+                    format!("request {id} was never submitted or was released"),
+                ))
+            }
+            Some(Err(why)) => {
+                return Err(Fail::new(
+                    fd_status::FD_ERR_VALUE,
+                    format!("request {id} failed: {why}"),
+                ))
+            }
+            Some(Ok(o)) => o,
+        };
+        if !rgb.is_empty() {
+            if rgb.len() != o.rgb.len() {
+                return Err(Fail::new(
+                    fd_status::FD_ERR_LENGTH,
+                    format!(
+                        "rgb_len is {}, the image has {} floats",
+                        rgb.len(),
+                        o.rgb.len()
+                    ),
+                ));
+            }
+            rgb.copy_from_slice(&o.rgb);
+        }
+        if !report_out.is_null() {
+            let r = &o.report;
+            let ms = |d: std::time::Duration| d.as_secs_f64() * 1e3;
+            let rep = fd_report {
+                id: r.id,
+                steps: r.steps,
+                warmup: r.warmup,
+                patches: r.patches,
+                patch_steps: r.patch_steps,
+                computed: r.computed,
+                latency_ms: ms(r.latency),
+                warmup_ms: ms(r.time.warmup),
+                partition_ms: ms(r.time.partition),
+                gate_ms: ms(r.time.gate),
+                compute_ms: ms(r.time.compute),
+                queue_ms: ms(r.time.queue),
+            };
+            // SAFETY: report_out non-NULL and writable (this function's contract).
+            unsafe { ptr::write_out(report_out, rep, "report_out") }?;
+        }
+        Ok(())
+    })
+}
+
+/// Forgets a finished (or failed) request's result.
+///
+/// # Safety
+/// `e` live.
+#[no_mangle]
+pub unsafe extern "C" fn fd_engine_release(e: *mut fd_engine, id: u64) -> fd_status {
+    boundary(|| {
+        // SAFETY: this function's `# Safety` section: live, unaliased engine.
+        let e = unsafe { ptr::handle_mut(e, "engine") }?;
+        e.results.remove(&id).map(|_| ()).ok_or_else(|| {
+            Fail::new(
+                fd_status::FD_ERR_UNKNOWN_REQUEST,
+                format!("request {id} has no result to release"),
+            )
+        })
+    })
+}
