@@ -293,6 +293,28 @@ fn tag(t: fd_tag) -> Tag {
     }
 }
 
+/// Applies a worker's outcome (completion or failure) and writes what it did.
+///
+/// # Safety
+/// `s` NULL or live and unaliased; `completion_out` NULL or writable.
+unsafe fn report_outcome(
+    s: *mut fd_scheduler,
+    completion_out: *mut fd_completion,
+    f: impl FnOnce(&mut Scheduler) -> Result<Completion, SchedError>,
+) -> fd_status {
+    boundary(|| {
+        if completion_out.is_null() {
+            return Err(Fail::new(fd_status::FD_ERR_NULL, "completion_out is NULL"));
+        }
+        // SAFETY: `s` is NULL or live and unaliased, `completion_out` writable (this
+        // function's contract), as `with` and `write_out` require.
+        unsafe {
+            let c = with(s, f)?;
+            ptr::write_out(completion_out, completion(c), "completion_out")
+        }
+    })
+}
+
 /// Worker `worker` finished `t`. Results are applied at most once: repeats and reports from
 /// lost workers give `FD_COMPLETION_STALE`.
 ///
@@ -305,17 +327,8 @@ pub unsafe extern "C" fn fd_scheduler_complete(
     t: fd_tag,
     completion_out: *mut fd_completion,
 ) -> fd_status {
-    boundary(|| {
-        if completion_out.is_null() {
-            return Err(Fail::new(fd_status::FD_ERR_NULL, "completion_out is NULL"));
-        }
-        // SAFETY: every pointer argument meets this function's `# Safety` section (live handle,
-        // writable outputs), which is what the ptr helpers used here require.
-        unsafe {
-            let c = with(s, |s| s.complete(worker, tag(t)))?;
-            ptr::write_out(completion_out, completion(c), "completion_out")
-        }
-    })
+    // SAFETY: this function's `# Safety` section is report_outcome's.
+    unsafe { report_outcome(s, completion_out, |s| s.complete(worker, tag(t))) }
 }
 
 /// Worker `worker` could not run `t`: it is queued again, or its request fails after too
@@ -330,17 +343,8 @@ pub unsafe extern "C" fn fd_scheduler_fail(
     t: fd_tag,
     completion_out: *mut fd_completion,
 ) -> fd_status {
-    boundary(|| {
-        if completion_out.is_null() {
-            return Err(Fail::new(fd_status::FD_ERR_NULL, "completion_out is NULL"));
-        }
-        // SAFETY: every pointer argument meets this function's `# Safety` section (live handle,
-        // writable outputs), which is what the ptr helpers used here require.
-        unsafe {
-            let c = with(s, |s| s.fail(worker, tag(t)))?;
-            ptr::write_out(completion_out, completion(c), "completion_out")
-        }
-    })
+    // SAFETY: this function's `# Safety` section is report_outcome's.
+    unsafe { report_outcome(s, completion_out, |s| s.fail(worker, tag(t))) }
 }
 
 /// Declares a worker lost: its monotasks run again elsewhere. `requeued_out` may be NULL.
