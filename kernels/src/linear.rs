@@ -104,18 +104,19 @@ mod avx2 {
             let mut o0 = 0;
             while o0 < out_dim {
                 let on = (out_dim - o0).min(OB);
-                if rn == RB && on == OB {
-                    // SAFETY: forwarded from this function's contract; the block lies inside.
-                    unsafe { block::<RB, OB>(x, r0, in_dim, w, o0, b, out_dim, y) };
-                } else {
-                    // Edges: one row and one output at a time, same arithmetic per element.
-                    for i in 0..rn {
-                        for j in 0..on {
-                            // SAFETY: as above, a 1x1 block inside the matrices.
-                            unsafe { block::<1, 1>(x, r0 + i, in_dim, w, o0 + j, b, out_dim, y) };
+                // Full blocks and edges use the same per-element arithmetic; edges only share
+                // fewer loads.
+                macro_rules! go {
+                    ($($r:literal, $o:literal);*) => {
+                        match (rn, on) {
+                            // SAFETY: forwarded from this function's contract; the block of
+                            // rn rows and on outputs lies inside the matrices.
+                            $(($r, $o) => unsafe { block::<$r, $o>(x, r0, in_dim, w, o0, b, out_dim, y) },)*
+                            _ => unreachable!("rn <= RB and on <= OB"),
                         }
-                    }
+                    };
                 }
+                go!(4, 3; 4, 2; 4, 1; 3, 3; 3, 2; 3, 1; 2, 3; 2, 2; 2, 1; 1, 3; 1, 2; 1, 1);
                 o0 += OB;
             }
             r0 += RB;
