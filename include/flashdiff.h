@@ -330,6 +330,10 @@ typedef struct fd_report {
    */
   double gate_ms;
   /**
+   * Scheduler calls.
+   */
+  double schedule_ms;
+  /**
    * Patch-step compute.
    */
   double compute_ms;

@@ -88,6 +88,8 @@ pub struct fd_report {
     pub partition_ms: f64,
     /// Gate.
     pub gate_ms: f64,
+    /// Scheduler calls.
+    pub schedule_ms: f64,
     /// Patch-step compute.
     pub compute_ms: f64,
     /// Waiting and bookkeeping.
@@ -436,6 +438,7 @@ pub unsafe extern "C" fn fd_engine_result(
                 warmup_ms: ms(r.time.warmup),
                 partition_ms: ms(r.time.partition),
                 gate_ms: ms(r.time.gate),
+                schedule_ms: ms(r.time.schedule),
                 compute_ms: ms(r.time.compute),
                 queue_ms: ms(r.time.queue),
             };

@@ -177,7 +177,9 @@ pub struct TimeSplit {
     pub gate: Duration,
     /// Patch-step forwards and commits.
     pub compute: Duration,
-    /// Waiting for a worker, and scheduler bookkeeping.
+    /// Scheduler calls made for this request (placement, dispatch, completion).
+    pub schedule: Duration,
+    /// Waiting for a worker, moving state, and everything not counted above.
     pub queue: Duration,
 }
 
@@ -522,7 +524,10 @@ impl Engine {
                         continue;
                     }
                 }
-                let a = match self.sched.next(w) {
+                let t_sched = Instant::now();
+                let next = self.sched.next(w);
+                let sched_time = t_sched.elapsed();
+                let a = match next {
                     Ok(Some(a)) => a,
                     Ok(None) | Err(SchedError::WorkerDead(_)) => continue,
                     Err(e) => {
@@ -532,6 +537,9 @@ impl Engine {
                 };
                 dispatched = true;
                 let tag = a.task.tag;
+                if let Some(r) = self.requests.get_mut(&tag.request) {
+                    r.report.time.schedule += sched_time;
+                }
                 match &mut self.exec {
                     Executor::InProcess => {
                         let t0 = Instant::now();
@@ -670,7 +678,12 @@ impl Engine {
     }
 
     fn completed(&mut self, w: u32, tag: Tag, progress: &mut dyn FnMut(u64, u32, u32)) {
-        match self.sched.complete(w, tag) {
+        let t0 = Instant::now();
+        let done = self.sched.complete(w, tag);
+        if let Some(r) = self.requests.get_mut(&tag.request) {
+            r.report.time.schedule += t0.elapsed();
+        }
+        match done {
             Ok(Completion::WarmupDone(id)) => {
                 if let Some(r) = self.requests.get_mut(&id) {
                     r.step = r.cfg.warmup;
@@ -852,7 +865,12 @@ impl Engine {
             .get_mut(Region::Cond)
             .copy_from_slice(cond.as_slice());
         let step = r.step;
-        if let Err(e) = self.sched.submit_step(id, step, &list) {
+        let t0 = Instant::now();
+        let submitted = self.sched.submit_step(id, step, &list);
+        if let Some(r) = self.requests.get_mut(&id) {
+            r.report.time.schedule += t0.elapsed();
+        }
+        if let Err(e) = submitted {
             self.fail(id, e.into());
         }
     }
@@ -907,7 +925,7 @@ impl Engine {
         r.report.time.queue = r
             .report
             .latency
-            .saturating_sub(t.warmup + t.partition + t.gate + t.compute);
+            .saturating_sub(t.warmup + t.partition + t.gate + t.compute + t.schedule);
         let layout = r.layout.take().expect("partitioned");
         // Work: warm-up steps are full; after that, the tokens actually computed.
         let tokens = cfg.tokens() as f64;

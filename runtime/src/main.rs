@@ -216,11 +216,12 @@ fn generate(args: &[String]) -> Result<(), String> {
     );
     let t = r.time;
     println!(
-        "time {:.0} ms: warm-up {:.0}, partition {:.2}, gate {:.2}, compute {:.0}, queue {:.1}",
+        "time {:.0} ms: warm-up {:.0}, partition {:.2}, gate {:.2}, scheduler {:.2}, compute {:.0}, queue {:.1}",
         ms(r.latency),
         ms(t.warmup),
         ms(t.partition),
         ms(t.gate),
+        ms(t.schedule),
         ms(t.compute),
         ms(t.queue)
     );
@@ -228,6 +229,12 @@ fn generate(args: &[String]) -> Result<(), String> {
         Ok(s) => verdict_text(scene::check(&v.rgb, s)),
         Err(e) => format!("not checked ({e})"),
     };
+    let control = t.partition + t.gate + t.schedule;
+    println!(
+        "control plane (partition + gate + scheduler): {:.2} ms = {:.3}% of model time",
+        ms(control),
+        100.0 * control.as_secs_f64() / (t.warmup + t.compute).as_secs_f64().max(1e-9)
+    );
     println!("checker: {}", grammar_note(&out));
     if o.compare {
         let full_cfg = RequestConfig {
