@@ -276,9 +276,18 @@ typedef struct fd_request_config {
    */
   uint64_t seed;
   /**
-   * 0 = FlashDiff, 1 = no skipping, 2 = full computation.
+   * 0 = FlashDiff, 1 = no skipping, 2 = full computation, 3 = NaivePatch, 4 = whole-step
+   * caching (TeaCache-style).
    */
   uint32_t mode;
+  /**
+   * 0 = saliency patches, 1 = uniform patches.
+   */
+  uint32_t layout;
+  /**
+   * Threshold of mode 4.
+   */
+  float cache_threshold;
   /**
    * Priority 0..7, higher first.
    */

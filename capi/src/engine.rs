@@ -7,7 +7,7 @@ use std::os::raw::c_char;
 use std::path::PathBuf;
 
 use flashdiff_runtime::engine::{
-    default_weights, Engine, EngineError, Mode, Output, RequestConfig,
+    default_weights, Engine, EngineError, LayoutKind, Mode, Output, RequestConfig,
 };
 use flashdiff_runtime::scene::IMAGE;
 
@@ -44,8 +44,13 @@ pub struct fd_request_config {
     pub max_skip: u32,
     /// Noise seed.
     pub seed: u64,
-    /// 0 = FlashDiff, 1 = no skipping, 2 = full computation.
+    /// 0 = FlashDiff, 1 = no skipping, 2 = full computation, 3 = NaivePatch, 4 = whole-step
+    /// caching (TeaCache-style).
     pub mode: u32,
+    /// 0 = saliency patches, 1 = uniform patches.
+    pub layout: u32,
+    /// Threshold of mode 4.
+    pub cache_threshold: f32,
     /// Priority 0..7, higher first.
     pub priority: u8,
 }
@@ -139,6 +144,8 @@ pub extern "C" fn fd_request_config_default() -> fd_request_config {
         seed: d.seed,
         mode: 0,
         priority: d.priority,
+        layout: 0,
+        cache_threshold: d.cache_threshold,
     }
 }
 
@@ -257,10 +264,22 @@ pub unsafe extern "C" fn fd_engine_submit(
             0 => Mode::FlashDiff,
             1 => Mode::NoSkip,
             2 => Mode::Full,
+            3 => Mode::NaivePatch,
+            4 => Mode::TeaCache,
             m => {
                 return Err(Fail::new(
                     fd_status::FD_ERR_VALUE,
-                    format!("mode {m}: must be 0 (flashdiff), 1 (no-skip) or 2 (full)"),
+                    format!("mode {m}: must be 0 (flashdiff), 1 (no-skip), 2 (full), 3 (naive-patch) or 4 (teacache)"),
+                ))
+            }
+        };
+        let layout = match c.layout {
+            0 => LayoutKind::Saliency,
+            1 => LayoutKind::Uniform,
+            l => {
+                return Err(Fail::new(
+                    fd_status::FD_ERR_VALUE,
+                    format!("layout {l}: must be 0 (saliency) or 1 (uniform)"),
                 ))
             }
         };
@@ -273,6 +292,8 @@ pub unsafe extern "C" fn fd_engine_submit(
             seed: c.seed,
             mode,
             priority: c.priority,
+            layout,
+            cache_threshold: c.cache_threshold,
         };
         e.inner.submit(id, &prompt, rc).map_err(from_engine)
     })

@@ -49,6 +49,10 @@ pub const DEFAULT_WARMUP: u32 = 5;
 /// every region's update jump at the last step (issue "The engine"); one step covers it.
 pub const FINAL_FULL_STEPS: u32 = 1;
 
+/// Default whole-step caching threshold (TeaCache's published range is 0.1-0.3 for its
+/// models; ours is measured by `flashdiff bench`).
+pub const DEFAULT_CACHE_THRESHOLD: f32 = 0.1;
+
 /// How a request is executed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Mode {
@@ -58,6 +62,22 @@ pub enum Mode {
     NoSkip,
     /// One patch, every step: ordinary sampling.
     Full,
+    /// Uniform patches denoised independently (attention inside the patch only) and stitched
+    /// each step, no skipping: the NaivePatch baseline.
+    NaivePatch,
+    /// Whole-step caching (TeaCache / first-block-cache style): the whole step is skipped,
+    /// reusing the last velocity, while the accumulated relative L1 change of block 0's
+    /// modulated input stays under `cache_threshold`.
+    TeaCache,
+}
+
+/// How the latent is cut after the warm-up.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LayoutKind {
+    /// Cross-attention saliency, recursive Otsu, load-aware (§4.1).
+    Saliency,
+    /// Balanced recursive bisection of the grid (NaivePatch / DistriFusion layout).
+    Uniform,
 }
 
 impl std::str::FromStr for Mode {
@@ -67,7 +87,11 @@ impl std::str::FromStr for Mode {
             "flashdiff" => Ok(Self::FlashDiff),
             "no-skip" => Ok(Self::NoSkip),
             "full" => Ok(Self::Full),
-            _ => Err(format!("mode {s:?}: expected flashdiff, no-skip or full")),
+            "naive-patch" => Ok(Self::NaivePatch),
+            "teacache" => Ok(Self::TeaCache),
+            _ => Err(format!(
+                "mode {s:?}: expected flashdiff, no-skip, full, naive-patch or teacache"
+            )),
         }
     }
 }
@@ -91,6 +115,10 @@ pub struct RequestConfig {
     pub mode: Mode,
     /// Scheduling priority (0..8, higher first).
     pub priority: u8,
+    /// Patch layout (saliency by default; NaivePatch always uses uniform).
+    pub layout: LayoutKind,
+    /// Threshold of [`Mode::TeaCache`] on the accumulated relative L1 change.
+    pub cache_threshold: f32,
 }
 
 impl Default for RequestConfig {
@@ -104,6 +132,8 @@ impl Default for RequestConfig {
             seed: 0,
             mode: Mode::FlashDiff,
             priority: 0,
+            layout: LayoutKind::Saliency,
+            cache_threshold: DEFAULT_CACHE_THRESHOLD,
         }
     }
 }
@@ -267,6 +297,8 @@ struct Request {
     active: Vec<bool>,
     report: Report,
     submitted: Instant,
+    /// TeaCache: block 0's modulated input at the previous step, and the accumulated change.
+    tea: Option<(Vec<f32>, f32)>,
 }
 
 /// Where monotasks run.
@@ -415,6 +447,12 @@ impl Engine {
         if !(cfg.epsilon.is_finite() && (0.0..=1.0).contains(&cfg.epsilon)) {
             return bad(format!("--epsilon {}: must be in [0, 1]", cfg.epsilon));
         }
+        if !(cfg.cache_threshold.is_finite() && cfg.cache_threshold >= 0.0) {
+            return bad(format!(
+                "--cache-threshold {}: must be finite and >= 0",
+                cfg.cache_threshold
+            ));
+        }
         if cfg.max_skip > 1000 {
             return bad(format!("--max-skip {}: must be in 0..=1000", cfg.max_skip));
         }
@@ -475,6 +513,7 @@ impl Engine {
             },
             cfg,
             submitted: Instant::now(),
+            tea: None,
         };
         self.requests.insert(id, req);
         Ok(())
@@ -560,6 +599,7 @@ impl Engine {
                             patch: tag.patch,
                             steps: r.cfg.steps,
                             warmup: r.cfg.warmup,
+                            isolated: r.cfg.mode == Mode::NaivePatch,
                             state: r
                                 .state
                                 .path()
@@ -760,7 +800,10 @@ impl Engine {
                 warmup: r.cfg.warmup,
             }
         } else {
-            Task::Patch { patch: tag.patch }
+            Task::Patch {
+                patch: tag.patch,
+                isolated: r.cfg.mode == Mode::NaivePatch,
+            }
         };
         exec::run(&self.model, &mut r.state, task)
     }
@@ -776,9 +819,10 @@ impl Engine {
             Err(e) => return self.fail(id, e.into()),
         };
         let r_count = match r.cfg.mode {
-            Mode::Full => 1,
+            Mode::Full | Mode::TeaCache => 1,
             _ => r.cfg.patches.unwrap_or_else(|| self.granularity.current()),
         };
+        let uniform = r.cfg.layout == LayoutKind::Uniform || r.cfg.mode == Mode::NaivePatch;
         // Saliency over the prompt's real words (padding excluded).
         let n_words = r.words.len();
         let tokens = cfg.tokens();
@@ -788,9 +832,13 @@ impl Engine {
             .flat_map(|t| cross[t * mt..t * mt + n_words].to_vec())
             .collect();
         let salient: Vec<bool> = r.words.iter().map(|w| scene::is_salient(w)).collect();
-        let layout = match saliency_map(&attn, tokens, &salient)
-            .and_then(|s| partition_saliency(grid, &s, r_count))
-        {
+        let layout = match saliency_map(&attn, tokens, &salient).and_then(|s| {
+            if uniform {
+                partition_uniform(grid, r_count)
+            } else {
+                partition_saliency(grid, &s, r_count)
+            }
+        }) {
             Ok(l) => l,
             Err(PartitionError::NoSalientTokens) => match partition_uniform(grid, r_count) {
                 Ok(l) => l,
@@ -837,6 +885,9 @@ impl Engine {
         if r.step >= r.cfg.steps {
             return self.finish(id);
         }
+        if r.cfg.mode == Mode::TeaCache && Self::tea_skip(&self.model, r) {
+            return self.open_step(id, progress);
+        }
         let t0 = Instant::now();
         let final_full = r.step + FINAL_FULL_STEPS >= r.cfg.steps;
         let gate = r.gate.as_mut().expect("partitioned");
@@ -873,6 +924,37 @@ impl Engine {
         if let Err(e) = submitted {
             self.fail(id, e.into());
         }
+    }
+
+    /// Whole-step caching: skips the step (advancing with the cached velocity) when the
+    /// accumulated relative L1 change of block 0's modulated input is under the threshold.
+    fn tea_skip(model: &TinyDit, r: &mut Request) -> bool {
+        let t0 = Instant::now();
+        let h = 1.0 / r.cfg.steps as f32;
+        let cond = model.step_cond(&r.text, 1.0 - r.step as f32 * h);
+        let m = model.first_block_input(r.state.get(Region::X), &cond);
+        let final_full = r.step + FINAL_FULL_STEPS >= r.cfg.steps;
+        let acc = match &r.tea {
+            Some((prev, acc)) => {
+                let num: f32 = m.iter().zip(prev).map(|(a, b)| (a - b).abs()).sum();
+                let den: f32 = prev.iter().map(|b| b.abs()).sum::<f32>().max(1e-12);
+                acc + num / den
+            }
+            None => f32::INFINITY,
+        };
+        let skip = acc < r.cfg.cache_threshold && !final_full;
+        r.tea = Some((m, if skip { acc } else { 0.0 }));
+        r.report.time.gate += t0.elapsed();
+        if skip {
+            let (v, x) = r.state.get_pair(Region::V, Region::X);
+            for (xi, vi) in x.iter_mut().zip(v) {
+                *xi -= h * vi;
+            }
+            r.step += 1;
+            r.report.active_per_step.push(0);
+            r.report.patch_steps += 1;
+        }
+        skip
     }
 
     /// The step's barrier: every active patch-step wrote its fresh rows; commit them, feed the

@@ -19,6 +19,8 @@ pub enum Task {
     Patch {
         /// Patch id.
         patch: u32,
+        /// Attend only inside the patch (NaivePatch baseline).
+        isolated: bool,
     },
 }
 
@@ -79,7 +81,7 @@ pub fn run(model: &TinyDit, st: &mut SharedState, task: Task) -> Result<(), Stri
             st.get_mut(Region::CacheV).copy_from_slice(&cache.v);
             Ok(())
         }
-        Task::Patch { patch } => {
+        Task::Patch { patch, isolated } => {
             let patch_of = st.get(Region::PatchOf);
             let toks: Vec<u32> = (0..tokens as u32)
                 .filter(|&t| patch_of[t as usize] == patch as f32)
@@ -98,20 +100,19 @@ pub fn run(model: &TinyDit, st: &mut SharedState, task: Task) -> Result<(), Stri
                 .collect();
             let cond = StepCond::from_slice(st.get(Region::Cond));
             let mut mass = vec![0.0f32; toks.len() * groups];
-            let out = model.forward(
-                &x,
-                &toks,
-                &cond,
-                &text,
-                CacheView {
+            let mut stats = StepStats {
+                cross: None,
+                patch_mass: Some((&groups_of, groups, &mut mass)),
+            };
+            let out = if isolated {
+                model.forward_isolated(&x, &toks, &cond, &text, &mut stats)
+            } else {
+                let cache = CacheView {
                     k: st.get(Region::CacheK),
                     v: st.get(Region::CacheV),
-                },
-                &mut StepStats {
-                    cross: None,
-                    patch_mass: Some((&groups_of, groups, &mut mass)),
-                },
-            );
+                };
+                model.forward(&x, &toks, &cond, &text, cache, &mut stats)
+            };
             // R_i = (1/|A_i|^2) sum_{u in A_i} mass[u][i] (paper §4.2).
             let n = toks.len() as f32;
             let importance = (0..toks.len())

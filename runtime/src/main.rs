@@ -4,7 +4,7 @@ use std::io::{BufRead, IsTerminal, Write};
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use flashdiff_runtime::engine::{default_weights, Engine, Mode, Output, RequestConfig};
+use flashdiff_runtime::engine::{default_weights, Engine, LayoutKind, Mode, Output, RequestConfig};
 use flashdiff_runtime::image;
 use flashdiff_runtime::scene::{self, Verdict, IMAGE};
 
@@ -22,7 +22,9 @@ generate options:
   --epsilon E      gate threshold in [0, 1] (default 0.05)
   --max-skip K     longest run of skips per patch (default 4)
   --seed S         noise seed (default 0)
-  --mode M         flashdiff | no-skip | full (default flashdiff)
+  --mode M         flashdiff | no-skip | full | naive-patch | teacache (default flashdiff)
+  --layout L       saliency | uniform (default saliency)
+  --cache-threshold T  teacache: skip a step while the accumulated change stays under T (0.1)
   --workers W      workers (default 1)
   --processes      run the workers as separate processes sharing request state in /dev/shm
                    (default: in this process; outputs are bit-identical either way)
@@ -110,6 +112,14 @@ fn parse(args: &[String], positional: bool) -> Result<Opts, String> {
                     .parse::<Mode>()?
             }
             "--workers" => o.workers = num(a, v, "an integer in 1..=1024")?,
+            "--layout" => {
+                o.cfg.layout = match v.map(String::as_str) {
+                    Some("saliency") => LayoutKind::Saliency,
+                    Some("uniform") => LayoutKind::Uniform,
+                    _ => return Err("--layout needs saliency or uniform".into()),
+                }
+            }
+            "--cache-threshold" => o.cfg.cache_threshold = num(a, v, "a number >= 0")?,
             "--weights" => o.weights = PathBuf::from(v.ok_or("--weights needs a path")?),
             "-o" | "--output" => o.output = PathBuf::from(v.ok_or("--output needs a path")?),
             "--input" => o.input = Some(PathBuf::from(v.ok_or("--input needs a path (or -)")?)),

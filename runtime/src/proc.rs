@@ -41,6 +41,8 @@ mod records {
             steps: u32,
             /// Warm-up steps.
             warmup: u32,
+            /// NaivePatch: attend only inside the patch.
+            isolated: bool,
             /// Path of the request's state file.
             state: String,
         },
@@ -166,6 +168,7 @@ pub fn worker_main(weights: &Path) -> Result<(), String> {
                 patch,
                 steps,
                 warmup,
+                isolated,
                 state,
             } => {
                 let res = (|| -> Result<(), String> {
@@ -178,7 +181,7 @@ pub fn worker_main(weights: &Path) -> Result<(), String> {
                     let task = if patch == u32::MAX {
                         Task::Warmup { steps, warmup }
                     } else {
-                        Task::Patch { patch }
+                        Task::Patch { patch, isolated }
                     };
                     exec::run(&model, st, task)
                 })();
@@ -352,6 +355,7 @@ mod tests {
             patch: 2,
             steps: 50,
             warmup: 5,
+            isolated: false,
             state: "/dev/shm/x".into(),
         };
         let mut buf = Vec::new();

@@ -16,6 +16,7 @@ fn cfg(mode: Mode) -> RequestConfig {
         seed: 7,
         mode,
         priority: 0,
+        ..Default::default()
     }
 }
 
@@ -277,5 +278,68 @@ fn a_killed_worker_loses_nothing_and_changes_nothing() {
         e.worker_pids().iter().filter(|p| p.is_some()).count(),
         2,
         "pool not back to 2 workers"
+    );
+}
+
+#[test]
+fn baselines_run_and_behave_as_named() {
+    let mut e = Engine::new(&default_weights(), 1).unwrap();
+    // NaivePatch: uniform patches, no skipping, patches blind to each other.
+    let naive = e
+        .generate(PROMPT, cfg(Mode::NaivePatch), &mut |_, _, _| {})
+        .unwrap();
+    assert_eq!(naive.report.computed, naive.report.patch_steps);
+    let ds = e
+        .generate(
+            PROMPT,
+            RequestConfig {
+                layout: flashdiff_runtime::engine::LayoutKind::Uniform,
+                ..cfg(Mode::NoSkip)
+            },
+            &mut |_, _, _| {},
+        )
+        .unwrap();
+    assert_eq!(
+        naive.layout, ds.layout,
+        "both baselines use the uniform layout"
+    );
+    assert_ne!(
+        naive.latent, ds.latent,
+        "isolated patches must differ from displaced K/V"
+    );
+    // TeaCache: a huge threshold skips every step it may; a zero threshold skips none.
+    let all = e
+        .generate(
+            PROMPT,
+            RequestConfig {
+                cache_threshold: 0.0,
+                ..cfg(Mode::TeaCache)
+            },
+            &mut |_, _, _| {},
+        )
+        .unwrap();
+    assert!(all.report.active_per_step.iter().all(|&a| a == 1));
+    let lazy = e
+        .generate(
+            PROMPT,
+            RequestConfig {
+                cache_threshold: 1e9,
+                ..cfg(Mode::TeaCache)
+            },
+            &mut |_, _, _| {},
+        )
+        .unwrap();
+    let skipped = lazy
+        .report
+        .active_per_step
+        .iter()
+        .filter(|&&a| a == 0)
+        .count();
+    // The first patch step has no previous input to compare and the last is always computed.
+    assert_eq!(
+        skipped,
+        lazy.report.active_per_step.len() - 2,
+        "{:?}",
+        lazy.report.active_per_step
     );
 }

@@ -571,6 +571,42 @@ impl TinyDit {
         cache: CacheView<'_>,
         stats: &mut StepStats<'_>,
     ) -> ForwardOut {
+        self.forward_inner(x_active, active, cond, text, Some(cache), stats)
+    }
+
+    /// Block 0's modulated input for the whole latent `x` (`tokens x patch_dim`): the cheap
+    /// signal whole-step caching (TeaCache / first-block cache) watches.
+    pub fn first_block_input(&self, x: &[f32], cond: &StepCond) -> Vec<f32> {
+        let (d, n) = (self.cfg.d, self.cfg.tokens());
+        let mut h = self.apply(self.x_embed, x, n);
+        add(&mut h, &self.t(self.pos)[..n * d]);
+        layer_norm_f32(&mut h, d, EPS, None, None);
+        modulate_f32(&mut h, d, &cond.all[0..d], &cond.all[d..2 * d]);
+        h
+    }
+
+    /// Forward of the tokens `active` attending only to each other, as if the rest of the
+    /// latent did not exist: the NaivePatch baseline (patches denoised independently).
+    pub fn forward_isolated(
+        &self,
+        x_active: &[f32],
+        active: &[u32],
+        cond: &StepCond,
+        text: &TextContext,
+        stats: &mut StepStats<'_>,
+    ) -> ForwardOut {
+        self.forward_inner(x_active, active, cond, text, None, stats)
+    }
+
+    fn forward_inner(
+        &self,
+        x_active: &[f32],
+        active: &[u32],
+        cond: &StepCond,
+        text: &TextContext,
+        cache: Option<CacheView<'_>>,
+        stats: &mut StepStats<'_>,
+    ) -> ForwardOut {
         let cfg = &self.cfg;
         let (d, n, tokens, heads) = (cfg.d, active.len(), cfg.tokens(), cfg.heads);
         assert_eq!(
@@ -593,9 +629,18 @@ impl TinyDit {
             );
         }
         assert!(
-            all || (cache.k.len() == cfg.depth * tokens * d && cache.v.len() == cache.k.len()),
+            all || cache
+                .is_none_or(|c| c.k.len() == cfg.depth * tokens * d && c.v.len() == c.k.len()),
             "forward: cache is not depth x tokens x d"
         );
+        // Isolated: keys are the active tokens only, grouped as the caller grouped them.
+        let own_groups: Option<Vec<u32>> = match (&cache, stats.patch_mass.as_ref()) {
+            (None, Some((groups_of, _, _))) => {
+                Some(active.iter().map(|&t| groups_of[t as usize]).collect())
+            }
+            _ => None,
+        };
+        let nk = if cache.is_some() { tokens } else { n };
         let (mut fk, mut fv) = (Vec::new(), Vec::new());
         let mt = cfg.max_tokens;
         let n_sal = self.saliency_layers.len() as f32;
@@ -618,29 +663,30 @@ impl TinyDit {
             modulate_f32(&mut a, d, sh1, sc1);
             let qkv = self.apply(b.qkv, &a, n);
             let (q, k, v) = split3(&qkv, n, d);
-            let (kk, vv) = if all {
-                (k.clone(), v.clone())
-            } else {
-                let (mut kk, mut vv) = (
-                    cache.k[li * tokens * d..(li + 1) * tokens * d].to_vec(),
-                    cache.v[li * tokens * d..(li + 1) * tokens * d].to_vec(),
-                );
-                flashdiff_kernels::scatter_rows_f32(&k, d, active, &mut kk);
-                flashdiff_kernels::scatter_rows_f32(&v, d, active, &mut vv);
-                (kk, vv)
+            let (kk, vv) = match cache.filter(|_| !all) {
+                None => (k.clone(), v.clone()),
+                Some(cache) => {
+                    let (mut kk, mut vv) = (
+                        cache.k[li * tokens * d..(li + 1) * tokens * d].to_vec(),
+                        cache.v[li * tokens * d..(li + 1) * tokens * d].to_vec(),
+                    );
+                    flashdiff_kernels::scatter_rows_f32(&k, d, active, &mut kk);
+                    flashdiff_kernels::scatter_rows_f32(&v, d, active, &mut vv);
+                    (kk, vv)
+                }
             };
             let mut o = vec![0.0; n * d];
             let mut st = AttnStats::default();
             if let Some((groups_of, groups, mass)) = stats.patch_mass.as_mut() {
                 st.group_mass = Some(GroupMass {
-                    key_group: groups_of,
+                    key_group: own_groups.as_deref().unwrap_or(groups_of),
                     groups: *groups,
                     out: mass,
                     weight: 1.0 / cfg.depth as f32,
                 });
             }
             self.backend
-                .attention(&q, n, &kk, &vv, tokens, d, heads, &mut o, &mut st);
+                .attention(&q, n, &kk, &vv, nk, d, heads, &mut o, &mut st);
             let p = self.apply(b.proj, &o, n);
             add_gated(&mut x, &p, g1, d);
             fk.push(k);
