@@ -1,6 +1,7 @@
 //! FlashDiff engine. So far: the built-in model ([`model`]), its language and checker
 //! ([`scene`]), images and metrics ([`image`]), and the single-process engine ([`engine`]).
 
+pub mod bench;
 pub mod engine;
 pub mod exec;
 #[cfg(feature = "fuzzing")]

@@ -14,6 +14,7 @@ flashdiff: diffusion serving with semantic patches and selective refinement (CPU
 usage:
   flashdiff generate PROMPT [-o out.png] [options]   one image, with a report
   flashdiff serve [--input FILE] [--out-dir DIR]     JSON-lines requests in, JSON-lines results out
+  flashdiff bench [--quick] [--out-dir DIR]          FlashDiff against the other ways to serve the model
 
 generate options:
   --steps N        total Euler steps (default 50)
@@ -42,6 +43,7 @@ fn main() -> ExitCode {
         Some("generate") => generate(&args[1..]),
         Some("serve") => serve(&args[1..]),
         Some("worker") => worker(&args[1..]),
+        Some("bench") => bench(&args[1..]),
         Some("-h") | Some("--help") | Some("help") => {
             println!("{USAGE}");
             Ok(())
@@ -463,4 +465,56 @@ fn worker(args: &[String]) -> Result<(), String> {
         }
     };
     flashdiff_runtime::proc::worker_main(&weights)
+}
+
+/// `flashdiff bench [--quick] [--prompts N] [--seed S] [--steps N] [--patches R] [--out-dir DIR]`.
+fn bench(args: &[String]) -> Result<(), String> {
+    let mut cfg = flashdiff_runtime::bench::BenchConfig {
+        prompts: 64,
+        seed: 10_000,
+        steps: 50,
+        patches: 8,
+    };
+    let mut out = PathBuf::from("bench-out");
+    let mut rest = Vec::new();
+    let mut i = 0;
+    while i < args.len() {
+        let v = args.get(i + 1);
+        match args[i].as_str() {
+            "--quick" => {
+                cfg.prompts = 8;
+                i += 1;
+                continue;
+            }
+            "--prompts" => cfg.prompts = num("--prompts", v, "an integer in 1..=10000")?,
+            "--seed" => cfg.seed = num("--seed", v, "an unsigned integer")?,
+            "--steps" => cfg.steps = num("--steps", v, "an integer in 2..=1000")?,
+            "--patches" => cfg.patches = num("--patches", v, "an integer in 1..=64")?,
+            "--out-dir" => out = PathBuf::from(v.ok_or("--out-dir needs a path")?),
+            _ => {
+                rest.push(args[i].clone());
+                i += 1;
+                continue;
+            }
+        }
+        i += 2;
+    }
+    if cfg.prompts == 0 || cfg.prompts > 10_000 {
+        return Err(format!("--prompts {}: must be in 1..=10000", cfg.prompts));
+    }
+    let o = parse(&rest, false)?;
+    let mut engine = make_engine(&o)?;
+    let t0 = std::time::Instant::now();
+    let report = flashdiff_runtime::bench::run(&mut engine, &cfg, &out, &mut |m| {
+        eprintln!("[{:>5.0}s] {m}", t0.elapsed().as_secs_f64())
+    })
+    .map_err(|e| e.to_string())?;
+    println!("{report}");
+    println!(
+        "wrote {}/bench.json and {}/report.md in {:.0} s",
+        out.display(),
+        out.display(),
+        t0.elapsed().as_secs_f64()
+    );
+    Ok(())
 }

@@ -329,6 +329,60 @@ pub fn check(rgb: &[f32], scene: &Scene) -> Verdict {
     }
 }
 
+/// The prompt that describes a scene, in the training data's words.
+pub fn prompt_text(scene: &Scene) -> String {
+    let objects: Vec<String> = scene
+        .objects
+        .iter()
+        .map(|o| {
+            format!(
+                "a {} {} {}",
+                COLOURS[o.colour].0, SHAPES[o.shape], POSITIONS[o.position].0
+            )
+        })
+        .collect();
+    format!(
+        "{} on a {} background",
+        objects.join(" and "),
+        COLOURS[scene.background].0
+    )
+}
+
+/// A random scene like the training data's (1-2 objects, colours unlike the background,
+/// distinct cells), from a seed: held-out prompts for evaluation.
+pub fn sample(seed: u64) -> Scene {
+    let mut s = seed ^ 0xA076_1D64_78BD_642F;
+    let mut next = |n: usize| {
+        s = s.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = s;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        ((z ^ (z >> 31)) % n as u64) as usize
+    };
+    let background = next(COLOURS.len());
+    let count = 1 + next(2);
+    let mut objects: Vec<Object> = Vec::new();
+    while objects.len() < count {
+        let position = next(POSITIONS.len());
+        if objects.iter().any(|o| o.position == position) {
+            continue;
+        }
+        let mut colour = next(COLOURS.len());
+        while colour == background {
+            colour = next(COLOURS.len());
+        }
+        objects.push(Object {
+            colour,
+            shape: next(SHAPES.len()),
+            position,
+        });
+    }
+    Scene {
+        background,
+        objects,
+    }
+}
+
 /// Renders a scene with shapes at their cell centres (radius 4.1 px): a reference image for
 /// tests of the checker.
 pub fn render(scene: &Scene) -> Vec<f32> {
@@ -385,6 +439,16 @@ mod tests {
             };
             assert!(check(&render(&s), &s).all(), "shape {}", SHAPES[shape]);
         }
+    }
+
+    #[test]
+    fn sampled_scenes_round_trip_through_their_prompts() {
+        for seed in 0..200 {
+            let s = sample(seed);
+            assert_eq!(parse(&prompt_text(&s)).unwrap(), s, "seed {seed}");
+            assert!(s.objects.iter().all(|o| o.colour != s.background));
+        }
+        assert_ne!(sample(1), sample(2));
     }
 
     #[test]

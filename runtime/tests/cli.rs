@@ -153,3 +153,58 @@ fn serve_answers_every_line() {
         .contains("unknown field \"colour\""));
     std::fs::remove_dir_all(&dir).ok();
 }
+
+#[test]
+fn bench_writes_json_and_a_report() {
+    let dir = std::env::temp_dir().join(format!("flashdiff-bench-{}", std::process::id()));
+    let out = flashdiff()
+        .args([
+            "bench",
+            "--prompts",
+            "1",
+            "--steps",
+            "8",
+            "--patches",
+            "4",
+            "--out-dir",
+        ])
+        .arg(&dir)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let json: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("bench.json")).unwrap()).unwrap();
+    let methods: Vec<&str> = json["summary"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m["method"].as_str().unwrap())
+        .collect();
+    for m in [
+        "full",
+        "flashdiff",
+        "distrifusion",
+        "naive-patch",
+        "teacache",
+        "fewer-steps",
+        "flashdiff-no-gate",
+        "flashdiff-uniform",
+    ] {
+        assert!(methods.contains(&m), "{m} missing from {methods:?}");
+    }
+    let full = &json["summary"][0];
+    assert_eq!(full["method"], "full");
+    assert_eq!(full["work"], 1.0);
+    let report = std::fs::read_to_string(dir.join("report.md")).unwrap();
+    assert!(report.contains("## Targets"));
+    let bad = flashdiff()
+        .args(["bench", "--prompts", "0"])
+        .output()
+        .unwrap();
+    assert!(String::from_utf8_lossy(&bad.stderr).contains("--prompts 0"));
+    std::fs::remove_dir_all(&dir).ok();
+}
