@@ -32,6 +32,27 @@ impl Rng {
     }
 }
 
+/// Arrival times of a bursty stream (a two-state Markov-modulated Poisson process): `n`
+/// arrivals at mean rate `rate` per unit time, alternating between a burst state (twice the
+/// rate) and a calm state (half), switching after a geometric number of arrivals (mean 8).
+pub fn bursty_arrivals(n: usize, rate: f64, seed: u64) -> Vec<f64> {
+    let mut rng = Rng::new(seed);
+    let (mut t, mut burst) = (0.0, false);
+    let mut out = Vec::with_capacity(n);
+    // Each state lasts 8 arrivals on average, so time splits 1 : 4 between 2x and 0.5x and
+    // the long-run rate is 0.8x the base: scale the base by 1.25 to get `rate`.
+    let scale = 1.25;
+    for _ in 0..n {
+        if rng.unit() < 1.0 / 8.0 {
+            burst = !burst;
+        }
+        let r = rate * scale * if burst { 2.0 } else { 0.5 };
+        t += -(1.0 - rng.unit()).ln() / r;
+        out.push(t);
+    }
+    out
+}
+
 /// Which patches run each step: a stand-in for the gate.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub enum ActiveModel {
@@ -94,6 +115,25 @@ pub struct SimResult {
     pub busy: Vec<f64>,
     /// Scheduler events (when recording was asked for).
     pub events: Vec<Event>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bursty_arrivals_have_the_asked_mean_rate_and_bursts() {
+        let a = bursty_arrivals(20_000, 4.0, 7);
+        assert!(a.windows(2).all(|w| w[1] >= w[0]));
+        let rate = a.len() as f64 / a.last().unwrap();
+        assert!((rate - 4.0).abs() / 4.0 < 0.15, "rate {rate}");
+        // Burstier than Poisson: gaps have a coefficient of variation above 1.
+        let gaps: Vec<f64> = a.windows(2).map(|w| w[1] - w[0]).collect();
+        let m = gaps.iter().sum::<f64>() / gaps.len() as f64;
+        let sd = (gaps.iter().map(|g| (g - m).powi(2)).sum::<f64>() / gaps.len() as f64).sqrt();
+        assert!(sd / m > 1.05, "cv {}", sd / m);
+        assert_eq!(a, bursty_arrivals(20_000, 4.0, 7));
+    }
 }
 
 #[derive(Debug, PartialEq)]
