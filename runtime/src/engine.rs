@@ -556,85 +556,100 @@ impl Engine {
         progress: &mut dyn FnMut(u64, u32, u32),
     ) -> Vec<Result<Output, (u64, EngineError)>> {
         while !self.requests.is_empty() {
-            let mut dispatched = false;
-            for w in 0..self.sched.workers() {
-                if let Executor::Processes { busy, .. } = &self.exec {
-                    if busy.get(w as usize).is_none_or(|b| b.is_some()) {
-                        continue;
-                    }
-                }
-                let t_sched = Instant::now();
-                let next = self.sched.next(w);
-                let sched_time = t_sched.elapsed();
-                let a = match next {
-                    Ok(Some(a)) => a,
-                    Ok(None) | Err(SchedError::WorkerDead(_)) => continue,
-                    Err(e) => {
-                        self.fail_all(EngineError::Scheduler(e));
-                        break;
-                    }
-                };
-                dispatched = true;
-                let tag = a.task.tag;
-                if let Some(r) = self.requests.get_mut(&tag.request) {
-                    r.report.time.schedule += sched_time;
-                }
-                match &mut self.exec {
-                    Executor::InProcess => {
-                        let t0 = Instant::now();
-                        let res = self.execute_here(tag);
-                        self.account(tag, t0.elapsed());
-                        match res {
-                            Ok(()) => self.completed(w, tag, progress),
-                            Err(e) => self.failed(w, tag, e),
-                        }
-                    }
-                    Executor::Processes { pool, busy, .. } => {
-                        let Some(r) = self.requests.get(&tag.request) else {
-                            continue;
-                        };
-                        let order = Order::Run {
-                            request: tag.request,
-                            step: tag.step,
-                            patch: tag.patch,
-                            steps: r.cfg.steps,
-                            warmup: r.cfg.warmup,
-                            isolated: r.cfg.mode == Mode::NaivePatch,
-                            state: r
-                                .state
-                                .path()
-                                .map(|p| p.display().to_string())
-                                .unwrap_or_default(),
-                        };
-                        busy[w as usize] = Some((tag, Instant::now()));
-                        // A broken pipe shows up as the worker's Lost event.
-                        pool.send(w, &order);
-                    }
-                }
-            }
-            if let Executor::Processes { .. } = self.exec {
-                let any_busy = matches!(&self.exec, Executor::Processes { busy, .. } if busy.iter().any(Option::is_some));
-                if any_busy {
-                    self.wait_worker(progress);
-                    continue;
-                }
-            }
-            if !dispatched && !self.requests.is_empty() {
-                // Nothing runnable yet nothing finished: a bug, never a hang.
-                self.fail_all(EngineError::Config(
-                    "scheduler has no runnable monotask for requests in flight".into(),
-                ));
-            }
+            self.poll(progress, Duration::from_secs(3600));
         }
         std::mem::take(&mut self.finished)
     }
 
+    /// One round of work: every idle worker gets its next monotask (in-process: run at once);
+    /// with worker processes, then waits up to `timeout` for one of them to report. Finished
+    /// requests collect for [`Engine::take_finished`]. For callers that admit requests while
+    /// others run (a serving loop).
+    pub fn poll(&mut self, progress: &mut dyn FnMut(u64, u32, u32), timeout: Duration) {
+        if self.requests.is_empty() {
+            return;
+        }
+        let mut dispatched = false;
+        for w in 0..self.sched.workers() {
+            if let Executor::Processes { busy, .. } = &self.exec {
+                if busy.get(w as usize).is_none_or(|b| b.is_some()) {
+                    continue;
+                }
+            }
+            let t_sched = Instant::now();
+            let next = self.sched.next(w);
+            let sched_time = t_sched.elapsed();
+            let a = match next {
+                Ok(Some(a)) => a,
+                Ok(None) | Err(SchedError::WorkerDead(_)) => continue,
+                Err(e) => {
+                    self.fail_all(EngineError::Scheduler(e));
+                    break;
+                }
+            };
+            dispatched = true;
+            let tag = a.task.tag;
+            if let Some(r) = self.requests.get_mut(&tag.request) {
+                r.report.time.schedule += sched_time;
+            }
+            match &mut self.exec {
+                Executor::InProcess => {
+                    let t0 = Instant::now();
+                    let res = self.execute_here(tag);
+                    self.account(tag, t0.elapsed());
+                    match res {
+                        Ok(()) => self.completed(w, tag, progress),
+                        Err(e) => self.failed(w, tag, e),
+                    }
+                }
+                Executor::Processes { pool, busy, .. } => {
+                    let Some(r) = self.requests.get(&tag.request) else {
+                        continue;
+                    };
+                    let order = Order::Run {
+                        request: tag.request,
+                        step: tag.step,
+                        patch: tag.patch,
+                        steps: r.cfg.steps,
+                        warmup: r.cfg.warmup,
+                        isolated: r.cfg.mode == Mode::NaivePatch,
+                        state: r
+                            .state
+                            .path()
+                            .map(|p| p.display().to_string())
+                            .unwrap_or_default(),
+                    };
+                    busy[w as usize] = Some((tag, Instant::now()));
+                    // A broken pipe shows up as the worker's Lost event.
+                    pool.send(w, &order);
+                }
+            }
+        }
+        if let Executor::Processes { .. } = self.exec {
+            let any_busy = matches!(&self.exec, Executor::Processes { busy, .. } if busy.iter().any(Option::is_some));
+            if any_busy {
+                self.wait_worker(progress, timeout);
+                return;
+            }
+        }
+        if !dispatched && !self.requests.is_empty() {
+            // Nothing runnable yet nothing finished: a bug, never a hang.
+            self.fail_all(EngineError::Config(
+                "scheduler has no runnable monotask for requests in flight".into(),
+            ));
+        }
+    }
+
     /// Handles one event from the worker processes.
-    fn wait_worker(&mut self, progress: &mut dyn FnMut(u64, u32, u32)) {
+    fn wait_worker(&mut self, progress: &mut dyn FnMut(u64, u32, u32), timeout: Duration) {
         let Executor::Processes { pool, .. } = &mut self.exec else {
             return;
         };
-        let Some((w, ev)) = pool.recv() else {
+        let Some((w, ev)) = (match pool.recv_timeout(timeout) {
+            Ok(x) => Some(x),
+            Err(std::sync::mpsc::RecvTimeoutError::Timeout) => return,
+            Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => None,
+        }) else {
             return self.fail_all(EngineError::Config("all worker processes are gone".into()));
         };
         match ev {

@@ -316,6 +316,14 @@ impl Pool {
         self.rx.recv().ok()
     }
 
+    /// Waits at most `timeout` for the next event.
+    pub fn recv_timeout(
+        &self,
+        timeout: std::time::Duration,
+    ) -> Result<(u32, Event), std::sync::mpsc::RecvTimeoutError> {
+        self.rx.recv_timeout(timeout)
+    }
+
     /// Reaps a lost worker.
     pub fn reap(&mut self, id: u32) {
         if let Some(slot) = self.slots.get_mut(id as usize).and_then(Option::take) {
