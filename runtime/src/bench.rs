@@ -362,12 +362,119 @@ pub fn run(
         if tput >= 1.5 { "met" } else { "**missed**" },
         if p99 >= 2.0 { "met" } else { "**missed**" }
     ));
-    md.push_str("\nNot measured by this version: RAS-style region skipping, and the epsilon / R / warm-up / steps sweeps.\n");
+    // Sweeps: quality against work for FlashDiff's knobs and the other ways to save work.
+    let sweep_prompts = cfg.prompts.min(4) as u64;
+    let mut sweeps: Vec<Value> = Vec::new();
+    let variants: Vec<(&str, String, RequestConfig)> = [0.02f32, 0.05, 0.1, 0.2]
+        .iter()
+        .map(|&e| {
+            (
+                "epsilon",
+                format!("{e}"),
+                RequestConfig {
+                    epsilon: e,
+                    ..base.clone()
+                },
+            )
+        })
+        .chain([4u32, 8, 16].iter().map(|&r| {
+            (
+                "patches",
+                format!("{r}"),
+                RequestConfig {
+                    patches: Some(r),
+                    ..base.clone()
+                },
+            )
+        }))
+        .chain([2u32, 5, 10].iter().map(|&w| {
+            (
+                "warmup",
+                format!("{w}"),
+                RequestConfig {
+                    warmup: w.min(cfg.steps - 1),
+                    ..base.clone()
+                },
+            )
+        }))
+        .chain([0.05f32, 0.1, 0.2, 0.4].iter().map(|&t| {
+            (
+                "teacache",
+                format!("{t}"),
+                RequestConfig {
+                    mode: Mode::TeaCache,
+                    cache_threshold: t,
+                    ..base.clone()
+                },
+            )
+        }))
+        .chain([10u32, 20, 30, 40].iter().map(|&n| {
+            (
+                "fewer-steps",
+                format!("{n}"),
+                RequestConfig {
+                    mode: Mode::Full,
+                    steps: n,
+                    warmup: base.warmup.min(n - 1),
+                    ..base.clone()
+                },
+            )
+        }))
+        .collect();
+    progress(&format!(
+        "sweeps: {} settings x {sweep_prompts} prompts",
+        variants.len()
+    ));
+    let mut refs = Vec::new();
+    for i in 0..sweep_prompts {
+        let scene = scene::sample(cfg.seed + i);
+        let c = RequestConfig {
+            mode: Mode::Full,
+            seed: cfg.seed + i,
+            ..base.clone()
+        };
+        refs.push((
+            scene.clone(),
+            engine
+                .generate(&scene::prompt_text(&scene), c, &mut |_, _, _| {})?
+                .rgb,
+        ));
+    }
+    for (knob, value, c) in &variants {
+        let (mut w, mut q) = (0.0, 0.0);
+        for (i, (scene, full)) in refs.iter().enumerate() {
+            let o = engine.generate(
+                &scene::prompt_text(scene),
+                RequestConfig {
+                    seed: cfg.seed + i as u64,
+                    ..c.clone()
+                },
+                &mut |_, _, _| {},
+            )?;
+            w += work(&o, cfg.steps);
+            q += image::psnr(&o.rgb, full).min(99.0);
+        }
+        let n = refs.len() as f64;
+        sweeps.push(json!({"knob": knob, "value": value, "work": w / n, "psnr_db": q / n}));
+    }
+    md.push_str("\n## Sweeps: quality against work\n\nPSNR against full computation at the benchmark's steps, mean over the first prompts; work as above. `epsilon`, `patches`, `warmup` vary one FlashDiff setting; `teacache` varies the caching threshold; `fewer-steps` is full computation with fewer steps.\n\n| knob | value | work | PSNR dB |\n| --- | --- | --- | --- |\n");
+    for v in &sweeps {
+        md.push_str(&format!(
+            "| {} | {} | {:.2} | {:.2} |\n",
+            v["knob"].as_str().unwrap_or(""),
+            v["value"].as_str().unwrap_or(""),
+            v["work"].as_f64().unwrap_or(0.0),
+            v["psnr_db"].as_f64().unwrap_or(0.0)
+        ));
+    }
+    plots(out, &summary, &sweeps, &serving, &scale)
+        .map_err(|e| EngineError::Config(format!("plotting: {e}")))?;
+    md.push_str("\nPlots: `quality_vs_work.svg`, `completion_cdf.svg`, `scale.svg`.\n\nNot measured by this version: RAS-style region skipping.\n");
     let per_run: Vec<Value> = rows
         .iter()
         .map(|r| json!({"method": r.method, "prompt": r.prompt, "latency_ms": r.latency_ms, "work": r.work, "psnr_db": if r.psnr.is_finite() { r.psnr } else { 99.0 }, "ssim": r.ssim, "all_correct": r.all_correct, "agrees_with_full": r.agrees_with_full}))
         .collect();
-    let doc = json!({"config": {"prompts": cfg.prompts, "seed": cfg.seed, "steps": cfg.steps, "patches": cfg.patches}, "summary": summary, "runs": per_run, "scale_simulated": scale, "serving": serving});
+    let doc = json!({"config": {"prompts": cfg.prompts, "seed": cfg.seed, "steps": cfg.steps, "patches": cfg.patches}, "summary": summary, "runs": per_run, "scale_simulated": scale, "serving": serving, "sweeps": sweeps});
     let write = |name: &str, body: &str| {
         std::fs::write(out.join(name), body).map_err(|e| {
             EngineError::Config(format!("cannot write {}: {e}", out.join(name).display()))
@@ -513,6 +620,193 @@ fn serve_trace(
     latency.sort_by(f64::total_cmp);
     let pct = |q: f64| latency[((latency.len() as f64 * q) as usize).min(latency.len() - 1)];
     Ok(
-        json!({"requests": n, "throughput_rps": n as f64 / makespan.max(1e-9), "p50_s": pct(0.5), "p95_s": pct(0.95), "p99_s": pct(0.99), "work": work_sum / n as f64}),
+        json!({"requests": n, "throughput_rps": n as f64 / makespan.max(1e-9), "p50_s": pct(0.5), "p95_s": pct(0.95), "p99_s": pct(0.99), "work": work_sum / n as f64, "latencies_s": latency}),
     )
+}
+
+type PlotResult = Result<(), Box<dyn std::error::Error>>;
+
+/// The report's plots as SVG.
+fn plots(
+    out: &Path,
+    summary: &[Value],
+    sweeps: &[Value],
+    serving: &[Value],
+    scale: &[Value],
+) -> PlotResult {
+    use plotters::prelude::*;
+    let f = |v: &Value, k: &str| v[k].as_f64().unwrap_or(0.0);
+    let colours = [
+        RED,
+        BLUE,
+        GREEN,
+        MAGENTA,
+        CYAN,
+        BLACK,
+        RGBColor(200, 120, 0),
+        RGBColor(120, 120, 120),
+    ];
+
+    // Quality against work: a curve per sweep family, a point per method.
+    let path = out.join("quality_vs_work.svg");
+    let root = SVGBackend::new(&path, (760, 480)).into_drawing_area();
+    root.fill(&WHITE)?;
+    let ymax = sweeps
+        .iter()
+        .chain(summary)
+        .map(|v| f(v, "psnr_db"))
+        .fold(30.0f64, f64::max)
+        .min(100.0)
+        + 5.0;
+    let mut chart = ChartBuilder::on(&root)
+        .caption(
+            "quality vs work (PSNR against full computation)",
+            ("sans-serif", 18),
+        )
+        .margin(12)
+        .x_label_area_size(40)
+        .y_label_area_size(50)
+        .build_cartesian_2d(0f64..1.05f64, 0f64..ymax)?;
+    chart
+        .configure_mesh()
+        .x_desc("share of full compute")
+        .y_desc("PSNR dB")
+        .draw()?;
+    for (i, knob) in ["epsilon", "teacache", "fewer-steps", "patches", "warmup"]
+        .iter()
+        .enumerate()
+    {
+        let mut pts: Vec<(f64, f64)> = sweeps
+            .iter()
+            .filter(|v| v["knob"] == *knob)
+            .map(|v| (f(v, "work"), f(v, "psnr_db")))
+            .collect();
+        pts.sort_by(|a, b| a.0.total_cmp(&b.0));
+        let c = colours[i % colours.len()];
+        chart
+            .draw_series(LineSeries::new(pts.clone(), c))?
+            .label(format!("sweep: {knob}"))
+            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], c));
+        chart.draw_series(pts.iter().map(|&p| Circle::new(p, 3, c.filled())))?;
+    }
+    for (i, m) in summary.iter().enumerate() {
+        let c = colours[(i + 5) % colours.len()];
+        let name = m["method"].as_str().unwrap_or("").to_string();
+        chart
+            .draw_series(std::iter::once(TriangleMarker::new(
+                (f(m, "work"), f(m, "psnr_db").min(ymax - 1.0)),
+                6,
+                c.filled(),
+            )))?
+            .label(name)
+            .legend(move |(x, y)| TriangleMarker::new((x + 10, y), 5, c.filled()));
+    }
+    chart
+        .configure_series_labels()
+        .border_style(BLACK)
+        .background_style(WHITE)
+        .position(SeriesLabelPosition::LowerRight)
+        .draw()?;
+    root.present()?;
+
+    // CDF of completion times under load.
+    let path = out.join("completion_cdf.svg");
+    let root = SVGBackend::new(&path, (760, 480)).into_drawing_area();
+    root.fill(&WHITE)?;
+    let xmax = serving
+        .iter()
+        .flat_map(|r| r["latencies_s"].as_array().cloned().unwrap_or_default())
+        .filter_map(|v| v.as_f64())
+        .fold(1.0f64, f64::max)
+        * 1.05;
+    let mut chart = ChartBuilder::on(&root)
+        .caption(
+            "completion time under a bursty stream (CDF)",
+            ("sans-serif", 18),
+        )
+        .margin(12)
+        .x_label_area_size(40)
+        .y_label_area_size(50)
+        .build_cartesian_2d(0f64..xmax, 0f64..1.0f64)?;
+    chart
+        .configure_mesh()
+        .x_desc("completion time s")
+        .y_desc("share of requests")
+        .draw()?;
+    for (i, r) in serving.iter().enumerate() {
+        let lat: Vec<f64> = r["latencies_s"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default()
+            .iter()
+            .filter_map(|v| v.as_f64())
+            .collect();
+        let n = lat.len().max(1) as f64;
+        let pts: Vec<(f64, f64)> = lat
+            .iter()
+            .enumerate()
+            .map(|(k, &x)| (x, (k + 1) as f64 / n))
+            .collect();
+        let c = colours[i % colours.len()];
+        let label = format!(
+            "{} @ load {}",
+            r["method"].as_str().unwrap_or(""),
+            r["load"]
+        );
+        chart
+            .draw_series(LineSeries::new(pts, c))?
+            .label(label)
+            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], c));
+    }
+    chart
+        .configure_series_labels()
+        .border_style(BLACK)
+        .background_style(WHITE)
+        .position(SeriesLabelPosition::LowerRight)
+        .draw()?;
+    root.present()?;
+
+    // Simulated scale.
+    let path = out.join("scale.svg");
+    let root = SVGBackend::new(&path, (760, 480)).into_drawing_area();
+    root.fill(&WHITE)?;
+    let ymax = scale
+        .iter()
+        .map(|r| f(r, "flashdiff_rps").max(f(r, "distrifusion_rps")))
+        .fold(1.0f64, f64::max)
+        * 1.1;
+    let mut chart = ChartBuilder::on(&root)
+        .caption("throughput vs devices (simulated)", ("sans-serif", 18))
+        .margin(12)
+        .x_label_area_size(40)
+        .y_label_area_size(60)
+        .build_cartesian_2d((1f64..64f64).log_scale(), (0.1f64..ymax).log_scale())?;
+    chart
+        .configure_mesh()
+        .x_desc("devices")
+        .y_desc("requests / s")
+        .draw()?;
+    for (i, (key, label)) in [
+        ("flashdiff_rps", "FlashDiff"),
+        ("distrifusion_rps", "DistriFusion-style"),
+    ]
+    .iter()
+    .enumerate()
+    {
+        let pts: Vec<(f64, f64)> = scale.iter().map(|r| (f(r, "devices"), f(r, key))).collect();
+        let c = colours[i];
+        chart
+            .draw_series(LineSeries::new(pts.clone(), c))?
+            .label(*label)
+            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], c));
+        chart.draw_series(pts.iter().map(|&p| Circle::new(p, 3, c.filled())))?;
+    }
+    chart
+        .configure_series_labels()
+        .border_style(BLACK)
+        .background_style(WHITE)
+        .position(SeriesLabelPosition::UpperLeft)
+        .draw()?;
+    root.present()?;
+    Ok(())
 }
