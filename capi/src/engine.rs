@@ -294,6 +294,7 @@ pub unsafe extern "C" fn fd_engine_submit(
             priority: c.priority,
             layout,
             cache_threshold: c.cache_threshold,
+            ras_ratio: RequestConfig::default().ras_ratio,
         };
         e.inner.submit(id, &prompt, rc).map_err(from_engine)
     })

@@ -87,6 +87,14 @@ fn methods() -> Vec<Method> {
             },
         },
         Method {
+            name: "ras",
+            what: "region skipping by velocity change, dense resets (RAS-style)",
+            cfg: |b| RequestConfig {
+                mode: Mode::Ras,
+                ..b.clone()
+            },
+        },
+        Method {
             name: "teacache",
             what: "whole-step caching on block 0's input change",
             cfg: |b| RequestConfig {
@@ -469,7 +477,7 @@ pub fn run(
     }
     plots(out, &summary, &sweeps, &serving, &scale)
         .map_err(|e| EngineError::Config(format!("plotting: {e}")))?;
-    md.push_str("\nPlots: `quality_vs_work.svg`, `completion_cdf.svg`, `scale.svg`.\n\nNot measured by this version: RAS-style region skipping.\n");
+    md.push_str("\nPlots: `quality_vs_work.svg`, `completion_cdf.svg`, `scale.svg`.\n");
     let per_run: Vec<Value> = rows
         .iter()
         .map(|r| json!({"method": r.method, "prompt": r.prompt, "latency_ms": r.latency_ms, "work": r.work, "psnr_db": if r.psnr.is_finite() { r.psnr } else { 99.0 }, "ssim": r.ssim, "all_correct": r.all_correct, "agrees_with_full": r.agrees_with_full}))

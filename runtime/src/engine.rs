@@ -69,6 +69,10 @@ pub enum Mode {
     /// reusing the last velocity, while the accumulated relative L1 change of block 0's
     /// modulated input stays under `cache_threshold`.
     TeaCache,
+    /// Region-adaptive sampling (RAS-style): each step recomputes the `ras_ratio` share of 2x2
+    /// token regions whose velocity changed most, the rest reuse their cached velocity and
+    /// stale K/V; dense steps at about 45% and 80% of the steps and at the end.
+    Ras,
 }
 
 /// How the latent is cut after the warm-up.
@@ -89,8 +93,9 @@ impl std::str::FromStr for Mode {
             "full" => Ok(Self::Full),
             "naive-patch" => Ok(Self::NaivePatch),
             "teacache" => Ok(Self::TeaCache),
+            "ras" => Ok(Self::Ras),
             _ => Err(format!(
-                "mode {s:?}: expected flashdiff, no-skip, full, naive-patch or teacache"
+                "mode {s:?}: expected flashdiff, no-skip, full, naive-patch, teacache or ras"
             )),
         }
     }
@@ -119,6 +124,8 @@ pub struct RequestConfig {
     pub layout: LayoutKind,
     /// Threshold of [`Mode::TeaCache`] on the accumulated relative L1 change.
     pub cache_threshold: f32,
+    /// Share of 2x2 regions [`Mode::Ras`] recomputes each step (RAS's sample ratio, 0.5).
+    pub ras_ratio: f32,
 }
 
 impl Default for RequestConfig {
@@ -134,6 +141,7 @@ impl Default for RequestConfig {
             priority: 0,
             layout: LayoutKind::Saliency,
             cache_threshold: DEFAULT_CACHE_THRESHOLD,
+            ras_ratio: 0.5,
         }
     }
 }
@@ -299,6 +307,8 @@ struct Request {
     submitted: Instant,
     /// TeaCache: block 0's modulated input at the previous step, and the accumulated change.
     tea: Option<(Vec<f32>, f32)>,
+    /// RAS: cached velocities before the last commit.
+    ras_prev: Option<Vec<f32>>,
 }
 
 /// Where monotasks run.
@@ -447,6 +457,9 @@ impl Engine {
         if !(cfg.epsilon.is_finite() && (0.0..=1.0).contains(&cfg.epsilon)) {
             return bad(format!("--epsilon {}: must be in [0, 1]", cfg.epsilon));
         }
+        if !(cfg.ras_ratio > 0.0 && cfg.ras_ratio < 1.0) {
+            return bad(format!("--ras-ratio {}: must be in (0, 1)", cfg.ras_ratio));
+        }
         if !(cfg.cache_threshold.is_finite() && cfg.cache_threshold >= 0.0) {
             return bad(format!(
                 "--cache-threshold {}: must be finite and >= 0",
@@ -514,6 +527,7 @@ impl Engine {
             cfg,
             submitted: Instant::now(),
             tea: None,
+            ras_prev: None,
         };
         self.requests.insert(id, req);
         Ok(())
@@ -835,9 +849,11 @@ impl Engine {
         };
         let r_count = match r.cfg.mode {
             Mode::Full | Mode::TeaCache => 1,
+            Mode::Ras => 2,
             _ => r.cfg.patches.unwrap_or_else(|| self.granularity.current()),
         };
-        let uniform = r.cfg.layout == LayoutKind::Uniform || r.cfg.mode == Mode::NaivePatch;
+        let uniform = r.cfg.layout == LayoutKind::Uniform
+            || matches!(r.cfg.mode, Mode::NaivePatch | Mode::Ras);
         // Saliency over the prompt's real words (padding excluded).
         let n_words = r.words.len();
         let tokens = cfg.tokens();
@@ -905,15 +921,21 @@ impl Engine {
         }
         let t0 = Instant::now();
         let final_full = r.step + FINAL_FULL_STEPS >= r.cfg.steps;
-        let gate = r.gate.as_mut().expect("partitioned");
-        if final_full {
-            // ε = 0 never skips: the gate itself records every patch as run.
-            if let Err(e) = gate.set_epsilon(0.0) {
+        if r.cfg.mode == Mode::Ras {
+            if let Err(e) = Self::ras_select(&self.model, r, final_full) {
+                return self.fail(id, EngineError::Config(e));
+            }
+        } else {
+            let gate = r.gate.as_mut().expect("partitioned");
+            if final_full {
+                // ε = 0 never skips: the gate itself records every patch as run.
+                if let Err(e) = gate.set_epsilon(0.0) {
+                    return self.fail(id, e.into());
+                }
+            }
+            if let Err(e) = gate.decide(&mut r.active) {
                 return self.fail(id, e.into());
             }
-        }
-        if let Err(e) = gate.decide(&mut r.active) {
-            return self.fail(id, e.into());
         }
         r.report.time.gate += t0.elapsed();
         let layout = r.layout.as_ref().expect("partitioned");
@@ -972,6 +994,72 @@ impl Engine {
         skip
     }
 
+    /// RAS-style selection: patch 0 = the 2x2 regions whose velocity changed most in the last
+    /// step (the `ras_ratio` share), patch 1 = the rest, which runs only on dense steps.
+    fn ras_select(model: &TinyDit, r: &mut Request, final_full: bool) -> Result<(), String> {
+        let cfg = model.config();
+        let (g, pd) = (cfg.grid(), cfg.patch_dim());
+        let n = r.cfg.steps as f32;
+        let dense = final_full
+            || [0.45f32, 0.8]
+                .iter()
+                .any(|f| r.step == (f * n).round() as u32);
+        let v = r.state.get(Region::V);
+        // Score of a token: spread over its channels of the velocity's last change.
+        let score: Vec<f32> = (0..g * g)
+            .map(|t| {
+                let cur = &v[t * pd..(t + 1) * pd];
+                let diff: Vec<f32> = match &r.ras_prev {
+                    Some(p) => cur
+                        .iter()
+                        .zip(&p[t * pd..(t + 1) * pd])
+                        .map(|(a, b)| a - b)
+                        .collect(),
+                    None => cur.to_vec(),
+                };
+                let m = diff.iter().sum::<f32>() / pd as f32;
+                (diff.iter().map(|x| (x - m) * (x - m)).sum::<f32>() / pd as f32).sqrt()
+            })
+            .collect();
+        let rg = g.div_ceil(2);
+        let mut regions: Vec<(f32, usize)> = (0..rg * rg)
+            .map(|q| {
+                let (qy, qx) = (q / rg, q % rg);
+                let toks: Vec<usize> = [(0, 0), (0, 1), (1, 0), (1, 1)]
+                    .iter()
+                    .map(|(dy, dx)| (2 * qy + dy, 2 * qx + dx))
+                    .filter(|&(y, x)| y < g && x < g)
+                    .map(|(y, x)| y * g + x)
+                    .collect();
+                (
+                    toks.iter().map(|&t| score[t]).sum::<f32>() / toks.len() as f32,
+                    q,
+                )
+            })
+            .collect();
+        regions.sort_by(|a, b| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1)));
+        let keep =
+            ((r.cfg.ras_ratio * regions.len() as f32).round() as usize).clamp(1, regions.len() - 1);
+        let mut patch_of = vec![1u32; g * g];
+        for &(_, q) in &regions[..keep] {
+            let (qy, qx) = (q / rg, q % rg);
+            for (dy, dx) in [(0, 0), (0, 1), (1, 0), (1, 1)] {
+                let (y, x) = (2 * qy + dy, 2 * qx + dx);
+                if y < g && x < g {
+                    patch_of[y * g + x] = 0;
+                }
+            }
+        }
+        let grid = Grid::image(g as u32, g as u32).map_err(|e| e.to_string())?;
+        for (dst, &p) in r.state.get_mut(Region::PatchOf).iter_mut().zip(&patch_of) {
+            *dst = p as f32;
+        }
+        r.layout =
+            Some(PatchLayout::from_assignment(grid, patch_of, 2).map_err(|e| e.to_string())?);
+        r.active = vec![true, dense];
+        Ok(())
+    }
+
     /// The step's barrier: every active patch-step wrote its fresh rows; commit them, feed the
     /// gate, and advance the whole latent.
     fn commit_step(&mut self, id: u64) {
@@ -981,6 +1069,10 @@ impl Engine {
         let t0 = Instant::now();
         let cfg = self.model.config();
         let (tokens, pd, d) = (cfg.tokens(), cfg.patch_dim(), cfg.d);
+        if r.cfg.mode == Mode::Ras {
+            r.ras_prev = Some(r.state.get(Region::V).to_vec());
+        }
+        let mode = r.cfg.mode;
         let layout = r.layout.as_ref().expect("partitioned");
         let gate = r.gate.as_mut().expect("partitioned");
         for p in (0..layout.patches()).filter(|&p| r.active[p as usize]) {
@@ -997,6 +1089,10 @@ impl Engine {
                 dst[t * pd..(t + 1) * pd].copy_from_slice(&src[t * pd..(t + 1) * pd]);
             }
             let importance = r.state.get(Region::Importance)[p as usize];
+            // RAS picks its own tokens; the gate only follows saliency/uniform patches.
+            if mode == Mode::Ras {
+                continue;
+            }
             if let Err(e) = gate.observe(p as usize, importance) {
                 return self.fail(id, e.into());
             }

@@ -23,7 +23,7 @@ generate options:
   --epsilon E      gate threshold in [0, 1] (default 0.05)
   --max-skip K     longest run of skips per patch (default 4)
   --seed S         noise seed (default 0)
-  --mode M         flashdiff | no-skip | full | naive-patch | teacache (default flashdiff)
+  --mode M         flashdiff | no-skip | full | naive-patch | teacache | ras (default flashdiff)
   --layout L       saliency | uniform (default saliency)
   --cache-threshold T  teacache: skip a step while the accumulated change stays under T (0.1)
   --workers W      workers (default 1)

@@ -190,6 +190,7 @@ fn bench_writes_json_and_a_report() {
         "distrifusion",
         "naive-patch",
         "teacache",
+        "ras",
         "fewer-steps",
         "flashdiff-no-gate",
         "flashdiff-uniform",
@@ -200,12 +201,22 @@ fn bench_writes_json_and_a_report() {
     assert_eq!(full["method"], "full");
     assert_eq!(full["work"], 1.0);
     let report = std::fs::read_to_string(dir.join("report.md")).unwrap();
-    for section in ["## Targets", "## Scale beyond this machine (simulated)", "## Serving a bursty stream", "## Sweeps"] {
+    for section in [
+        "## Targets",
+        "## Scale beyond this machine (simulated)",
+        "## Serving a bursty stream",
+        "## Sweeps",
+    ] {
         assert!(report.contains(section), "report lacks {section}");
     }
     for plot in ["quality_vs_work.svg", "completion_cdf.svg", "scale.svg"] {
         let svg = std::fs::read_to_string(dir.join(plot)).unwrap();
-        assert!(svg.starts_with("<svg") && svg.contains("<polyline") || svg.contains("<path") || svg.contains("<line"), "{plot} has no drawing");
+        assert!(
+            svg.starts_with("<svg") && svg.contains("<polyline")
+                || svg.contains("<path")
+                || svg.contains("<line"),
+            "{plot} has no drawing"
+        );
     }
     assert!(json["sweeps"].as_array().unwrap().len() >= 18);
     let bad = flashdiff()

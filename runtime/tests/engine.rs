@@ -343,3 +343,27 @@ fn baselines_run_and_behave_as_named() {
         lazy.report.active_per_step
     );
 }
+
+#[test]
+fn ras_recomputes_half_the_regions_and_dense_steps_in_full() {
+    let mut e = Engine::new(&default_weights(), 1).unwrap();
+    let c = RequestConfig {
+        steps: 20,
+        warmup: 3,
+        ..cfg(Mode::Ras)
+    };
+    let o = e.generate(PROMPT, c, &mut |_, _, _| {}).unwrap();
+    assert_eq!(o.report.patches, 2);
+    // Steps 3..19; dense at round(0.45*20) = 9, round(0.8*20) = 16 and the last step.
+    let dense: Vec<usize> = o
+        .report
+        .active_per_step
+        .iter()
+        .enumerate()
+        .filter(|(_, &a)| a == 2)
+        .map(|(i, _)| i + 3)
+        .collect();
+    assert_eq!(dense, vec![9, 16, 19]);
+    let share = o.report.computed_tokens as f64 / (17.0 * 64.0);
+    assert!(share > 0.5 && share < 0.7, "computed share {share}");
+}
