@@ -9,3 +9,6 @@ cd "$here"
 python3 export.py --ckpt "$run/ckpt.pt" --out tinydit.safetensors
 python3 golden.py --weights tinydit.safetensors --out golden.safetensors
 python3 evaluate.py --weights tinydit.safetensors --n 256 --json eval.json
+python3 model_card.py "$run"
+mkdir -p checkpoint
+cp "$run/ckpt.pt" "$run/train.log" "$run/config.json" checkpoint/

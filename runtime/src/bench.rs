@@ -315,7 +315,13 @@ pub fn run(
     } else {
         &[0.8, 1.05, 1.2, 1.5]
     };
-    let n_serve = if cfg.prompts <= 2 { 6 } else if cfg.prompts <= 8 { 16 } else { 40 };
+    let n_serve = if cfg.prompts <= 2 {
+        6
+    } else if cfg.prompts <= 8 {
+        16
+    } else {
+        40
+    };
     md.push_str(&format!(
         "\n## Serving a bursty stream on this machine\n\n{n_serve} requests per run, arrivals from a two-state MMPP (seeded) at the given load times the DistriFusion-style capacity measured above ({:.0} ms per request on this engine's workers), priorities 0-3 cycling; 'FIFO whole requests' is FlashDiff without the scheduler (one request at a time, in arrival order). A run of {n_serve} requests stands for the paper's 15-minute traces compressed to seconds.\n\n| load | method | throughput req/s | p50 s | p95 s | p99 s | work |\n| --- | --- | --- | --- | --- | --- | --- |\n",
         capacity_s * 1e3
