@@ -63,6 +63,21 @@ impl PatchLayout {
         })
     }
 
+    /// Builds a layout from parts the partitioner already holds: `tokens` grouped by patch
+    /// (ascending within a patch) with patch `p` at `offsets[p]..offsets[p + 1]`, and the
+    /// matching token -> patch map. Checked in debug builds; the independent checker covers
+    /// release behaviour in the tests.
+    pub(crate) fn from_parts(grid: Grid, patch_of: Vec<u32>, offsets: Vec<u32>, tokens: Vec<u32>) -> Self {
+        debug_assert_eq!(tokens.len(), grid.tokens() as usize);
+        debug_assert_eq!(offsets.last().copied(), Some(grid.tokens()));
+        Self {
+            grid,
+            patch_of,
+            offsets,
+            tokens,
+        }
+    }
+
     /// The grid this layout partitions.
     pub fn grid(&self) -> Grid {
         self.grid

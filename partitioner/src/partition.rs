@@ -65,7 +65,7 @@ pub fn partition_uniform(grid: Grid, r: u32) -> Result<PatchLayout, PartitionErr
     let mut ctx = Ctx::new(grid, r, None, PartitionConfig::default());
     let mut all: Vec<u32> = (0..grid.tokens()).collect();
     ctx.split(&mut all, 0, r);
-    PatchLayout::from_assignment(grid, ctx.patch_of, r)
+    Ok(ctx.into_layout(all, r))
 }
 
 /// Saliency layout of §4.1 with the default configuration.
@@ -95,7 +95,7 @@ pub fn partition_saliency_with(
     let mut ctx = Ctx::new(grid, r, Some(saliency), cfg);
     let mut all: Vec<u32> = (0..grid.tokens()).collect();
     ctx.split(&mut all, 0, r);
-    PatchLayout::from_assignment(grid, ctx.patch_of, r)
+    Ok(ctx.into_layout(all, r))
 }
 
 struct Ctx<'a> {
@@ -116,6 +116,10 @@ struct Ctx<'a> {
     scratch: Vec<u32>,
     /// Coordinates of every token, filled in raster order (no divisions on the hot path).
     xyz: Vec<[u32; 3]>,
+    /// Reused buffer of `cut_order` (it borrows `self` immutably).
+    second: std::cell::RefCell<Vec<u32>>,
+    /// Reused BFS stack.
+    stack: Vec<u32>,
 }
 
 impl<'a> Ctx<'a> {
@@ -151,6 +155,8 @@ impl<'a> Ctx<'a> {
             mark: vec![0; n],
             stamp: 0,
             scratch: Vec::with_capacity(n),
+            second: std::cell::RefCell::new(Vec::with_capacity(n)),
+            stack: Vec::with_capacity(n),
             xyz: {
                 let mut v = Vec::with_capacity(n);
                 for f in 0..grid.frames() {
@@ -180,6 +186,13 @@ impl<'a> Ctx<'a> {
                 out.push(t + strides[ax]);
             }
         }
+    }
+
+    /// The finished layout: `split` leaves every node's tokens in patch order, ascending
+    /// within each patch, so the CSR lists are `all` itself.
+    fn into_layout(self, all: Vec<u32>, r: u32) -> PatchLayout {
+        let offsets: Vec<u32> = (0..=r).map(|k| self.p(k) as u32).collect();
+        PatchLayout::from_parts(self.grid, self.patch_of, offsets, all)
     }
 
     /// First token index owned by patch `k` in the balanced size sequence.
@@ -402,8 +415,9 @@ impl<'a> Ctx<'a> {
         } else {
             0..extra
         };
-        let mut first = Vec::with_capacity(k);
-        let mut second = Vec::with_capacity(tokens.len() - k);
+        let mut first = Vec::with_capacity(tokens.len());
+        let mut second = std::mem::take(&mut *self.second.borrow_mut());
+        second.clear();
         let mut seen_on_line = 0usize;
         for &t in tokens {
             let v = self.xyz[t as usize][axis];
@@ -420,6 +434,7 @@ impl<'a> Ctx<'a> {
             }
         }
         first.extend_from_slice(&second);
+        *self.second.borrow_mut() = second;
         (first, extra > 0 && extra < on_line)
     }
 
@@ -430,7 +445,9 @@ impl<'a> Ctx<'a> {
         for &t in part {
             self.mark[t as usize] = member;
         }
-        let (mut comps, mut stack, mut nb) = (0, Vec::new(), Vec::with_capacity(6));
+        let (mut comps, mut nb) = (0, Vec::with_capacity(6));
+        let mut stack = std::mem::take(&mut self.stack);
+        stack.clear();
         for &start in part {
             if self.mark[start as usize] != member {
                 continue;
@@ -448,6 +465,7 @@ impl<'a> Ctx<'a> {
                 }
             }
         }
+        self.stack = stack;
         comps
     }
 }
