@@ -67,7 +67,12 @@ impl PatchLayout {
     /// (ascending within a patch) with patch `p` at `offsets[p]..offsets[p + 1]`, and the
     /// matching token -> patch map. Checked in debug builds; the independent checker covers
     /// release behaviour in the tests.
-    pub(crate) fn from_parts(grid: Grid, patch_of: Vec<u32>, offsets: Vec<u32>, tokens: Vec<u32>) -> Self {
+    pub(crate) fn from_parts(
+        grid: Grid,
+        patch_of: Vec<u32>,
+        offsets: Vec<u32>,
+        tokens: Vec<u32>,
+    ) -> Self {
         debug_assert_eq!(tokens.len(), grid.tokens() as usize);
         debug_assert_eq!(offsets.last().copied(), Some(grid.tokens()));
         Self {
