@@ -140,7 +140,13 @@ impl SharedState {
         let (map, backing) = match dir {
             None => (MmapMut::map_anon(layout.bytes())?, Backing::Anon),
             Some(d) => {
-                let path = d.join(format!("flashdiff-{}-{request}.state", std::process::id()));
+                // Process id and a per-process counter: engines in one process never collide.
+                static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+                let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                let path = d.join(format!(
+                    "flashdiff-{}-{n}-{request}.state",
+                    std::process::id()
+                ));
                 let file = OpenOptions::new()
                     .read(true)
                     .write(true)
