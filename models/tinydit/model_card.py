@@ -9,7 +9,10 @@ cfg = json.load(open(os.path.join(run, "config.json")))
 ev = json.load(open(os.path.join(here, "eval.json")))
 log = [l.split() for l in open(os.path.join(run, "train.log")) if l.startswith("step")]
 last = log[-1]
-step, loss = int(last[1]), float(last[3])
+loss = float(last[3])
+from safetensors import safe_open
+with safe_open(os.path.join(here, "tinydit.safetensors"), "pt") as fh:
+    step = int(fh.metadata()["train_step"])
 secs = sum(float(l[5]) * 50 for l in log)
 m = cfg["model"]
 bar_all = ev["all_correct"] >= 0.5
