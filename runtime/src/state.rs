@@ -319,7 +319,7 @@ impl Drop for SharedState {
     }
 }
 
-/// Keeps a file open so tests can check it is removed (helper for callers).
+/// Whether a state file exists (tests check that finished requests leave none behind).
 pub fn exists(path: &Path) -> bool {
     File::open(path).is_ok()
 }
