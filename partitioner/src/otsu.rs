@@ -51,17 +51,13 @@ pub(crate) fn otsu_hist(hist: &[u32; BINS]) -> Option<(usize, f32)> {
         .enumerate()
         .map(|(b, &c)| b as f64 * c as f64)
         .sum();
-    let mean = sum_all / total;
-    let var_total: f64 = hist
-        .iter()
-        .enumerate()
-        .map(|(b, &c)| c as f64 * (b as f64 - mean).powi(2))
-        .sum::<f64>()
-        / total;
     // Cut between bin k-1 and bin k: class C = bins < k, class F = bins >= k.
     let (mut best_k, mut best) = (0usize, -1.0f64);
     let (mut w_c, mut sum_c) = (0.0f64, 0.0f64);
     for k in 1..BINS {
+        if hist[k - 1] == 0 {
+            continue; // same classes as cut k - 1: never strictly better
+        }
         w_c += hist[k - 1] as f64;
         sum_c += (k - 1) as f64 * hist[k - 1] as f64;
         let w_f = total - w_c;
@@ -79,6 +75,13 @@ pub(crate) fn otsu_hist(hist: &[u32; BINS]) -> Option<(usize, f32)> {
     if best_k == 0 {
         return None;
     }
+    let mean = sum_all / total;
+    let var_total: f64 = hist
+        .iter()
+        .enumerate()
+        .map(|(b, &c)| c as f64 * (b as f64 - mean).powi(2))
+        .sum::<f64>()
+        / total;
     let sep = if var_total > 0.0 {
         (best / var_total).clamp(0.0, 1.0) as f32
     } else {
