@@ -292,6 +292,11 @@ typedef struct fd_request_config {
    * Priority 0..7, higher first.
    */
   uint8_t priority;
+  /**
+   * Other patches' K/V in modes 0 and 1: 0 = extrapolated to the step along their
+   * smoothed slope (default), 1 = stale, as last computed (DistriFusion).
+   */
+  uint32_t kv;
 } fd_request_config;
 
 /**
@@ -556,7 +561,8 @@ uint32_t fd_status_last(void);
 struct fd_engine_config fd_engine_config_default(void);
 
 /**
- * Defaults: 50 steps, 5 warm-up, adaptive patches, ε 0.05, K 4, seed 0, FlashDiff, priority 0.
+ * Defaults: 50 steps, 5 warm-up, adaptive patches, ε 0.1, K 4, seed 0, FlashDiff, priority 0,
+ * extrapolated K/V.
  */
 struct fd_request_config fd_request_config_default(void);
 

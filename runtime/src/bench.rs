@@ -62,6 +62,14 @@ fn methods() -> Vec<Method> {
             },
         },
         Method {
+            name: "flashdiff-stale-kv",
+            what: "ablation: displaced K/V read as last computed, not extrapolated",
+            cfg: |b| RequestConfig {
+                extrapolate_kv: false,
+                ..b.clone()
+            },
+        },
+        Method {
             name: "flashdiff-uniform",
             what: "ablation: uniform patches, gate",
             cfg: |b| RequestConfig {
@@ -75,6 +83,7 @@ fn methods() -> Vec<Method> {
             cfg: |b| RequestConfig {
                 mode: Mode::NoSkip,
                 layout: LayoutKind::Uniform,
+                extrapolate_kv: false,
                 ..b.clone()
             },
         },
@@ -340,6 +349,7 @@ pub fn run(
                 RequestConfig {
                     mode: Mode::NoSkip,
                     layout: LayoutKind::Uniform,
+                    extrapolate_kv: false,
                     ..base.clone()
                 },
                 false,

@@ -20,11 +20,14 @@ generate options:
   --steps N        total Euler steps (default 50)
   --warmup N       warm-up steps before partitioning (default 5)
   --patches N|auto patch count R (default auto: the adaptive controller)
-  --epsilon E      gate threshold in [0, 1] (default 0.05)
+  --epsilon E      gate threshold in [0, 1] (default 0.1)
   --max-skip K     longest run of skips per patch (default 4)
   --seed S         noise seed (default 0)
   --mode M         flashdiff | no-skip | full | naive-patch | teacache | ras (default flashdiff)
   --layout L       saliency | uniform (default saliency)
+  --kv K           extrapolate | stale: other patches' K/V extrapolated to the step along
+                   their smoothed slope, or read as last computed (DistriFusion) (default
+                   extrapolate)
   --cache-threshold T  teacache: skip a step while the accumulated change stays under T (0.1)
   --workers W      workers (default 1)
   --processes      run the workers as separate processes sharing request state in /dev/shm
@@ -34,7 +37,8 @@ generate options:
   -o, --output P   PNG path (default flashdiff.png)
 
 serve reads one JSON object per line: {\"id\": 1, \"prompt\": \"...\", \"seed\": 0, \"priority\": 0,
-\"steps\": 50, \"warmup\": 5, \"patches\": 8, \"epsilon\": 0.05, \"max_skip\": 4, \"mode\": \"flashdiff\"}
+\"steps\": 50, \"warmup\": 5, \"patches\": 8, \"epsilon\": 0.1, \"max_skip\": 4, \"mode\": \"flashdiff\",
+\"kv\": \"extrapolate\"}
 (only \"prompt\" is required) and writes one JSON result per request.";
 
 fn main() -> ExitCode {
@@ -121,6 +125,7 @@ fn parse(args: &[String], positional: bool) -> Result<Opts, String> {
                     _ => return Err("--layout needs saliency or uniform".into()),
                 }
             }
+            "--kv" => o.cfg.extrapolate_kv = parse_kv(v.map(String::as_str))?,
             "--cache-threshold" => o.cfg.cache_threshold = num(a, v, "a number >= 0")?,
             "--weights" => o.weights = PathBuf::from(v.ok_or("--weights needs a path")?),
             "-o" | "--output" => o.output = PathBuf::from(v.ok_or("--output needs a path")?),
@@ -385,7 +390,7 @@ fn parse_request(
     let obj = v.as_object().ok_or("a request must be a JSON object")?;
     let known = [
         "id", "prompt", "seed", "priority", "steps", "warmup", "patches", "epsilon", "max_skip",
-        "mode",
+        "mode", "kv",
     ];
     if let Some(k) = obj.keys().find(|k| !known.contains(&k.as_str())) {
         return Err(format!("unknown field {k:?} (known: {})", known.join(", ")));
@@ -436,7 +441,20 @@ fn parse_request(
     if let Some(m) = obj.get("mode") {
         cfg.mode = m.as_str().ok_or("\"mode\" must be a string")?.parse()?;
     }
+    if let Some(k) = obj.get("kv") {
+        cfg.extrapolate_kv =
+            parse_kv(k.as_str()).map_err(|_| "\"kv\" must be \"extrapolate\" or \"stale\"")?;
+    }
     Ok((id, prompt, cfg))
+}
+
+/// `extrapolate` or `stale` (the `--kv` flag and the `kv` request field).
+fn parse_kv(v: Option<&str>) -> Result<bool, String> {
+    match v {
+        Some("extrapolate") => Ok(true),
+        Some("stale") => Ok(false),
+        _ => Err("--kv needs extrapolate or stale".into()),
+    }
 }
 
 fn make_engine(o: &Opts) -> Result<Engine, String> {
