@@ -6,6 +6,7 @@ Writes <out>/ckpt.pt (model, EMA, optimiser, step, RNG) every --save-every steps
 <out>/train.log (step, loss, seconds per step). Export with export.py.
 """
 import argparse
+import math
 import copy
 import json
 import os
@@ -17,6 +18,19 @@ import torch.nn.functional as F
 
 import shapes
 from model import Config, TinyDiT
+
+
+def lr_at(args, step):
+    """Linear warm-up, then constant; with --anneal-from/--anneal-to a cosine decay to
+    --lr-min between those steps. A function of the step alone, so resuming is exact."""
+    lr = args.lr * min(1.0, (step + 1) / args.warmup)
+    a, b = args.anneal_from, args.anneal_to
+    if a is None or b is None or step < a:
+        return lr
+    if b <= a:
+        raise SystemExit("--anneal-to must be greater than --anneal-from")
+    frac = min(1.0, (step - a) / (b - a))
+    return args.lr_min + (lr - args.lr_min) * 0.5 * (1 + math.cos(math.pi * frac))
 
 
 def main():
@@ -31,6 +45,11 @@ def main():
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--save-every", type=int, default=200)
+    ap.add_argument("--anneal-from", type=int, default=None,
+                    help="step at which a cosine decay of the learning rate starts")
+    ap.add_argument("--anneal-to", type=int, default=None,
+                    help="step at which the decay reaches --lr-min (held afterwards)")
+    ap.add_argument("--lr-min", type=float, default=6e-5)
     ap.add_argument("--reset-ema", action="store_true",
                     help="on resume, restart the EMA from the current weights")
     ap.add_argument("--d", type=int, default=128)
@@ -84,7 +103,7 @@ def main():
         xt = (1 - t)[:, None, None] * x0 + t[:, None, None] * noise
         loss = F.mse_loss(model(xt, t, ids), noise - x0)
         for g in opt.param_groups:
-            g["lr"] = args.lr * min(1.0, (step + 1) / args.warmup)
+            g["lr"] = lr_at(args, step)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
