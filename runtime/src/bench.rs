@@ -129,6 +129,8 @@ struct Row {
     prompt: usize,
     latency_ms: f64,
     work: f64,
+    /// Share of patch-steps after the warm-up that were skipped (0 without patches).
+    skipped: f64,
     psnr: f64,
     ssim: f64,
     all_correct: bool,
@@ -188,6 +190,7 @@ pub fn run(
                 prompt: i,
                 latency_ms: ms(o.report.latency),
                 work: work(o, cfg.steps),
+                skipped: 1.0 - o.report.computed as f64 / o.report.patch_steps.max(1) as f64,
                 psnr: image::psnr(&o.rgb, &full_rgb),
                 ssim: image::ssim(&o.rgb, &full_rgb, IMAGE, IMAGE),
                 all_correct: v.all(),
@@ -199,7 +202,7 @@ pub fn run(
     names.push("fewer-steps".into());
     let mut summary = Vec::new();
     let mut md = format!(
-        "# flashdiff bench\n\n{} held-out prompts (seeds {}..{}), {} steps, {} patches, one request at a time, {} worker(s).\nPSNR/SSIM against full computation from the same seed (identical: PSNR = inf, shown as 99). Work: share of the full model compute actually done (warm-up included).\n\n| method | what | latency ms | work | PSNR dB | SSIM | checker all-correct | agrees with full |\n| --- | --- | --- | --- | --- | --- | --- | --- |\n",
+        "# flashdiff bench\n\n{} held-out prompts (seeds {}..{}), {} steps, {} patches, one request at a time, {} worker(s).\nPSNR/SSIM against full computation from the same seed (identical: PSNR = inf, shown as 99). Work: share of the full model compute actually done (warm-up included).\n\n| method | what | latency ms | work | patch-steps skipped | PSNR dB | worst PSNR dB | SSIM | checker all-correct | agrees with full |\n| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n",
         cfg.prompts,
         cfg.seed,
         cfg.seed + cfg.prompts as u64,
@@ -216,7 +219,9 @@ pub fn run(
             "method": name,
             "latency_ms": mean(&|r| r.latency_ms),
             "work": mean(&|r| r.work),
+            "patch_steps_skipped": mean(&|r| r.skipped),
             "psnr_db": psnr,
+            "worst_psnr_db": rs.iter().map(|r| r.psnr.min(99.0)).fold(f64::INFINITY, f64::min),
             "ssim": mean(&|r| r.ssim),
             "all_correct": mean(&|r| r.all_correct as u8 as f64),
             "agrees_with_full": mean(&|r| r.agrees_with_full as u8 as f64),
@@ -226,10 +231,12 @@ pub fn run(
             |m| m.what,
         );
         md.push_str(&format!(
-            "| {name} | {what} | {:.0} | {:.2} | {:.2} | {:.4} | {:.0}% | {:.0}% |\n",
+            "| {name} | {what} | {:.0} | {:.2} | {:.0}% | {:.2} | {:.2} | {:.4} | {:.0}% | {:.0}% |\n",
             agg["latency_ms"].as_f64().unwrap_or(0.0),
             agg["work"].as_f64().unwrap_or(0.0),
+            100.0 * agg["patch_steps_skipped"].as_f64().unwrap_or(0.0),
             psnr,
+            agg["worst_psnr_db"].as_f64().unwrap_or(0.0),
             agg["ssim"].as_f64().unwrap_or(0.0),
             100.0 * agg["all_correct"].as_f64().unwrap_or(0.0),
             100.0 * agg["agrees_with_full"].as_f64().unwrap_or(0.0),
@@ -274,7 +281,7 @@ pub fn run(
             ">= 1.8x",
         ),
     ];
-    md.push_str("\n## Targets (issue 6)\n\n| target | measured | wanted | verdict |\n| --- | --- | --- | --- |\n");
+    md.push_str("\n## Targets at the default settings (issue 6)\n\n| target | measured | wanted | verdict |\n| --- | --- | --- | --- |\n");
     for (t, m, ok, want) in &targets {
         md.push_str(&format!(
             "| {t} | {m} | {want} | {} |\n",
@@ -372,6 +379,36 @@ pub fn run(
             serving.push(r);
         }
     }
+    // Capacity: every request at once, so neither side waits for arrivals.
+    let burst = vec![0.0; n_serve];
+    let mut capacity = Vec::new();
+    for (name, c) in [
+        ("flashdiff", base.clone()),
+        (
+            "distrifusion",
+            RequestConfig {
+                mode: Mode::NoSkip,
+                layout: LayoutKind::Uniform,
+                extrapolate_kv: false,
+                ..base.clone()
+            },
+        ),
+    ] {
+        progress(&format!("serving: saturated, {name}"));
+        let mut r = serve_trace(engine, &burst, &c, false, cfg.seed)?;
+        md.push_str(&format!(
+            "| saturated | {name} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} |\n",
+            r["throughput_rps"].as_f64().unwrap_or(0.0),
+            r["p50_s"].as_f64().unwrap_or(0.0),
+            r["p95_s"].as_f64().unwrap_or(0.0),
+            r["p99_s"].as_f64().unwrap_or(0.0),
+            r["work"].as_f64().unwrap_or(0.0),
+        ));
+        capacity.push(r["throughput_rps"].as_f64().unwrap_or(f64::NAN));
+        r["load"] = json!("saturated");
+        r["method"] = json!(name);
+        serving.push(r);
+    }
     let at = |m: &str, k: &str| {
         serving
             .iter()
@@ -386,10 +423,14 @@ pub fn run(
         if tput >= 1.5 { "met" } else { "**missed**" },
         if p99 >= 2.0 { "met" } else { "**missed**" }
     ));
+    md.push_str(&format!(
+        "Under an open arrival stream neither side completes requests faster than they arrive, so at load 1.2 FlashDiff's throughput can exceed DistriFusion-style's by 1.2x at most (the trace's bursts and its drain lower both); the saturated rows (all {n_serve} requests at once) measure capacity: FlashDiff {:.2}x DistriFusion-style.\n",
+        capacity[0] / capacity[1]
+    ));
     // Sweeps: quality against work for FlashDiff's knobs and the other ways to save work.
-    let sweep_prompts = cfg.prompts.min(4) as u64;
+    let sweep_prompts = cfg.prompts.min(if cfg.prompts <= 8 { 4 } else { 16 }) as u64;
     let mut sweeps: Vec<Value> = Vec::new();
-    let variants: Vec<(&str, String, RequestConfig)> = [0.02f32, 0.05, 0.1, 0.2]
+    let variants: Vec<(&str, String, RequestConfig)> = [0.02f32, 0.05, 0.1, 0.2, 0.3]
         .iter()
         .map(|&e| {
             (
@@ -450,6 +491,7 @@ pub fn run(
         variants.len()
     ));
     let mut refs = Vec::new();
+    let mut full_ms = 0.0;
     for i in 0..sweep_prompts {
         let scene = scene::sample(cfg.seed + i);
         let c = RequestConfig {
@@ -457,15 +499,12 @@ pub fn run(
             seed: cfg.seed + i,
             ..base.clone()
         };
-        refs.push((
-            scene.clone(),
-            engine
-                .generate(&scene::prompt_text(&scene), c, &mut |_, _, _| {})?
-                .rgb,
-        ));
+        let o = engine.generate(&scene::prompt_text(&scene), c, &mut |_, _, _| {})?;
+        full_ms += o.report.latency.as_secs_f64() * 1e3 / sweep_prompts as f64;
+        refs.push((scene.clone(), o.rgb));
     }
     for (knob, value, c) in &variants {
-        let (mut w, mut q) = (0.0, 0.0);
+        let (mut w, mut q, mut worst, mut ms) = (0.0, 0.0, f64::INFINITY, 0.0);
         for (i, (scene, full)) in refs.iter().enumerate() {
             let o = engine.generate(
                 &scene::prompt_text(scene),
@@ -476,27 +515,33 @@ pub fn run(
                 &mut |_, _, _| {},
             )?;
             w += work(&o, cfg.steps);
-            q += image::psnr(&o.rgb, full).min(99.0);
+            let p = image::psnr(&o.rgb, full).min(99.0);
+            q += p;
+            worst = worst.min(p);
+            ms += o.report.latency.as_secs_f64() * 1e3;
         }
         let n = refs.len() as f64;
-        sweeps.push(json!({"knob": knob, "value": value, "work": w / n, "psnr_db": q / n}));
+        sweeps.push(json!({"knob": knob, "value": value, "work": w / n, "psnr_db": q / n, "worst_psnr_db": worst, "latency_ms": ms / n}));
     }
-    md.push_str("\n## Sweeps: quality against work\n\nPSNR against full computation at the benchmark's steps, mean over the first prompts; work as above. `epsilon`, `patches`, `warmup` vary one FlashDiff setting; `teacache` varies the caching threshold; `fewer-steps` is full computation with fewer steps.\n\n| knob | value | work | PSNR dB |\n| --- | --- | --- | --- |\n");
+    md.push_str(&format!("\n## Sweeps: quality against work\n\nPSNR against full computation at the benchmark's steps, mean and worst over the first {sweep_prompts} prompts; work as above; latency mean per request (full computation: {full_ms:.0} ms). `epsilon`, `patches`, `warmup` vary one FlashDiff setting; `teacache` varies the caching threshold; `fewer-steps` is full computation with fewer steps.\n\n| knob | value | work | PSNR dB | worst PSNR dB | latency ms |\n| --- | --- | --- | --- | --- | --- |\n"));
     for v in &sweeps {
         md.push_str(&format!(
-            "| {} | {} | {:.2} | {:.2} |\n",
+            "| {} | {} | {:.2} | {:.2} | {:.2} | {:.0} |\n",
             v["knob"].as_str().unwrap_or(""),
             v["value"].as_str().unwrap_or(""),
             v["work"].as_f64().unwrap_or(0.0),
-            v["psnr_db"].as_f64().unwrap_or(0.0)
+            v["psnr_db"].as_f64().unwrap_or(0.0),
+            v["worst_psnr_db"].as_f64().unwrap_or(0.0),
+            v["latency_ms"].as_f64().unwrap_or(0.0)
         ));
     }
+    md.push_str(&operating_points(&sweeps, full_ms));
     plots(out, &summary, &sweeps, &serving, &scale)
         .map_err(|e| EngineError::Config(format!("plotting: {e}")))?;
     md.push_str("\nPlots: `quality_vs_work.svg`, `completion_cdf.svg`, `scale.svg`.\n");
     let per_run: Vec<Value> = rows
         .iter()
-        .map(|r| json!({"method": r.method, "prompt": r.prompt, "latency_ms": r.latency_ms, "work": r.work, "psnr_db": if r.psnr.is_finite() { r.psnr } else { 99.0 }, "ssim": r.ssim, "all_correct": r.all_correct, "agrees_with_full": r.agrees_with_full}))
+        .map(|r| json!({"method": r.method, "prompt": r.prompt, "latency_ms": r.latency_ms, "work": r.work, "patch_steps_skipped": r.skipped, "psnr_db": if r.psnr.is_finite() { r.psnr } else { 99.0 }, "ssim": r.ssim, "all_correct": r.all_correct, "agrees_with_full": r.agrees_with_full}))
         .collect();
     let doc = json!({"config": {"prompts": cfg.prompts, "seed": cfg.seed, "steps": cfg.steps, "patches": cfg.patches}, "summary": summary, "runs": per_run, "scale_simulated": scale, "serving": serving, "sweeps": sweeps});
     let write = |name: &str, body: &str| {
@@ -510,6 +555,92 @@ pub fn run(
     )?;
     write("report.md", &md)?;
     Ok(md)
+}
+
+/// The issue-6 targets read along the sweeps: FlashDiff's best epsilon that keeps 30 dB,
+/// and FlashDiff's curve against the fewer-steps and whole-step caching curves at equal
+/// work (linear interpolation between their sweep points; no extrapolation).
+fn operating_points(sweeps: &[Value], full_ms: f64) -> String {
+    let f = |v: &Value, k: &str| v[k].as_f64().unwrap_or(f64::NAN);
+    let curve = |knob: &str| -> Vec<(f64, f64)> {
+        let mut c: Vec<(f64, f64)> = sweeps
+            .iter()
+            .filter(|v| v["knob"] == knob)
+            .map(|v| (f(v, "work"), f(v, "psnr_db")))
+            .collect();
+        c.sort_by(|a, b| a.0.total_cmp(&b.0));
+        c
+    };
+    let at = |c: &[(f64, f64)], w: f64| -> Option<f64> {
+        c.windows(2).find(|p| p[0].0 <= w && w <= p[1].0).map(|p| {
+            let span = (p[1].0 - p[0].0).max(1e-12);
+            p[0].1 + (p[1].1 - p[0].1) * (w - p[0].0) / span
+        })
+    };
+    let eps: Vec<&Value> = sweeps.iter().filter(|v| v["knob"] == "epsilon").collect();
+    let mut md = String::from("\n## Operating points along the sweeps (issue 6 targets)\n\nWork skipped counts the warm-up as full work, so it is below the share of patch-steps skipped.\n\n| target | measured | wanted | verdict |\n| --- | --- | --- | --- |\n");
+    let verdict = |ok: bool| if ok { "met" } else { "**missed**" };
+    match eps
+        .iter()
+        .filter(|v| f(v, "psnr_db") >= 30.0)
+        .max_by(|a, b| f(b, "work").total_cmp(&f(a, "work")))
+    {
+        Some(best) => {
+            let skipped = 1.0 - f(best, "work");
+            let speed = full_ms / f(best, "latency_ms");
+            md.push_str(&format!(
+                "| work skipped at PSNR >= 30 dB (best epsilon) | {:.0}% at epsilon {} ({:.1} dB mean, {:.1} dB worst) | >= 50% | {} |\n",
+                100.0 * skipped,
+                best["value"].as_str().unwrap_or("?"),
+                f(best, "psnr_db"),
+                f(best, "worst_psnr_db"),
+                verdict(skipped >= 0.5)
+            ));
+            md.push_str(&format!(
+                "| single-request speed-up vs full at that point | {speed:.2}x | >= 1.8x | {} |\n",
+                verdict(speed >= 1.8)
+            ));
+        }
+        None => md.push_str(
+            "| work skipped at PSNR >= 30 dB | no epsilon keeps 30 dB | >= 50% | **missed** |\n",
+        ),
+    }
+    for (knob, label, want) in [
+        (
+            "fewer-steps",
+            "PSNR vs fewer uniform steps at equal work",
+            2.0,
+        ),
+        ("teacache", "PSNR vs whole-step caching at equal work", 0.0),
+    ] {
+        let c = curve(knob);
+        let margins: Vec<(String, f64)> = eps
+            .iter()
+            .filter_map(|v| {
+                at(&c, f(v, "work")).map(|p| {
+                    (
+                        v["value"].as_str().unwrap_or("?").to_string(),
+                        f(v, "psnr_db") - p,
+                    )
+                })
+            })
+            .collect();
+        match margins.iter().max_by(|a, b| a.1.total_cmp(&b.1)) {
+            Some((e, m)) => md.push_str(&format!(
+                "| {label} (best epsilon) | {m:+.2} dB at epsilon {e}; all: {} | >= {want:+.0} dB | {} |\n",
+                margins
+                    .iter()
+                    .map(|(e, m)| format!("{e}: {m:+.1}"))
+                    .collect::<Vec<_>>()
+                    .join(", "),
+                verdict(*m >= want)
+            )),
+            None => md.push_str(&format!(
+                "| {label} | the curves do not overlap in work | >= {want:+.0} dB | **missed** |\n"
+            )),
+        }
+    }
+    md
 }
 
 /// Seconds to copy one request's state (the built-in model's ~1.3 MB) in memory: the cost a
@@ -737,8 +868,8 @@ fn plots(
     let path = out.join("completion_cdf.svg");
     let root = SVGBackend::new(&path, (760, 480)).into_drawing_area();
     root.fill(&WHITE)?;
-    let xmax = serving
-        .iter()
+    let stream = || serving.iter().filter(|r| r["load"].is_number());
+    let xmax = stream()
         .flat_map(|r| r["latencies_s"].as_array().cloned().unwrap_or_default())
         .filter_map(|v| v.as_f64())
         .fold(1.0f64, f64::max)
@@ -757,7 +888,7 @@ fn plots(
         .x_desc("completion time s")
         .y_desc("share of requests")
         .draw()?;
-    for (i, r) in serving.iter().enumerate() {
+    for (i, r) in stream().enumerate() {
         let lat: Vec<f64> = r["latencies_s"]
             .as_array()
             .cloned()

@@ -194,18 +194,33 @@ fn bench_writes_json_and_a_report() {
         "fewer-steps",
         "flashdiff-no-gate",
         "flashdiff-uniform",
+        "flashdiff-stale-kv",
     ] {
         assert!(methods.contains(&m), "{m} missing from {methods:?}");
     }
     let full = &json["summary"][0];
     assert_eq!(full["method"], "full");
     assert_eq!(full["work"], 1.0);
+    assert_eq!(full["patch_steps_skipped"], 0.0);
+    let no_gate = json["summary"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|m| m["method"] == "flashdiff-no-gate")
+        .unwrap();
+    assert_eq!(no_gate["patch_steps_skipped"], 0.0);
+    assert!(json["serving"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .any(|r| r["load"] == "saturated"));
     let report = std::fs::read_to_string(dir.join("report.md")).unwrap();
     for section in [
         "## Targets",
         "## Scale beyond this machine (simulated)",
         "## Serving a bursty stream",
         "## Sweeps",
+        "## Operating points along the sweeps",
     ] {
         assert!(report.contains(section), "report lacks {section}");
     }
