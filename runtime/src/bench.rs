@@ -427,6 +427,9 @@ pub fn run(
         "Under an open arrival stream neither side completes requests faster than they arrive, so at load 1.2 FlashDiff's throughput can exceed DistriFusion-style's by 1.2x at most (the trace's bursts and its drain lower both); the saturated rows (all {n_serve} requests at once) measure capacity: FlashDiff {:.2}x DistriFusion-style.\n",
         capacity[0] / capacity[1]
     ));
+    progress("final-step profile");
+    let jump = final_step_profile(engine, cfg.seed, cfg.prompts.min(8), cfg.steps)?;
+    md.push_str(&jump.0);
     // Sweeps: quality against work for FlashDiff's knobs and the other ways to save work.
     let sweep_prompts = cfg.prompts.min(if cfg.prompts <= 8 { 4 } else { 16 }) as u64;
     let mut sweeps: Vec<Value> = Vec::new();
@@ -543,7 +546,7 @@ pub fn run(
         .iter()
         .map(|r| json!({"method": r.method, "prompt": r.prompt, "latency_ms": r.latency_ms, "work": r.work, "patch_steps_skipped": r.skipped, "psnr_db": if r.psnr.is_finite() { r.psnr } else { 99.0 }, "ssim": r.ssim, "all_correct": r.all_correct, "agrees_with_full": r.agrees_with_full}))
         .collect();
-    let doc = json!({"config": {"prompts": cfg.prompts, "seed": cfg.seed, "steps": cfg.steps, "patches": cfg.patches}, "summary": summary, "runs": per_run, "scale_simulated": scale, "serving": serving, "sweeps": sweeps});
+    let doc = json!({"config": {"prompts": cfg.prompts, "seed": cfg.seed, "steps": cfg.steps, "patches": cfg.patches}, "summary": summary, "runs": per_run, "scale_simulated": scale, "serving": serving, "sweeps": sweeps, "final_step": jump.1});
     let write = |name: &str, body: &str| {
         std::fs::write(out.join(name), body).map_err(|e| {
             EngineError::Config(format!("cannot write {}: {e}", out.join(name).display()))
@@ -555,6 +558,106 @@ pub fn run(
     )?;
     write("report.md", &md)?;
     Ok(md)
+}
+
+/// Whether the final step's update jumps (the reason for [`crate::engine::FINAL_FULL_STEPS`]):
+/// full computation of `prompts` held-out prompts, recording each token's relative velocity
+/// change `|v_n - v_{n-1}| / |v_{n-1}|` at every step. Reports the mean over tokens per step
+/// for the last steps, the final step's mean over the median of the steps before it, and the
+/// share of tokens whose final change is over 3x their own median change.
+fn final_step_profile(
+    engine: &Engine,
+    seed: u64,
+    prompts: u32,
+    steps: u32,
+) -> Result<(String, Value), EngineError> {
+    use crate::model::StepStats;
+    let model = engine.model();
+    let mcfg = model.config().clone();
+    let (tokens, pd) = (mcfg.tokens(), mcfg.patch_dim());
+    let all: Vec<u32> = (0..tokens as u32).collect();
+    let h = 1.0 / steps as f32;
+    // change[n][token], summed over prompts; per-token jump counts.
+    let mut mean_change = vec![0.0f64; steps as usize];
+    let (mut jumped, mut counted) = (0usize, 0usize);
+    for i in 0..prompts as u64 {
+        let scene = scene::sample(seed + i);
+        let ids = scene::tokenize(&scene::prompt_text(&scene), model.vocab(), mcfg.max_tokens)?;
+        let text = model.encode_text(&ids);
+        let mut x = crate::engine::noise(seed + i, tokens * pd);
+        let mut cache = model.new_cache();
+        let mut prev: Option<Vec<f32>> = None;
+        let mut per_token: Vec<Vec<f64>> = vec![Vec::new(); tokens];
+        for n in 0..steps {
+            let cond = model.step_cond(&text, 1.0 - n as f32 * h);
+            let out = model.forward(
+                &x,
+                &all,
+                &cond,
+                &text,
+                cache.view(),
+                &mut StepStats {
+                    cross: None,
+                    patch_mass: None,
+                },
+            );
+            cache.update(&all, &out);
+            if let Some(p) = &prev {
+                for (t, changes) in per_token.iter_mut().enumerate() {
+                    let r = t * pd..(t + 1) * pd;
+                    let num: f64 = out.velocity[r.clone()]
+                        .iter()
+                        .zip(&p[r.clone()])
+                        .map(|(a, b)| ((a - b) as f64).powi(2))
+                        .sum::<f64>()
+                        .sqrt();
+                    let den: f64 = p[r].iter().map(|b| (*b as f64).powi(2)).sum::<f64>().sqrt();
+                    let c = num / den.max(1e-12);
+                    changes.push(c);
+                    mean_change[n as usize] += c / (tokens as f64 * prompts as f64);
+                }
+            }
+            for (xi, vi) in x.iter_mut().zip(&out.velocity) {
+                *xi -= h * vi;
+            }
+            prev = Some(out.velocity);
+        }
+        for changes in &per_token {
+            if let Some((last, before)) = changes.split_last() {
+                let mut b = before.to_vec();
+                b.sort_by(f64::total_cmp);
+                if !b.is_empty() {
+                    counted += 1;
+                    jumped += (*last > 3.0 * b[b.len() / 2]) as usize;
+                }
+            }
+        }
+    }
+    let mut before: Vec<f64> = mean_change[1..mean_change.len().saturating_sub(1)].to_vec();
+    before.sort_by(f64::total_cmp);
+    let median = before.get(before.len() / 2).copied().unwrap_or(f64::NAN);
+    let last = mean_change.last().copied().unwrap_or(f64::NAN);
+    let ratio = last / median;
+    let share = jumped as f64 / counted.max(1) as f64;
+    let mut md = format!(
+        "\n## The final step\n\nFull computation of {prompts} held-out prompts, {steps} steps: relative velocity change per token and step, mean over tokens (step 1 is the first with a previous velocity).\n\n| step | mean relative change |\n| --- | --- |\n"
+    );
+    let first_shown = (steps as usize).saturating_sub(6).max(1);
+    for (n, c) in mean_change.iter().enumerate().skip(first_shown) {
+        md.push_str(&format!("| {n} | {c:.4} |\n"));
+    }
+    md.push_str(&format!(
+        "\nFinal step: {ratio:.1}x the median step's change; {:.0}% of tokens change over 3x their own median. {}\n",
+        100.0 * share,
+        if ratio > 2.0 {
+            "The jump holds, so the engine computes the final step with every patch active (FINAL_FULL_STEPS = 1)."
+        } else {
+            "No jump on this model: FINAL_FULL_STEPS = 1 costs one step of skipping and could be 0."
+        }
+    ));
+    let json =
+        json!({"mean_change": mean_change, "final_over_median": ratio, "tokens_jumping": share});
+    Ok((md, json))
 }
 
 /// The issue-6 targets read along the sweeps: FlashDiff's best epsilon that keeps 30 dB,

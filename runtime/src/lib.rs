@@ -1,5 +1,14 @@
-//! FlashDiff engine. So far: the built-in model ([`model`]), its language and checker
-//! ([`scene`]), images and metrics ([`image`]), and the single-process engine ([`engine`]).
+//! The FlashDiff runtime: the built-in model and the serving engine.
+//!
+//! - [`engine`]: requests through warm-up, partition, gated patch-steps and commit, with the
+//!   execution semantics (displaced and extrapolated K/V, the final full step, bit-identical
+//!   output for any packing) documented at the top of that module.
+//! - [`exec`]: one monotask (a warm-up, a patch-step) on a request's state; what a worker
+//!   runs. [`proc`]: worker processes and the framed, validated rkyv control records.
+//!   [`state`]: the request state as named regions of one mapping (/dev/shm or anonymous).
+//! - [`model`]: the TinyDiT loader (zero-copy safetensors) and token-subset forward;
+//!   [`scene`]: the prompt language, sampler and checker; [`image`]: PNG, PSNR, SSIM.
+//! - [`mod@bench`]: `flashdiff bench`, FlashDiff against the other ways to serve the model.
 
 pub mod bench;
 pub mod engine;
