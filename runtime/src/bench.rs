@@ -342,73 +342,64 @@ pub fn run(
         "\n## Serving a bursty stream on this machine\n\n{n_serve} requests per run, arrivals from a two-state MMPP (seeded) at the given load times the DistriFusion-style capacity measured above ({:.0} ms per request on this engine's workers), priorities 0-3 cycling; 'FIFO whole requests' is FlashDiff without the scheduler (one request at a time, in arrival order). A run of {n_serve} requests stands for the paper's 15-minute traces compressed to seconds.\n\n| load | method | throughput req/s | p50 s | p95 s | p99 s | work |\n| --- | --- | --- | --- | --- | --- | --- |\n",
         capacity_s * 1e3
     ));
-    let mut serving = Vec::new();
+    let distrifusion = RequestConfig {
+        mode: Mode::NoSkip,
+        layout: LayoutKind::Uniform,
+        extrapolate_kv: false,
+        ..base.clone()
+    };
+    // (load label, arrivals, method, settings, FIFO whole requests); the saturated runs
+    // (every request at once, so neither side waits for arrivals) measure capacity.
+    let mut runs: Vec<(Value, Vec<f64>, &str, &RequestConfig, bool)> = Vec::new();
     for &load in loads {
         let arrivals = bursty_arrivals(
             n_serve,
             load / capacity_s.max(1e-6),
             99 + (load * 100.0) as u64,
         );
-        for (name, c, fifo) in [
-            ("flashdiff", base.clone(), false),
-            (
-                "distrifusion",
-                RequestConfig {
-                    mode: Mode::NoSkip,
-                    layout: LayoutKind::Uniform,
-                    extrapolate_kv: false,
-                    ..base.clone()
-                },
-                false,
-            ),
-            ("flashdiff-fifo", base.clone(), true),
-        ] {
-            progress(&format!("serving: load {load}, {name}"));
-            let r = serve_trace(engine, &arrivals, &c, fifo, cfg.seed)?;
-            md.push_str(&format!(
-                "| {load} | {name} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} |\n",
-                r["throughput_rps"].as_f64().unwrap_or(0.0),
-                r["p50_s"].as_f64().unwrap_or(0.0),
-                r["p95_s"].as_f64().unwrap_or(0.0),
-                r["p99_s"].as_f64().unwrap_or(0.0),
-                r["work"].as_f64().unwrap_or(0.0),
-            ));
-            let mut r = r;
-            r["load"] = json!(load);
-            r["method"] = json!(name);
-            serving.push(r);
-        }
-    }
-    // Capacity: every request at once, so neither side waits for arrivals.
-    let burst = vec![0.0; n_serve];
-    let mut capacity = Vec::new();
-    for (name, c) in [
-        ("flashdiff", base.clone()),
-        (
+        runs.push((json!(load), arrivals.clone(), "flashdiff", &base, false));
+        runs.push((
+            json!(load),
+            arrivals.clone(),
             "distrifusion",
-            RequestConfig {
-                mode: Mode::NoSkip,
-                layout: LayoutKind::Uniform,
-                extrapolate_kv: false,
-                ..base.clone()
-            },
-        ),
-    ] {
-        progress(&format!("serving: saturated, {name}"));
-        let mut r = serve_trace(engine, &burst, &c, false, cfg.seed)?;
+            &distrifusion,
+            false,
+        ));
+        runs.push((json!(load), arrivals, "flashdiff-fifo", &base, true));
+    }
+    for (name, c) in [("flashdiff", &base), ("distrifusion", &distrifusion)] {
+        runs.push((json!("saturated"), vec![0.0; n_serve], name, c, false));
+    }
+    let mut serving = Vec::new();
+    for (load, arrivals, name, c, fifo) in runs {
+        let label = match load.as_f64() {
+            Some(l) => format!("{l}"),
+            None => load.as_str().unwrap_or("?").to_string(),
+        };
+        progress(&format!("serving: load {label}, {name}"));
+        let mut r = serve_trace(engine, &arrivals, c, fifo, cfg.seed)?;
         md.push_str(&format!(
-            "| saturated | {name} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} |\n",
+            "| {label} | {name} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} |\n",
             r["throughput_rps"].as_f64().unwrap_or(0.0),
             r["p50_s"].as_f64().unwrap_or(0.0),
             r["p95_s"].as_f64().unwrap_or(0.0),
             r["p99_s"].as_f64().unwrap_or(0.0),
             r["work"].as_f64().unwrap_or(0.0),
         ));
-        capacity.push(r["throughput_rps"].as_f64().unwrap_or(f64::NAN));
-        r["load"] = json!("saturated");
+        r["load"] = load;
         r["method"] = json!(name);
         serving.push(r);
     }
+    let capacity: Vec<f64> = ["flashdiff", "distrifusion"]
+        .iter()
+        .map(|m| {
+            serving
+                .iter()
+                .find(|r| r["load"] == "saturated" && r["method"] == *m)
+                .and_then(|r| r["throughput_rps"].as_f64())
+                .unwrap_or(f64::NAN)
+        })
+        .collect();
     let at = |m: &str, k: &str| {
         serving
             .iter()
@@ -575,8 +566,6 @@ fn final_step_profile(
     let model = engine.model();
     let mcfg = model.config().clone();
     let (tokens, pd) = (mcfg.tokens(), mcfg.patch_dim());
-    let all: Vec<u32> = (0..tokens as u32).collect();
-    let h = 1.0 / steps as f32;
     // change[n][token], summed over prompts; per-token jump counts.
     let mut mean_change = vec![0.0f64; steps as usize];
     let (mut jumped, mut counted) = (0usize, 0usize);
@@ -589,23 +578,15 @@ fn final_step_profile(
         let mut prev: Option<Vec<f32>> = None;
         let mut per_token: Vec<Vec<f64>> = vec![Vec::new(); tokens];
         for n in 0..steps {
-            let cond = model.step_cond(&text, 1.0 - n as f32 * h);
-            let out = model.forward(
-                &x,
-                &all,
-                &cond,
-                &text,
-                cache.view(),
-                &mut StepStats {
-                    cross: None,
-                    patch_mass: None,
-                },
-            );
-            cache.update(&all, &out);
+            let mut stats = StepStats {
+                cross: None,
+                patch_mass: None,
+            };
+            let velocity = model.full_step(&mut x, &text, &mut cache, n, steps, &mut stats);
             if let Some(p) = &prev {
                 for (t, changes) in per_token.iter_mut().enumerate() {
                     let r = t * pd..(t + 1) * pd;
-                    let num: f64 = out.velocity[r.clone()]
+                    let num: f64 = velocity[r.clone()]
                         .iter()
                         .zip(&p[r.clone()])
                         .map(|(a, b)| ((a - b) as f64).powi(2))
@@ -617,10 +598,7 @@ fn final_step_profile(
                     mean_change[n as usize] += c / (tokens as f64 * prompts as f64);
                 }
             }
-            for (xi, vi) in x.iter_mut().zip(&out.velocity) {
-                *xi -= h * vi;
-            }
-            prev = Some(out.velocity);
+            prev = Some(velocity);
         }
         for changes in &per_token {
             if let Some((last, before)) = changes.split_last() {

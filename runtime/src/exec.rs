@@ -45,33 +45,19 @@ pub fn run(model: &TinyDit, st: &mut SharedState, task: Task) -> Result<(), Stri
                     "warm-up of {warmup} steps out of {steps} is not valid"
                 ));
             }
-            let all: Vec<u32> = (0..tokens as u32).collect();
             let mut x = st.get(Region::X0).to_vec();
             let mut v = vec![0.0f32; x.len()];
             let mut cross = vec![0.0f32; tokens * mt];
             let mut cache = crate::model::KvCache::new(cfg.depth, tokens, d);
-            let h = 1.0 / steps as f32;
             for n in 0..warmup {
-                let cond = model.step_cond(&text, 1.0 - n as f32 * h);
                 let mut c = vec![0.0f32; tokens * mt];
-                let out = model.forward(
-                    &x,
-                    &all,
-                    &cond,
-                    &text,
-                    cache.view(),
-                    &mut StepStats {
-                        cross: Some(&mut c),
-                        patch_mass: None,
-                    },
-                );
+                let mut stats = StepStats {
+                    cross: Some(&mut c),
+                    patch_mass: None,
+                };
+                v = model.full_step(&mut x, &text, &mut cache, n, steps, &mut stats);
                 for (a, b) in cross.iter_mut().zip(&c) {
                     *a += b / warmup as f32;
-                }
-                cache.update(&all, &out);
-                v.copy_from_slice(&out.velocity);
-                for (xi, vi) in x.iter_mut().zip(&v) {
-                    *xi -= h * vi;
                 }
             }
             st.get_mut(Region::X).copy_from_slice(&x);

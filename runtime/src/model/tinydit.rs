@@ -574,6 +574,28 @@ impl TinyDit {
         self.forward_inner(x_active, active, cond, text, Some(cache), stats)
     }
 
+    /// Step `n` of `steps` of ordinary sampling: the full forward of the latent `x`, the K/V
+    /// written into `cache`, then the Euler update `x <- x - v / steps`. Returns the velocity.
+    pub fn full_step(
+        &self,
+        x: &mut [f32],
+        text: &TextContext,
+        cache: &mut KvCache,
+        n: u32,
+        steps: u32,
+        stats: &mut StepStats<'_>,
+    ) -> Vec<f32> {
+        let all: Vec<u32> = (0..self.cfg.tokens() as u32).collect();
+        let h = 1.0 / steps as f32;
+        let cond = self.step_cond(text, 1.0 - n as f32 * h);
+        let out = self.forward(x, &all, &cond, text, cache.view(), stats);
+        cache.update(&all, &out);
+        for (xi, vi) in x.iter_mut().zip(&out.velocity) {
+            *xi -= h * vi;
+        }
+        out.velocity
+    }
+
     /// Block 0's modulated input for the whole latent `x` (`tokens x patch_dim`): the cheap
     /// signal whole-step caching (TeaCache / first-block cache) watches.
     pub fn first_block_input(&self, x: &[f32], cond: &StepCond) -> Vec<f32> {
