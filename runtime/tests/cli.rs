@@ -91,6 +91,15 @@ fn bad_arguments_name_the_problem() {
             ],
             "unknown option --bogus",
         ),
+        (
+            &[
+                "generate",
+                "a red circle top on a blue background",
+                "--kv",
+                "fresh",
+            ],
+            "--kv needs extrapolate or stale",
+        ),
         (&["generate"], "needs a prompt"),
         (&["frobnicate"], "unknown command"),
     ];
@@ -115,6 +124,8 @@ fn serve_answers_every_line() {
             "not json\n",
             "{\"id\": 4, \"prompt\": \"a green cross center on a black background\", \"steps\": 8, \"warmup\": 2, \"mode\": \"full\"}\n",
             "{\"id\": 5, \"prompt\": \"a green cross center on a black background\", \"colour\": 1}\n",
+            "{\"id\": 6, \"prompt\": \"a green cross center on a black background\", \"kv\": \"fresh\"}\n",
+            "{\"id\": 7, \"prompt\": \"a red circle top left on a blue background\", \"steps\": 8, \"warmup\": 2, \"kv\": \"stale\"}\n",
         ),
     )
     .unwrap();
@@ -134,7 +145,7 @@ fn serve_answers_every_line() {
         .lines()
         .map(|l| serde_json::from_str(l).unwrap())
         .collect();
-    assert_eq!(lines.len(), 5);
+    assert_eq!(lines.len(), 7);
     let by_id = |id: u64| {
         lines
             .iter()
@@ -151,6 +162,11 @@ fn serve_answers_every_line() {
         .as_str()
         .unwrap()
         .contains("unknown field \"colour\""));
+    assert!(by_id(6)["error"]
+        .as_str()
+        .unwrap()
+        .contains("\"kv\" must be \"extrapolate\" or \"stale\""));
+    assert_eq!(by_id(7)["ok"], true);
     std::fs::remove_dir_all(&dir).ok();
 }
 
