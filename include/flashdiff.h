@@ -293,10 +293,10 @@ typedef struct fd_request_config {
    */
   uint8_t priority;
   /**
-   * Other patches' K/V in modes 0 and 1: 0 = extrapolated to the step along their
-   * smoothed slope (default), 1 = stale, as last computed (DistriFusion).
+   * Reused values in modes 0 and 1 (other patches' K/V, skipped patches' velocity):
+   * 0 = extrapolated along their slope (default), 1 = as last computed (the paper's rule).
    */
-  uint32_t kv;
+  uint32_t reuse;
 } fd_request_config;
 
 /**
@@ -562,7 +562,7 @@ struct fd_engine_config fd_engine_config_default(void);
 
 /**
  * Defaults: 50 steps, 5 warm-up, adaptive patches, ε 0.1, K 4, seed 0, FlashDiff, priority 0,
- * extrapolated K/V.
+ * extrapolated reuse.
  */
 struct fd_request_config fd_request_config_default(void);
 

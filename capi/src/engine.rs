@@ -53,9 +53,9 @@ pub struct fd_request_config {
     pub cache_threshold: f32,
     /// Priority 0..7, higher first.
     pub priority: u8,
-    /// Other patches' K/V in modes 0 and 1: 0 = extrapolated to the step along their
-    /// smoothed slope (default), 1 = stale, as last computed (DistriFusion).
-    pub kv: u32,
+    /// Reused values in modes 0 and 1 (other patches' K/V, skipped patches' velocity):
+    /// 0 = extrapolated along their slope (default), 1 = as last computed (the paper's rule).
+    pub reuse: u32,
 }
 
 /// Where a request stands.
@@ -135,7 +135,7 @@ pub extern "C" fn fd_engine_config_default() -> fd_engine_config {
 }
 
 /// Defaults: 50 steps, 5 warm-up, adaptive patches, ε 0.1, K 4, seed 0, FlashDiff, priority 0,
-/// extrapolated K/V.
+/// extrapolated reuse.
 #[no_mangle]
 pub extern "C" fn fd_request_config_default() -> fd_request_config {
     let d = RequestConfig::default();
@@ -150,7 +150,7 @@ pub extern "C" fn fd_request_config_default() -> fd_request_config {
         priority: d.priority,
         layout: 0,
         cache_threshold: d.cache_threshold,
-        kv: if d.extrapolate_kv { 0 } else { 1 },
+        reuse: if d.extrapolate { 0 } else { 1 },
     }
 }
 
@@ -288,13 +288,13 @@ pub unsafe extern "C" fn fd_engine_submit(
                 ))
             }
         };
-        let extrapolate_kv = match c.kv {
+        let extrapolate = match c.reuse {
             0 => true,
             1 => false,
             k => {
                 return Err(Fail::new(
                     fd_status::FD_ERR_VALUE,
-                    format!("kv {k}: must be 0 (extrapolated) or 1 (stale)"),
+                    format!("reuse {k}: must be 0 (extrapolated) or 1 (stale)"),
                 ))
             }
         };
@@ -310,7 +310,7 @@ pub unsafe extern "C" fn fd_engine_submit(
             layout,
             cache_threshold: c.cache_threshold,
             ras_ratio: RequestConfig::default().ras_ratio,
-            extrapolate_kv,
+            extrapolate,
         };
         e.inner.submit(id, &prompt, rc).map_err(from_engine)
     })

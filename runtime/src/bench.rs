@@ -62,10 +62,10 @@ fn methods() -> Vec<Method> {
             },
         },
         Method {
-            name: "flashdiff-stale-kv",
-            what: "ablation: displaced K/V read as last computed, not extrapolated",
+            name: "flashdiff-stale",
+            what: "ablation: K/V and skipped velocities reused as last computed (the paper's rule)",
             cfg: |b| RequestConfig {
-                extrapolate_kv: false,
+                extrapolate: false,
                 ..b.clone()
             },
         },
@@ -83,7 +83,7 @@ fn methods() -> Vec<Method> {
             cfg: |b| RequestConfig {
                 mode: Mode::NoSkip,
                 layout: LayoutKind::Uniform,
-                extrapolate_kv: false,
+                extrapolate: false,
                 ..b.clone()
             },
         },
@@ -345,7 +345,7 @@ pub fn run(
     let distrifusion = RequestConfig {
         mode: Mode::NoSkip,
         layout: LayoutKind::Uniform,
-        extrapolate_kv: false,
+        extrapolate: false,
         ..base.clone()
     };
     // (load label, arrivals, method, settings, FIFO whole requests); the saturated runs

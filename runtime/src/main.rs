@@ -25,9 +25,9 @@ generate options:
   --seed S         noise seed (default 0)
   --mode M         flashdiff | no-skip | full | naive-patch | teacache | ras (default flashdiff)
   --layout L       saliency | uniform (default saliency)
-  --kv K           extrapolate | stale: other patches' K/V extrapolated to the step along
-                   their smoothed slope, or read as last computed (DistriFusion) (default
-                   extrapolate)
+  --reuse R        extrapolate | stale: other patches' K/V and skipped patches' velocity
+                   extrapolated along their slope, or reused as last computed (the paper's
+                   rule) (default extrapolate)
   --cache-threshold T  teacache: skip a step while the accumulated change stays under T (0.1)
   --workers W      workers (default 1)
   --processes      run the workers as separate processes sharing request state in /dev/shm
@@ -38,7 +38,7 @@ generate options:
 
 serve reads one JSON object per line: {\"id\": 1, \"prompt\": \"...\", \"seed\": 0, \"priority\": 0,
 \"steps\": 50, \"warmup\": 5, \"patches\": 8, \"epsilon\": 0.1, \"max_skip\": 4, \"mode\": \"flashdiff\",
-\"kv\": \"extrapolate\"}
+\"reuse\": \"extrapolate\"}
 (only \"prompt\" is required) and writes one JSON result per request.";
 
 fn main() -> ExitCode {
@@ -125,7 +125,7 @@ fn parse(args: &[String], positional: bool) -> Result<Opts, String> {
                     _ => return Err("--layout needs saliency or uniform".into()),
                 }
             }
-            "--kv" => o.cfg.extrapolate_kv = parse_kv(v.map(String::as_str))?,
+            "--reuse" => o.cfg.extrapolate = parse_reuse(v.map(String::as_str))?,
             "--cache-threshold" => o.cfg.cache_threshold = num(a, v, "a number >= 0")?,
             "--weights" => o.weights = PathBuf::from(v.ok_or("--weights needs a path")?),
             "-o" | "--output" => o.output = PathBuf::from(v.ok_or("--output needs a path")?),
@@ -390,7 +390,7 @@ fn parse_request(
     let obj = v.as_object().ok_or("a request must be a JSON object")?;
     let known = [
         "id", "prompt", "seed", "priority", "steps", "warmup", "patches", "epsilon", "max_skip",
-        "mode", "kv",
+        "mode", "reuse",
     ];
     if let Some(k) = obj.keys().find(|k| !known.contains(&k.as_str())) {
         return Err(format!("unknown field {k:?} (known: {})", known.join(", ")));
@@ -441,19 +441,19 @@ fn parse_request(
     if let Some(m) = obj.get("mode") {
         cfg.mode = m.as_str().ok_or("\"mode\" must be a string")?.parse()?;
     }
-    if let Some(k) = obj.get("kv") {
-        cfg.extrapolate_kv =
-            parse_kv(k.as_str()).map_err(|_| "\"kv\" must be \"extrapolate\" or \"stale\"")?;
+    if let Some(k) = obj.get("reuse") {
+        cfg.extrapolate = parse_reuse(k.as_str())
+            .map_err(|_| "\"reuse\" must be \"extrapolate\" or \"stale\"")?;
     }
     Ok((id, prompt, cfg))
 }
 
-/// `extrapolate` or `stale` (the `--kv` flag and the `kv` request field).
-fn parse_kv(v: Option<&str>) -> Result<bool, String> {
+/// `extrapolate` or `stale` (the `--reuse` flag and the `reuse` request field).
+fn parse_reuse(v: Option<&str>) -> Result<bool, String> {
     match v {
         Some("extrapolate") => Ok(true),
         Some("stale") => Ok(false),
-        _ => Err("--kv needs extrapolate or stale".into()),
+        _ => Err("--reuse needs extrapolate or stale".into()),
     }
 }
 

@@ -95,10 +95,10 @@ fn bad_arguments_name_the_problem() {
             &[
                 "generate",
                 "a red circle top on a blue background",
-                "--kv",
+                "--reuse",
                 "fresh",
             ],
-            "--kv needs extrapolate or stale",
+            "--reuse needs extrapolate or stale",
         ),
         (&["generate"], "needs a prompt"),
         (&["frobnicate"], "unknown command"),
@@ -124,8 +124,8 @@ fn serve_answers_every_line() {
             "not json\n",
             "{\"id\": 4, \"prompt\": \"a green cross center on a black background\", \"steps\": 8, \"warmup\": 2, \"mode\": \"full\"}\n",
             "{\"id\": 5, \"prompt\": \"a green cross center on a black background\", \"colour\": 1}\n",
-            "{\"id\": 6, \"prompt\": \"a green cross center on a black background\", \"kv\": \"fresh\"}\n",
-            "{\"id\": 7, \"prompt\": \"a red circle top left on a blue background\", \"steps\": 8, \"warmup\": 2, \"kv\": \"stale\"}\n",
+            "{\"id\": 6, \"prompt\": \"a green cross center on a black background\", \"reuse\": \"fresh\"}\n",
+            "{\"id\": 7, \"prompt\": \"a red circle top left on a blue background\", \"steps\": 8, \"warmup\": 2, \"reuse\": \"stale\"}\n",
         ),
     )
     .unwrap();
@@ -165,7 +165,7 @@ fn serve_answers_every_line() {
     assert!(by_id(6)["error"]
         .as_str()
         .unwrap()
-        .contains("\"kv\" must be \"extrapolate\" or \"stale\""));
+        .contains("\"reuse\" must be \"extrapolate\" or \"stale\""));
     assert_eq!(by_id(7)["ok"], true);
     std::fs::remove_dir_all(&dir).ok();
 }
@@ -210,7 +210,7 @@ fn bench_writes_json_and_a_report() {
         "fewer-steps",
         "flashdiff-no-gate",
         "flashdiff-uniform",
-        "flashdiff-stale-kv",
+        "flashdiff-stale",
     ] {
         assert!(methods.contains(&m), "{m} missing from {methods:?}");
     }

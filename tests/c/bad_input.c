@@ -209,9 +209,9 @@ int main(int argc, char **argv) {
   rq.mode = 7;
   expect("submit bad mode", fd_engine_submit(eng, 1, "a red circle top on a white background", &rq), FD_ERR_VALUE, "mode 7");
   rq.mode = 0;
-  rq.kv = 2;
-  expect("submit bad kv", fd_engine_submit(eng, 1, "a red circle top on a white background", &rq), FD_ERR_VALUE, "kv 2");
-  rq.kv = 0;
+  rq.reuse = 2;
+  expect("submit bad reuse", fd_engine_submit(eng, 1, "a red circle top on a white background", &rq), FD_ERR_VALUE, "reuse 2");
+  rq.reuse = 0;
   rq.epsilon = NAN;
   expect("submit NaN epsilon", fd_engine_submit(eng, 1, "a red circle top on a white background", &rq), FD_ERR_CONFIG, "--epsilon");
   rq.epsilon = 0.05f;
