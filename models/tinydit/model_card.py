@@ -17,6 +17,11 @@ secs = sum(float(l[5]) * 50 for l in log)
 m = cfg["model"]
 bar_all = ev["all_correct"] >= 0.5
 bar_attn = (ev["attn_ratio_warmup"] or 0) >= 3.0
+t = cfg["train"]
+anneal = ""
+if t.get("anneal_from") is not None and t.get("anneal_to") is not None:
+    anneal = (f"; constant until step {t['anneal_from']}, then a cosine decay to {t['lr_min']} at step "
+              f"{t['anneal_to']}: `--anneal-from {t['anneal_from']} --anneal-to {t['anneal_to']} --lr-min {t['lr_min']}`")
 card = f"""# TinyDiT: FlashDiff's built-in model
 
 A text-conditioned Diffusion Transformer trained here, on CPU, on procedural images
@@ -46,7 +51,7 @@ nice -n 19 python3 models/tinydit/train.py --out RUN --hours H     # resumable: 
 models/tinydit/release.sh RUN                                       # export, golden files, evaluation, this card
 ```
 
-Batch {cfg['train']['batch']}, AdamW lr {cfg['train']['lr']} (warm-up {cfg['train']['warmup']} steps), EMA {cfg['train']['ema']}
+Batch {cfg['train']['batch']}, AdamW lr {cfg['train']['lr']} (warm-up {cfg['train']['warmup']} steps{anneal}), EMA {cfg['train']['ema']}
 with a warm-up of its decay, seed {cfg['train']['seed']}, {cfg['train']['threads']} CPU threads, flush-to-zero on.
 Shipped weights: EMA at step **{step}**, training loss {loss:.4f}, about {secs / 3600:.1f} h of
 CPU training time (logged seconds per step; the machine was shared with builds, so wall time
