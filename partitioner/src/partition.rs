@@ -179,9 +179,11 @@ impl<'a> Ctx<'a> {
         let mut bins = Vec::new();
         if let Some(s) = saliency {
             // The map is validated finite and non-negative, where the order of the bit
-            // patterns is the order of the values: integer min/max vectorises.
+            // patterns is the order of the values once -0.0 (which passes `>= 0.0`) has its
+            // sign cleared: integer min/max vectorises.
             let (lo, hi) = s.iter().fold((u32::MAX, 0u32), |(a, b), v| {
-                (a.min(v.to_bits()), b.max(v.to_bits()))
+                let bits = v.to_bits() & 0x7FFF_FFFF;
+                (a.min(bits), b.max(bits))
             });
             let (lo, hi) = (f32::from_bits(lo), f32::from_bits(hi));
             let scale = if hi > lo {
@@ -722,5 +724,16 @@ mod tests {
                 }
             }
         }
+    }
+
+    #[test]
+    fn negative_zero_is_zero() {
+        let grid = Grid::image(6, 6).unwrap();
+        let mut map: Vec<f32> = (0..36).map(|t| if t % 6 < 2 { 1.0 } else { 0.0 }).collect();
+        let want = partition_saliency(grid, &map, 4).unwrap();
+        for v in map.iter_mut().filter(|v| **v == 0.0) {
+            *v = -0.0;
+        }
+        assert_eq!(partition_saliency(grid, &map, 4).unwrap(), want);
     }
 }

@@ -56,11 +56,12 @@ pub const DEFAULT_STEPS: u32 = 50;
 /// Default warm-up steps (DESIGN.md and the paper's §4.1: the first five steps).
 pub const DEFAULT_WARMUP: u32 = 5;
 /// Steps at the end run with every patch active whatever the gate says. Measured on the
-/// built-in model (`flashdiff bench`, section "The final step": full computation, 2 prompts,
-/// 50 steps): the mean relative velocity change per token is about 0.005 per step until step
-/// 46, then 0.023, 0.041 and 0.126 at the last step (25x the median; every token over 3x its
-/// own median). Skipping there would reuse a velocity that is far off. Steps 47-48 also rise,
-/// but forcing 2 or 3 final steps did not raise PSNR on 8 prompts (ε 0.1: 42.8 / 43.2 /
+/// built-in model at step 20000 (`flashdiff bench`, section "The final step": full
+/// computation, 8 prompts, 50 steps): the mean relative velocity change per token is 0.007,
+/// 0.008 and 0.011 at steps 44-46, then 0.015, 0.029 and 0.087 at the last step (21x the
+/// median step; every token over 3x its own median). Skipping there would reuse a velocity
+/// that is far off. Steps 47-48 also rise, but forcing 2 or 3 final steps did not raise PSNR
+/// on 8 prompts with the step-11200 weights and K/V extrapolation (ε 0.1: 42.8 / 43.2 /
 /// 42.4 dB mean for 1 / 2 / 3; ε 0.2: 35.9 / 35.8 / 34.5), so one step it is.
 pub const FINAL_FULL_STEPS: u32 = 1;
 
@@ -150,8 +151,9 @@ pub struct RequestConfig {
 }
 
 /// Default gate threshold of the engine. The gate crate's default (0.05) follows the paper;
-/// on the built-in model with K/V extrapolation, 0.1 skips about 40% of patch-steps at
-/// 40+ dB against full computation (`flashdiff bench`, epsilon sweep), so the engine uses it.
+/// on the built-in model with extrapolation, 0.1 skips 40% of patch-steps at 49.7 dB mean
+/// PSNR against full computation (`flashdiff bench`, 64 prompts, R = 8, K = 3), while 0.05
+/// saves only 21% of the work (epsilon sweep, 16 prompts), so the engine uses 0.1.
 pub const ENGINE_DEFAULT_EPSILON: f32 = 0.1;
 
 /// Default longest run of skips per patch (DESIGN.md: K 3-5; the gate crate's default is 4).
@@ -1144,7 +1146,8 @@ impl Engine {
         for p in (0..layout.patches()).filter(|&p| r.active[p as usize]) {
             for &t in layout.patch_tokens(p) {
                 let t = t as usize;
-                for l in 0..cfg.depth {
+                // With extrapolation, `extrapolate` rewrites the whole K/V cache below.
+                for l in (0..cfg.depth).filter(|_| r.track.is_none()) {
                     let at = (l * tokens + t) * d;
                     let (src, dst) = r.state.get_pair(Region::FreshK, Region::CacheK);
                     dst[at..at + d].copy_from_slice(&src[at..at + d]);
