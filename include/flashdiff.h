@@ -297,6 +297,13 @@ typedef struct fd_request_config {
    * 0 = extrapolated along their slope (default), 1 = as last computed (the paper's rule).
    */
   uint32_t reuse;
+  /**
+   * Monotasks per step: a step's active patches run packed into at most this many
+   * forwards; patches of one forward see each other's fresh K/V. Default 1 (the output
+   * is the same for any worker count); 0 = the engine's worker count; at least the patch
+   * count gives every patch its own.
+   */
+  uint32_t monotasks;
 } fd_request_config;
 
 /**
@@ -562,7 +569,7 @@ struct fd_engine_config fd_engine_config_default(void);
 
 /**
  * Defaults: 50 steps, 5 warm-up, adaptive patches, ε 0.1, K 3, seed 0, FlashDiff, priority 0,
- * extrapolated reuse.
+ * extrapolated reuse, one monotask per step.
  */
 struct fd_request_config fd_request_config_default(void);
 

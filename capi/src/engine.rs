@@ -56,6 +56,11 @@ pub struct fd_request_config {
     /// Reused values in modes 0 and 1 (other patches' K/V, skipped patches' velocity):
     /// 0 = extrapolated along their slope (default), 1 = as last computed (the paper's rule).
     pub reuse: u32,
+    /// Monotasks per step: a step's active patches run packed into at most this many
+    /// forwards; patches of one forward see each other's fresh K/V. Default 1 (the output
+    /// is the same for any worker count); 0 = the engine's worker count; at least the patch
+    /// count gives every patch its own.
+    pub monotasks: u32,
 }
 
 /// Where a request stands.
@@ -135,7 +140,7 @@ pub extern "C" fn fd_engine_config_default() -> fd_engine_config {
 }
 
 /// Defaults: 50 steps, 5 warm-up, adaptive patches, ε 0.1, K 3, seed 0, FlashDiff, priority 0,
-/// extrapolated reuse.
+/// extrapolated reuse, one monotask per step.
 #[no_mangle]
 pub extern "C" fn fd_request_config_default() -> fd_request_config {
     let d = RequestConfig::default();
@@ -151,6 +156,7 @@ pub extern "C" fn fd_request_config_default() -> fd_request_config {
         layout: 0,
         cache_threshold: d.cache_threshold,
         reuse: if d.extrapolate { 0 } else { 1 },
+        monotasks: d.monotasks.unwrap_or(0),
     }
 }
 
@@ -311,6 +317,7 @@ pub unsafe extern "C" fn fd_engine_submit(
             cache_threshold: c.cache_threshold,
             ras_ratio: RequestConfig::default().ras_ratio,
             extrapolate,
+            monotasks: (c.monotasks > 0).then_some(c.monotasks),
         };
         e.inner.submit(id, &prompt, rc).map_err(from_engine)
     })

@@ -29,6 +29,9 @@ pub struct BenchConfig {
     pub steps: u32,
     /// Patches for the patch-based methods.
     pub patches: u32,
+    /// FlashDiff's other settings (ε, K, warm-up, reuse, monotasks); `steps` and `patches`
+    /// above override theirs. The baselines change only what makes them what they are.
+    pub base: RequestConfig,
 }
 
 /// One method: a name and how it configures a request.
@@ -50,8 +53,16 @@ fn methods() -> Vec<Method> {
         },
         Method {
             name: "flashdiff",
-            what: "FlashDiff: saliency patches, gate, displaced K/V",
+            what: "FlashDiff: saliency patches, gate, a step's active patches in one forward",
             cfg: |b| b.clone(),
+        },
+        Method {
+            name: "flashdiff-per-patch",
+            what: "ablation: every patch its own monotask, displaced K/V between patches",
+            cfg: |b| RequestConfig {
+                monotasks: Some(u32::MAX),
+                ..b.clone()
+            },
         },
         Method {
             name: "flashdiff-no-gate",
@@ -84,6 +95,7 @@ fn methods() -> Vec<Method> {
                 mode: Mode::NoSkip,
                 layout: LayoutKind::Uniform,
                 extrapolate: false,
+                monotasks: Some(u32::MAX),
                 ..b.clone()
             },
         },
@@ -149,7 +161,7 @@ pub fn run(
     let base = RequestConfig {
         steps: cfg.steps,
         patches: Some(cfg.patches),
-        ..RequestConfig::default()
+        ..cfg.base.clone()
     };
     let ms_list = methods();
     let mut rows: Vec<Row> = Vec::new();
@@ -202,13 +214,21 @@ pub fn run(
     names.push("fewer-steps".into());
     let mut summary = Vec::new();
     let mut md = format!(
-        "# flashdiff bench\n\n{} held-out prompts (seeds {}..{}), {} steps, {} patches, one request at a time, {} worker(s).\nPSNR/SSIM against full computation from the same seed (identical: PSNR = inf, shown as 99). Work: share of the full model compute actually done (warm-up included).\n\n| method | what | latency ms | work | patch-steps skipped | PSNR dB | worst PSNR dB | SSIM | checker all-correct | agrees with full |\n| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n",
+        "# flashdiff bench\n\n{} held-out prompts (seeds {}..{}), {} steps, {} patches, FlashDiff at ε {}, K {}, {} reuse, {} monotask(s) per step; one request at a time, {} worker(s).\nPSNR/SSIM against full computation from the same seed (identical: PSNR = inf, shown as 99). Work: share of the full model compute actually done (warm-up included).\n\n| method | what | latency ms | work | patch-steps skipped | PSNR dB | worst PSNR dB | SSIM | checker all-correct | agrees with full |\n| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n",
         cfg.prompts,
         cfg.seed,
         cfg.seed + cfg.prompts as u64,
         cfg.steps,
         cfg.patches,
-        1
+        base.epsilon,
+        base.max_skip,
+        if base.extrapolate { "extrapolated" } else { "stale" },
+        match base.monotasks {
+            None => engine.workers().to_string(),
+            Some(m) if m >= cfg.patches => "per-patch".to_string(),
+            Some(m) => m.to_string(),
+        },
+        engine.workers()
     );
     for name in &names {
         let rs: Vec<&Row> = rows.iter().filter(|r| &r.method == name).collect();
@@ -415,7 +435,7 @@ pub fn run(
     // Sweeps: quality against work for FlashDiff's knobs and the other ways to save work.
     let sweep_prompts = cfg.prompts.min(if cfg.prompts <= 8 { 4 } else { 16 }) as u64;
     let mut sweeps: Vec<Value> = Vec::new();
-    let variants: Vec<(&str, String, RequestConfig)> = [0.02f32, 0.05, 0.1, 0.2, 0.3]
+    let variants: Vec<(&str, String, RequestConfig)> = [0.02f32, 0.05, 0.1, 0.2, 0.3, 0.5, 1.0]
         .iter()
         .map(|&e| {
             (
@@ -528,7 +548,7 @@ pub fn run(
         .iter()
         .map(|r| json!({"method": r.method, "prompt": r.prompt, "latency_ms": r.latency_ms, "work": r.work, "patch_steps_skipped": r.skipped, "psnr_db": if r.psnr.is_finite() { r.psnr } else { 99.0 }, "ssim": r.ssim, "all_correct": r.all_correct, "agrees_with_full": r.agrees_with_full}))
         .collect();
-    let doc = json!({"config": {"prompts": cfg.prompts, "seed": cfg.seed, "steps": cfg.steps, "patches": cfg.patches}, "summary": summary, "runs": per_run, "scale_simulated": scale, "serving": serving, "sweeps": sweeps, "final_step": jump.1});
+    let doc = json!({"config": {"prompts": cfg.prompts, "seed": cfg.seed, "steps": cfg.steps, "patches": cfg.patches, "epsilon": base.epsilon, "max_skip": base.max_skip, "extrapolate": base.extrapolate, "monotasks": base.monotasks, "workers": engine.workers()}, "summary": summary, "runs": per_run, "scale_simulated": scale, "serving": serving, "sweeps": sweeps, "final_step": jump.1});
     let write = |name: &str, body: &str| {
         std::fs::write(out.join(name), body).map_err(|e| {
             EngineError::Config(format!("cannot write {}: {e}", out.join(name).display()))

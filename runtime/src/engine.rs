@@ -148,6 +148,16 @@ pub struct RequestConfig {
     /// last two computations); `false` reuses them as last computed (the paper's rule; with
     /// no skipping, DistriFusion's).
     pub extrapolate: bool,
+    /// Monotasks per step: the step's active patches are packed, in patch order and balanced
+    /// by tokens, into at most this many monotasks; the patches of one monotask run in one
+    /// forward and see each other's fresh K/V, patches in different monotasks see each
+    /// other's cached (displaced) K/V. The default, [`DEFAULT_MONOTASKS`] = 1, runs a step
+    /// as one forward over its active tokens. `None`: the engine's worker count (a single
+    /// request's step spread over every worker). A count of at least the patch count gives
+    /// every patch its own monotask (DistriFusion's displaced patches). The output depends
+    /// on this count, never on the worker count, timing or which worker ran what.
+    /// [`Mode::NaivePatch`] always runs one patch per monotask.
+    pub monotasks: Option<u32>,
 }
 
 /// Default gate threshold of the engine. The gate crate's default (0.05) follows the paper;
@@ -155,6 +165,15 @@ pub struct RequestConfig {
 /// PSNR against full computation (`flashdiff bench`, 64 prompts, R = 8, K = 3), while 0.05
 /// saves only 21% of the work (epsilon sweep, 16 prompts), so the engine uses 0.1.
 pub const ENGINE_DEFAULT_EPSILON: f32 = 0.1;
+
+/// Default monotasks per step ([`RequestConfig::monotasks`]): one forward over a step's
+/// active patches, which then see each other's fresh K/V, and an output that is the same for
+/// any worker count (DESIGN.md step 4). Measured with `flashdiff bench --quick` (8 prompts,
+/// R = 8, ε 0.1): one monotask per step gave 64.0 dB mean PSNR against full computation at
+/// 0.67 of its work; one monotask per patch (every patch reading the others' displaced K/V)
+/// gave 49.8 dB at the same work, below 57.0 dB for full computation with fewer steps.
+/// Concurrent requests still spread over the workers, one request-step per monotask.
+pub const DEFAULT_MONOTASKS: u32 = 1;
 
 /// Default longest run of skips per patch (DESIGN.md: K 3-5; the gate crate's default is 4).
 /// Measured on the bench's 64 held-out prompts at the other defaults (adaptive R, ε 0.1):
@@ -192,6 +211,7 @@ impl Default for RequestConfig {
             cache_threshold: DEFAULT_CACHE_THRESHOLD,
             ras_ratio: 0.5,
             extrapolate: true,
+            monotasks: Some(DEFAULT_MONOTASKS),
         }
     }
 }
@@ -495,6 +515,11 @@ impl Engine {
         &self.model
     }
 
+    /// Workers the scheduler places monotasks on.
+    pub fn workers(&self) -> u32 {
+        self.workers
+    }
+
     /// Checks a request's settings; the error names the setting and its valid range.
     pub fn validate(&self, cfg: &RequestConfig) -> Result<(), EngineError> {
         let bad = |s: String| Err(EngineError::Config(s));
@@ -527,6 +552,9 @@ impl Engine {
                 "--cache-threshold {}: must be finite and >= 0",
                 cfg.cache_threshold
             ));
+        }
+        if cfg.monotasks == Some(0) {
+            return bad("--monotasks 0: must be at least 1".into());
         }
         if cfg.max_skip > 1000 {
             return bad(format!("--max-skip {}: must be in 0..=1000", cfg.max_skip));
@@ -892,8 +920,8 @@ impl Engine {
                 warmup: r.cfg.warmup,
             }
         } else {
-            Task::Patch {
-                patch: tag.patch,
+            Task::Patches {
+                monotask: tag.patch,
                 isolated: r.cfg.mode == Mode::NaivePatch,
             }
         };
@@ -1002,14 +1030,40 @@ impl Engine {
         }
         r.report.time.gate += t0.elapsed();
         let layout = r.layout.as_ref().expect("partitioned");
-        let list: Vec<(u32, f64)> = (0..layout.patches())
+        let active: Vec<(u32, usize)> = (0..layout.patches())
             .filter(|&p| r.active[p as usize])
-            .map(|p| (p, layout.patch_tokens(p).len() as f64))
+            .map(|p| (p, layout.patch_tokens(p).len()))
             .collect();
-        r.report.active_per_step.push(list.len() as u32);
+        let most = match r.cfg.mode {
+            Mode::NaivePatch => usize::MAX,
+            _ => r.cfg.monotasks.unwrap_or(self.workers) as usize,
+        };
+        let monotask_of = pack_monotasks(&active, most);
+        let which = r.state.get_mut(Region::Monotask);
+        which.fill(-1.0);
+        let mut cost = vec![
+            0.0f64;
+            monotask_of
+                .iter()
+                .map(|&m| m as usize + 1)
+                .max()
+                .unwrap_or(0)
+        ];
+        for (&(p, n), &m) in active.iter().zip(&monotask_of) {
+            for &t in layout.patch_tokens(p) {
+                which[t as usize] = m as f32;
+            }
+            cost[m as usize] += n as f64;
+        }
+        let list: Vec<(u32, f64)> = cost
+            .iter()
+            .enumerate()
+            .map(|(m, &c)| (m as u32, c))
+            .collect();
+        r.report.active_per_step.push(active.len() as u32);
         r.report.patch_steps += layout.patches() as u64;
-        r.report.computed += list.len() as u64;
-        r.report.computed_tokens += list.iter().map(|p| p.1 as u64).sum::<u64>();
+        r.report.computed += active.len() as u64;
+        r.report.computed_tokens += active.iter().map(|p| p.1 as u64).sum::<u64>();
         let h = 1.0 / r.cfg.steps as f32;
         let cond = self.model.step_cond(&r.text, 1.0 - r.step as f32 * h);
         r.state
@@ -1213,6 +1267,32 @@ impl Engine {
     }
 }
 
+/// Packs a step's active patches `(patch, tokens)` (ascending patch ids) into at most `most`
+/// monotasks: consecutive patches (the partitioner numbers neighbours consecutively, so a
+/// monotask holds patches that attend to each other most), balanced by tokens, each
+/// monotask non-empty. Returns each patch's monotask, numbered from 0.
+pub fn pack_monotasks(active: &[(u32, usize)], most: usize) -> Vec<u32> {
+    if most >= active.len() {
+        return (0..active.len() as u32).collect();
+    }
+    let total: usize = active.iter().map(|a| a.1).sum::<usize>().max(1);
+    let g = most.max(1);
+    let (mut cum, mut share, mut next) = (0usize, None, 0u32);
+    let mut out = Vec::with_capacity(active.len());
+    for &(_, n) in active {
+        // The share of the tokens (of g equal shares) that holds this patch's midpoint; a
+        // new share opens a new monotask, so monotasks are consecutive and never empty.
+        let s = ((2 * cum + n) * g / (2 * total)).min(g - 1);
+        cum += n;
+        if share.is_some_and(|prev| s > prev) {
+            next += 1;
+        }
+        share = Some(s);
+        out.push(next);
+    }
+    out
+}
+
 impl Track {
     /// Starts tracking from the state the warm-up left: every token computed at `at`.
     fn start(state: &SharedState, at: u32, cfg: &crate::model::Config) -> Self {
@@ -1324,6 +1404,48 @@ mod tests {
     /// K/V and velocities moving linearly with the step: the cache follows the smoothed slope
     /// and a skipped token's velocity its last slope, for tokens computed every step and for
     /// tokens skipped for a while.
+    #[test]
+    fn monotasks_are_consecutive_balanced_and_never_more_than_asked() {
+        let mut seed = 0x9e37_79b9_7f4a_7c15u64;
+        let mut rnd = |n: u64| {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            seed % n
+        };
+        for _ in 0..2000 {
+            let n = 1 + rnd(20) as usize;
+            let active: Vec<(u32, usize)> = (0..n)
+                .map(|p| (p as u32 * 2, 1 + rnd(40) as usize))
+                .collect();
+            let most = 1 + rnd(24) as usize;
+            let m = pack_monotasks(&active, most);
+            assert_eq!(m.len(), n);
+            assert_eq!(m[0], 0);
+            assert!(m.windows(2).all(|w| w[1] == w[0] || w[1] == w[0] + 1));
+            let count = m[n - 1] as usize + 1;
+            assert!(count <= most, "{count} monotasks for at most {most}");
+            if most >= n {
+                assert_eq!(count, n, "every patch its own when allowed");
+            }
+            // Balance: a monotask holds at most a share plus one patch.
+            let total: usize = active.iter().map(|a| a.1).sum();
+            let biggest = active.iter().map(|a| a.1).max().unwrap();
+            let mut load = vec![0usize; count];
+            for (a, &k) in active.iter().zip(&m) {
+                load[k as usize] += a.1;
+            }
+            let share = total.div_ceil(most.min(n));
+            assert!(
+                load.iter().all(|&l| l <= share + biggest),
+                "loads {load:?}, share {share}, biggest patch {biggest}"
+            );
+            if most == 1 {
+                assert!(m.iter().all(|&k| k == 0));
+            }
+        }
+    }
+
     #[test]
     fn extrapolation_follows_a_linear_trajectory_through_skips() {
         let cfg = tiny();

@@ -15,11 +15,13 @@ pub enum Task {
         /// Warm-up steps.
         warmup: u32,
     },
-    /// One patch at one step: reads start-of-step state, writes its fresh rows.
-    Patch {
-        /// Patch id.
-        patch: u32,
-        /// Attend only inside the patch (NaivePatch baseline).
+    /// One monotask of a step: the patches the coordinator packed into monotask `monotask`
+    /// ([`Region::Monotask`]), computed in one forward so that they see each other's fresh
+    /// K/V; reads start-of-step state, writes the fresh rows of its tokens.
+    Patches {
+        /// Monotask index within the step.
+        monotask: u32,
+        /// Attend only inside the patch (NaivePatch baseline; one patch per monotask).
         isolated: bool,
     },
 }
@@ -67,18 +69,28 @@ pub fn run(model: &TinyDit, st: &mut SharedState, task: Task) -> Result<(), Stri
             st.get_mut(Region::CacheV).copy_from_slice(&cache.v);
             Ok(())
         }
-        Task::Patch { patch, isolated } => {
-            let patch_of = st.get(Region::PatchOf);
+        Task::Patches { monotask, isolated } => {
+            let which = st.get(Region::Monotask);
             let toks: Vec<u32> = (0..tokens as u32)
-                .filter(|&t| patch_of[t as usize] == patch as f32)
+                .filter(|&t| which[t as usize] == monotask as f32)
                 .collect();
             if toks.is_empty() {
                 return Err(format!(
-                    "patch {patch} has no tokens in this request's layout"
+                    "monotask {monotask} has no tokens at this request's step"
                 ));
             }
+            let patch_of = st.get(Region::PatchOf);
             let groups_of: Vec<u32> = patch_of.iter().map(|&p| p as u32).collect();
             let groups = groups_of.iter().copied().max().unwrap_or(0) as usize + 1;
+            let mut patches: Vec<u32> = toks.iter().map(|&t| groups_of[t as usize]).collect();
+            patches.sort_unstable();
+            patches.dedup();
+            if isolated && patches.len() != 1 {
+                return Err(format!(
+                    "monotask {monotask} holds {} patches; an isolated one holds one",
+                    patches.len()
+                ));
+            }
             let xs = st.get(Region::X);
             let x: Vec<f32> = toks
                 .iter()
@@ -99,13 +111,15 @@ pub fn run(model: &TinyDit, st: &mut SharedState, task: Task) -> Result<(), Stri
                 };
                 model.forward(&x, &toks, &cond, &text, cache, &mut stats)
             };
-            // R_i = (1/|A_i|^2) sum_{u in A_i} mass[u][i] (paper §4.2).
-            let n = toks.len() as f32;
-            let importance = (0..toks.len())
-                .map(|u| mass[u * groups + patch as usize])
-                .sum::<f32>()
-                / (n * n);
-            // Only this patch's rows: other workers write theirs at the same time.
+            // R_i = (1/|A_i|^2) sum_{u in A_i} mass[u][i] (paper §4.2), for each patch i here.
+            let mut importance = vec![0.0f32; groups];
+            let mut size = vec![0.0f32; groups];
+            for (u, &t) in toks.iter().enumerate() {
+                let p = groups_of[t as usize] as usize;
+                importance[p] += mass[u * groups + p];
+                size[p] += 1.0;
+            }
+            // Only this monotask's rows: other workers write theirs at the same time.
             for l in 0..cfg.depth {
                 for (i, &t) in toks.iter().enumerate() {
                     let at = (l * tokens + t as usize) * d;
@@ -120,7 +134,10 @@ pub fn run(model: &TinyDit, st: &mut SharedState, task: Task) -> Result<(), Stri
                     &out.velocity[i * pd..(i + 1) * pd],
                 );
             }
-            st.write_at(Region::Importance, patch as usize, &[importance]);
+            for &p in &patches {
+                let (p, n) = (p as usize, size[p as usize]);
+                st.write_at(Region::Importance, p, &[importance[p] / (n * n)]);
+            }
             Ok(())
         }
     }

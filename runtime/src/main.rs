@@ -28,6 +28,12 @@ generate options:
   --reuse R        extrapolate | stale: other patches' K/V and skipped patches' velocity
                    extrapolated along their slope, or reused as last computed (the paper's
                    rule) (default extrapolate)
+  --monotasks N|workers|per-patch
+                   a step's active patches run packed into at most N forwards (neighbouring
+                   patches together, balanced by tokens); patches in one forward see each
+                   other's fresh K/V, the others' cached K/V (default 1: the output is the
+                   same for any --workers; workers: one per worker; per-patch: every patch its
+                   own, DistriFusion's displaced patches)
   --cache-threshold T  teacache: skip a step while the accumulated change stays under T (0.1)
   --workers W      workers (default 1)
   --processes      run the workers as separate processes sharing request state in /dev/shm
@@ -38,7 +44,7 @@ generate options:
 
 serve reads one JSON object per line: {\"id\": 1, \"prompt\": \"...\", \"seed\": 0, \"priority\": 0,
 \"steps\": 50, \"warmup\": 5, \"patches\": 8, \"epsilon\": 0.1, \"max_skip\": 3, \"mode\": \"flashdiff\",
-\"reuse\": \"extrapolate\"}
+\"reuse\": \"extrapolate\", \"monotasks\": 1}
 (only \"prompt\" is required) and writes one JSON result per request.";
 
 fn main() -> ExitCode {
@@ -126,6 +132,13 @@ fn parse(args: &[String], positional: bool) -> Result<Opts, String> {
                 }
             }
             "--reuse" => o.cfg.extrapolate = parse_reuse(v.map(String::as_str))?,
+            "--monotasks" => {
+                o.cfg.monotasks = match v.map(String::as_str) {
+                    Some("workers") => None,
+                    Some("per-patch") => Some(u32::MAX),
+                    _ => Some(num(a, v, "workers, per-patch or an integer >= 1")?),
+                }
+            }
             "--cache-threshold" => o.cfg.cache_threshold = num(a, v, "a number >= 0")?,
             "--weights" => o.weights = PathBuf::from(v.ok_or("--weights needs a path")?),
             "-o" | "--output" => o.output = PathBuf::from(v.ok_or("--output needs a path")?),
@@ -389,8 +402,18 @@ fn parse_request(
     let v: serde_json::Value = serde_json::from_str(line).map_err(|e| format!("not JSON: {e}"))?;
     let obj = v.as_object().ok_or("a request must be a JSON object")?;
     let known = [
-        "id", "prompt", "seed", "priority", "steps", "warmup", "patches", "epsilon", "max_skip",
-        "mode", "reuse",
+        "id",
+        "prompt",
+        "seed",
+        "priority",
+        "steps",
+        "warmup",
+        "patches",
+        "epsilon",
+        "max_skip",
+        "mode",
+        "reuse",
+        "monotasks",
     ];
     if let Some(k) = obj.keys().find(|k| !known.contains(&k.as_str())) {
         return Err(format!("unknown field {k:?} (known: {})", known.join(", ")));
@@ -440,6 +463,9 @@ fn parse_request(
     }
     if let Some(m) = obj.get("mode") {
         cfg.mode = m.as_str().ok_or("\"mode\" must be a string")?.parse()?;
+    }
+    if let Some(m) = small("monotasks", u32::MAX as u64)? {
+        cfg.monotasks = Some(m);
     }
     if let Some(k) = obj.get("reuse") {
         cfg.extrapolate = parse_reuse(k.as_str())
@@ -492,6 +518,7 @@ fn bench(args: &[String]) -> Result<(), String> {
         seed: 10_000,
         steps: 50,
         patches: 8,
+        base: RequestConfig::default(),
     };
     let mut out = PathBuf::from("bench-out");
     let mut rest = Vec::new();
@@ -521,7 +548,15 @@ fn bench(args: &[String]) -> Result<(), String> {
         return Err(format!("--prompts {}: must be in 1..=10000", cfg.prompts));
     }
     let o = parse(&rest, false)?;
+    cfg.base = o.cfg.clone();
     let mut engine = make_engine(&o)?;
+    engine
+        .validate(&RequestConfig {
+            steps: cfg.steps,
+            patches: Some(cfg.patches),
+            ..cfg.base.clone()
+        })
+        .map_err(|e| e.to_string())?;
     let t0 = std::time::Instant::now();
     let report = flashdiff_runtime::bench::run(&mut engine, &cfg, &out, &mut |m| {
         eprintln!("[{:>5.0}s] {m}", t0.elapsed().as_secs_f64())

@@ -35,7 +35,8 @@ mod records {
             request: u64,
             /// Step (0 for the warm-up).
             step: u32,
-            /// Patch, or `u32::MAX` for the warm-up.
+            /// Monotask of the step ([`crate::state::Region::Monotask`]), or `u32::MAX` for
+            /// the warm-up.
             patch: u32,
             /// Total steps.
             steps: u32,
@@ -62,7 +63,7 @@ mod records {
             request: u64,
             /// Step.
             step: u32,
-            /// Patch.
+            /// Monotask of the step.
             patch: u32,
         },
         /// The monotask could not run.
@@ -71,7 +72,7 @@ mod records {
             request: u64,
             /// Step.
             step: u32,
-            /// Patch.
+            /// Monotask of the step.
             patch: u32,
             /// Why.
             error: String,
@@ -181,7 +182,10 @@ pub fn worker_main(weights: &Path) -> Result<(), String> {
                     let task = if patch == u32::MAX {
                         Task::Warmup { steps, warmup }
                     } else {
-                        Task::Patch { patch, isolated }
+                        Task::Patches {
+                            monotask: patch,
+                            isolated,
+                        }
                     };
                     exec::run(&model, st, task)
                 })();

@@ -19,7 +19,7 @@ use crate::model::Config;
 
 /// "FDST" + format version in the state header.
 const MAGIC: u32 = u32::from_le_bytes(*b"FDST");
-const VERSION: u32 = 1;
+const VERSION: u32 = 2;
 /// Header: magic, version, tokens, patch_dim, d, depth, max_tokens, region count (u32 each),
 /// padded to 64 bytes.
 const HEADER: usize = 64;
@@ -58,9 +58,13 @@ pub enum Region {
     PatchOf,
     /// Refinement importance of every patch (up to `tokens` patches).
     Importance,
+    /// Monotask of every token at the current step (as f32): the index of the monotask that
+    /// computes the token's patch, or -1 when the patch is skipped. Written by the
+    /// coordinator when it opens a step, read by that step's monotasks.
+    Monotask,
 }
 
-const REGIONS: usize = 15;
+const REGIONS: usize = 16;
 
 /// Offsets of every region for a model config.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -93,6 +97,7 @@ impl Layout {
             depth * mt * d,
             depth * mt * d,
             depth * 6 * d + 2 * d,
+            t,
             t,
             t,
         ];

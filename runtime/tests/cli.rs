@@ -100,6 +100,24 @@ fn bad_arguments_name_the_problem() {
             ],
             "--reuse needs extrapolate or stale",
         ),
+        (
+            &[
+                "generate",
+                "a red circle top on a blue background",
+                "--monotasks",
+                "0",
+            ],
+            "--monotasks 0: must be at least 1",
+        ),
+        (
+            &[
+                "generate",
+                "a red circle top on a blue background",
+                "--monotasks",
+                "all",
+            ],
+            "--monotasks \"all\": expected workers, per-patch or an integer >= 1",
+        ),
         (&["generate"], "needs a prompt"),
         (&["frobnicate"], "unknown command"),
     ];
@@ -126,6 +144,8 @@ fn serve_answers_every_line() {
             "{\"id\": 5, \"prompt\": \"a green cross center on a black background\", \"colour\": 1}\n",
             "{\"id\": 6, \"prompt\": \"a green cross center on a black background\", \"reuse\": \"fresh\"}\n",
             "{\"id\": 7, \"prompt\": \"a red circle top left on a blue background\", \"steps\": 8, \"warmup\": 2, \"reuse\": \"stale\"}\n",
+            "{\"id\": 8, \"prompt\": \"a red circle top left on a blue background\", \"monotasks\": 0}\n",
+            "{\"id\": 9, \"prompt\": \"a red circle top left on a blue background\", \"steps\": 8, \"warmup\": 2, \"monotasks\": 2}\n",
         ),
     )
     .unwrap();
@@ -145,7 +165,7 @@ fn serve_answers_every_line() {
         .lines()
         .map(|l| serde_json::from_str(l).unwrap())
         .collect();
-    assert_eq!(lines.len(), 7);
+    assert_eq!(lines.len(), 9);
     let by_id = |id: u64| {
         lines
             .iter()
@@ -167,6 +187,11 @@ fn serve_answers_every_line() {
         .unwrap()
         .contains("\"reuse\" must be \"extrapolate\" or \"stale\""));
     assert_eq!(by_id(7)["ok"], true);
+    assert!(by_id(8)["error"]
+        .as_str()
+        .unwrap()
+        .contains("monotasks 0: must be at least 1"));
+    assert_eq!(by_id(9)["ok"], true);
     std::fs::remove_dir_all(&dir).ok();
 }
 

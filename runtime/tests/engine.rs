@@ -16,6 +16,8 @@ fn cfg(mode: Mode) -> RequestConfig {
         seed: 7,
         mode,
         priority: 0,
+        // A fixed count, so that tests can compare engines with different worker counts.
+        monotasks: Some(3),
         ..Default::default()
     }
 }
@@ -42,6 +44,85 @@ fn output_is_bit_identical_for_any_number_of_workers() {
         );
         assert_eq!(o.report.active_per_step, outs[0].report.active_per_step);
     }
+}
+
+#[test]
+fn by_default_the_output_does_not_depend_on_the_workers() {
+    let defaults = RequestConfig {
+        monotasks: RequestConfig::default().monotasks,
+        ..cfg(Mode::FlashDiff)
+    };
+    let mut one = Engine::new(&default_weights(), 1).unwrap();
+    let mut two = Engine::new(&default_weights(), 2).unwrap();
+    let want = one
+        .generate(PROMPT, defaults.clone(), &mut |_, _, _| {})
+        .unwrap();
+    let got = two
+        .generate(PROMPT, defaults.clone(), &mut |_, _, _| {})
+        .unwrap();
+    assert_eq!(got.latent, want.latent, "default output depends on workers");
+    // `None` spreads a step over every worker: two monotasks on two workers.
+    let spread = two
+        .generate(
+            PROMPT,
+            RequestConfig {
+                monotasks: None,
+                ..defaults.clone()
+            },
+            &mut |_, _, _| {},
+        )
+        .unwrap();
+    let as_two = one
+        .generate(
+            PROMPT,
+            RequestConfig {
+                monotasks: Some(2),
+                ..defaults.clone()
+            },
+            &mut |_, _, _| {},
+        )
+        .unwrap();
+    assert_eq!(spread.latent, as_two.latent, "None is not the worker count");
+    assert_ne!(
+        spread.latent, want.latent,
+        "packing patches together changed nothing"
+    );
+}
+
+#[test]
+fn one_monotask_per_step_without_skipping_is_full_computation() {
+    // Patches in one forward see each other's fresh K/V: with one monotask per step and no
+    // skipping, nothing is displaced and the result is ordinary sampling, bit for bit.
+    let mut e = Engine::new(&default_weights(), 1).unwrap();
+    let full = e
+        .generate(PROMPT, cfg(Mode::Full), &mut |_, _, _| {})
+        .unwrap();
+    let packed = e
+        .generate(
+            PROMPT,
+            RequestConfig {
+                monotasks: Some(1),
+                ..cfg(Mode::NoSkip)
+            },
+            &mut |_, _, _| {},
+        )
+        .unwrap();
+    assert_eq!(packed.report.patches, 6);
+    assert_eq!(packed.latent, full.latent);
+    let displaced = e
+        .generate(
+            PROMPT,
+            RequestConfig {
+                monotasks: Some(6),
+                ..cfg(Mode::NoSkip)
+            },
+            &mut |_, _, _| {},
+        )
+        .unwrap();
+    assert_ne!(
+        displaced.latent, full.latent,
+        "six monotasks displaced nothing"
+    );
 }
 
 #[test]
