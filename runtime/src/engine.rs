@@ -1,5 +1,5 @@
 //! The engine, single-process mode: requests move through warm-up, partition and gated
-//! patch-wise denoising, with every unit of work (a request's warm-up, one patch-step) a
+//! patch-wise denoising, with every unit of work (a request's warm-up, a step's patches) a
 //! monotask that the Patch Scheduler orders and places on (virtual) workers.
 //!
 //! Execution semantics, per request:
@@ -9,23 +9,28 @@
 //! 2. Partition: salient words ([`crate::scene::is_salient`]) -> saliency map -> R patches
 //!    (R fixed, or from the adaptive controller).
 //! 3. Each remaining step: the gate picks the active patches (all of them in the final
-//!    [`FINAL_FULL_STEPS`] steps); each active patch runs the token-subset forward on its own
-//!    tokens, reading every other token's K/V from the start-of-step cache (displaced K/V);
-//!    skipped patches advance with their cached velocity. When the step's last patch-step
-//!    completes, velocities and K/V are committed, the gate is fed each active patch's
-//!    refinement importance, and `x <- x - h v` for the whole latent.
+//!    [`FINAL_FULL_STEPS`] steps) and [`pack_monotasks`] packs them into at most
+//!    [`RequestConfig::monotasks`] monotasks (default one). A monotask runs the token-subset
+//!    forward over its patches' tokens: fresh K/V among them, every other token's K/V from
+//!    the start-of-step cache (displaced K/V); skipped patches advance with their cached
+//!    velocity. When the step's last monotask completes, velocities and K/V are committed,
+//!    the gate is fed each active patch's refinement importance, and `x <- x - h v` for the
+//!    whole latent.
 //! 4. Reused values ([`RequestConfig::extrapolate`]). The paper reuses them as last
 //!    computed: other patches' K/V one step stale (more for skipped patches), a skipped
 //!    patch's cached velocity. By default we extrapolate them along their per-step slope:
-//!    every token's K/V to the coming step (`last + (next - computed_at) * slope`, slope
-//!    averaged over its computations, [`KV_SLOPE_SMOOTHING`]) and a skipped patch's
+//!    every token's K/V to the coming step (`last + (next - computed_at) * slope`, the raw
+//!    slope with one monotask per step, else averaged over its computations,
+//!    [`KV_SLOPE_SMOOTHING`]) and a skipped patch's
 //!    velocity to the current step (slope of its last two computations). On this model the
 //!    stale values, not the skipping itself, cost most of the PSNR (bench ablation
 //!    `flashdiff-stale`).
 //!
-//! Because every patch-step reads only start-of-step state, and the coordinator computes
-//! that state from committed values alone, the result does not depend on which worker ran
-//! which patch or in which order: it is bit-identical for any packing.
+//! Because every monotask reads only start-of-step state, its patches are a function of the
+//! gate's decisions and the request's monotask count alone, and the coordinator computes
+//! that state from committed values alone, the result does not depend on the worker count,
+//! on which worker ran which monotask or in which order: it is bit-identical for any
+//! packing onto workers and after any re-run.
 //!
 //! Modes: [`Mode::FlashDiff`] (default), [`Mode::NoSkip`] (all patches every step, displaced
 //! K/V: with stale K/V and uniform patches, the DistriFusion-style baseline), [`Mode::Full`]
@@ -1065,6 +1070,17 @@ impl Engine {
             }
             cost[m as usize] += n as f64;
         }
+        if let Some(tr) = r.track.as_ref() {
+            // Every row a monotask reads: with one monotask, the skipped patches' tokens.
+            let split = cost.len() > 1;
+            let read: Vec<bool> = r
+                .state
+                .get(Region::Monotask)
+                .iter()
+                .map(|&m| split || m < 0.0)
+                .collect();
+            write_cache(&mut r.state, tr, r.step, &read, self.model.config());
+        }
         let list: Vec<(u32, f64)> = cost
             .iter()
             .enumerate()
@@ -1212,7 +1228,7 @@ impl Engine {
         for p in (0..layout.patches()).filter(|&p| r.active[p as usize]) {
             for &t in layout.patch_tokens(p) {
                 let t = t as usize;
-                // With extrapolation, `extrapolate` rewrites the whole K/V cache below.
+                // With extrapolation, `write_cache` writes the rows the next step reads.
                 for l in (0..cfg.depth).filter(|_| r.track.is_none()) {
                     let at = (l * tokens + t) * d;
                     let (src, dst) = r.state.get_pair(Region::FreshK, Region::CacheK);
@@ -1325,11 +1341,10 @@ impl Track {
 }
 
 /// After step `n`'s commit (fresh rows already copied into `V`): updates the slopes of every
-/// token computed in it, advances every skipped token's velocity along its slope to step
-/// `n` (`V = base + (n - last) * slope`, before the Euler update), and writes into the K/V
-/// cache what the patch-steps of step `n + 1` read, every token's K/V extrapolated to that
-/// step. Runs on the coordinator from committed state only, so the result stays independent
-/// of the packing.
+/// token computed in it and advances every skipped token's velocity along its slope to step
+/// `n` (`V = base + (n - last) * slope`, before the Euler update). The K/V the next step
+/// reads are written by [`write_cache`] once its monotasks are known. Runs on the
+/// coordinator from committed state only, so the result stays independent of the packing.
 fn extrapolate(
     state: &mut SharedState,
     tr: &mut Track,
@@ -1380,11 +1395,25 @@ fn extrapolate(
             *o = b + ahead * sl;
         }
     }
+}
+
+/// Writes into the K/V cache what the monotasks of step `n` read: the K/V of every token
+/// with `read[t]`, extrapolated to step `n` (`base + (n - last) slope`). Rows no monotask
+/// reads (the tokens of the only monotask of a step) are left as they are. From committed
+/// state only, like [`extrapolate`].
+fn write_cache(
+    state: &mut SharedState,
+    tr: &Track,
+    n: u32,
+    read: &[bool],
+    cfg: &crate::model::Config,
+) {
+    let (tokens, d) = (cfg.tokens(), cfg.d);
     for (kv, region) in [Region::CacheK, Region::CacheV].into_iter().enumerate() {
         let dst = state.get_mut(region);
-        for l in 0..depth {
-            for (t, &last) in tr.last.iter().enumerate() {
-                let ahead = (n + 1 - last) as f32;
+        for l in 0..cfg.depth {
+            for (t, &last) in tr.last.iter().enumerate().filter(|&(t, _)| read[t]) {
+                let ahead = n.saturating_sub(last) as f32;
                 let at = (l * tokens + t) * d;
                 let (base, slope) = (&tr.kv_base[kv][at..at + d], &tr.kv_slope[kv][at..at + d]);
                 for ((o, &b), &sl) in dst[at..at + d].iter_mut().zip(base).zip(slope) {
@@ -1510,6 +1539,7 @@ mod tests {
             fill(&mut st, Region::FreshVel, pd, n, &everyone);
             fill(&mut st, Region::V, pd, n, &computed); // the commit's copy of fresh rows
             extrapolate(&mut st, &mut track, &layout, &active, n, &cfg);
+            write_cache(&mut st, &track, n + 1, &everyone, &cfg);
             for p in 0..2u32 {
                 let (last, m) = match (p, n) {
                     (0, _) => (n, n as i32),

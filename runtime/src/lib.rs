@@ -1,9 +1,10 @@
 //! The FlashDiff runtime: the built-in model and the serving engine.
 //!
 //! - [`engine`]: requests through warm-up, partition, gated patch-steps and commit, with the
-//!   execution semantics (displaced and extrapolated K/V, the final full step, bit-identical
-//!   output for any packing) documented at the top of that module.
-//! - [`exec`]: one monotask (a warm-up, a patch-step) on a request's state; what a worker
+//!   execution semantics (a step's patches packed into monotasks, displaced and extrapolated
+//!   K/V, the final full step, bit-identical output for any worker count) documented at the
+//!   top of that module.
+//! - [`exec`]: one monotask (a warm-up, a step's patches) on a request's state; what a worker
 //!   runs. [`proc`]: worker processes and the framed, validated rkyv control records.
 //!   [`state`]: the request state as named regions of one mapping (/dev/shm or anonymous).
 //! - [`model`]: the TinyDiT loader (zero-copy safetensors) and token-subset forward;
