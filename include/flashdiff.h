@@ -568,7 +568,7 @@ uint32_t fd_status_last(void);
 struct fd_engine_config fd_engine_config_default(void);
 
 /**
- * Defaults: 50 steps, 5 warm-up, adaptive patches, ε 0.2, K 3, seed 0, FlashDiff, priority 0,
+ * Defaults: 50 steps, 5 warm-up, adaptive patches, ε 0.1, K 3, seed 0, FlashDiff, priority 0,
  * extrapolated reuse, one monotask per step.
  */
 struct fd_request_config fd_request_config_default(void);

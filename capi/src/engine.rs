@@ -139,7 +139,7 @@ pub extern "C" fn fd_engine_config_default() -> fd_engine_config {
     }
 }
 
-/// Defaults: 50 steps, 5 warm-up, adaptive patches, ε 0.2, K 3, seed 0, FlashDiff, priority 0,
+/// Defaults: 50 steps, 5 warm-up, adaptive patches, ε 0.1, K 3, seed 0, FlashDiff, priority 0,
 /// extrapolated reuse, one monotask per step.
 #[no_mangle]
 pub extern "C" fn fd_request_config_default() -> fd_request_config {

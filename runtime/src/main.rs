@@ -20,7 +20,7 @@ generate options:
   --steps N        total Euler steps (default 50)
   --warmup N       warm-up steps before partitioning (default 5)
   --patches N|auto patch count R (default auto: the adaptive controller)
-  --epsilon E      gate threshold in [0, 1] (default 0.2)
+  --epsilon E      gate threshold in [0, 1] (default 0.1)
   --max-skip K     longest run of skips per patch (default 3)
   --seed S         noise seed (default 0)
   --mode M         flashdiff | no-skip | full | naive-patch | teacache | ras (default flashdiff)
@@ -43,7 +43,7 @@ generate options:
   -o, --output P   PNG path (default flashdiff.png)
 
 serve reads one JSON object per line: {\"id\": 1, \"prompt\": \"...\", \"seed\": 0, \"priority\": 0,
-\"steps\": 50, \"warmup\": 5, \"patches\": 8, \"epsilon\": 0.2, \"max_skip\": 3, \"mode\": \"flashdiff\",
+\"steps\": 50, \"warmup\": 5, \"patches\": 8, \"epsilon\": 0.1, \"max_skip\": 3, \"mode\": \"flashdiff\",
 \"reuse\": \"extrapolate\", \"monotasks\": 1}
 (only \"prompt\" is required) and writes one JSON result per request.";
 
@@ -517,7 +517,7 @@ fn bench(args: &[String]) -> Result<(), String> {
         prompts: 64,
         seed: 10_000,
         steps: 50,
-        patches: 8,
+        patches: 16,
         base: RequestConfig::default(),
     };
     let mut out = PathBuf::from("bench-out");
