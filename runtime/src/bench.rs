@@ -126,6 +126,15 @@ fn methods() -> Vec<Method> {
     ]
 }
 
+/// A target's verdict as the report prints it.
+fn verdict(ok: bool) -> &'static str {
+    if ok {
+        "met"
+    } else {
+        "**missed**"
+    }
+}
+
 fn ms(d: Duration) -> f64 {
     d.as_secs_f64() * 1e3
 }
@@ -303,10 +312,7 @@ pub fn run(
     ];
     md.push_str("\n## Targets at the default settings (issue 6)\n\n| target | measured | wanted | verdict |\n| --- | --- | --- | --- |\n");
     for (t, m, ok, want) in &targets {
-        md.push_str(&format!(
-            "| {t} | {m} | {want} | {} |\n",
-            if *ok { "met" } else { "**missed**" }
-        ));
+        md.push_str(&format!("| {t} | {m} | {want} | {} |\n", verdict(*ok)));
     }
     // Scale beyond this machine: the scheduler's simulator with costs measured above.
     let full_ms = get("full", "latency_ms");
@@ -434,7 +440,6 @@ pub fn run(
     let (own_tput, own_p99) = ratios(json!("1.2 of FlashDiff's"));
     let saturated = |m: &str| lookup(json!("saturated"), m, "throughput_rps");
     let capacity = saturated("flashdiff") / saturated("distrifusion");
-    let verdict = |ok: bool| if ok { "met" } else { "**missed**" };
     md.push_str(&format!(
         "\nAt load 1.2 of DistriFusion-style's capacity (one trace for both): throughput {tput:.2}x DistriFusion-style (target >= 1.5x: {}), p99 completion {p99:.2}x lower (target >= 2x: {}).\n",
         verdict(tput >= 1.5),
@@ -699,7 +704,6 @@ fn operating_points(sweeps: &[Value], full_ms: f64) -> String {
     };
     let eps: Vec<&Value> = sweeps.iter().filter(|v| v["knob"] == "epsilon").collect();
     let mut md = String::from("\n## Operating points along the sweeps (issue 6 targets)\n\nWork skipped counts the warm-up as full work, so it is below the share of patch-steps skipped.\n\n| target | measured | wanted | verdict |\n| --- | --- | --- | --- |\n");
-    let verdict = |ok: bool| if ok { "met" } else { "**missed**" };
     match eps
         .iter()
         .filter(|v| f(v, "psnr_db") >= 30.0)

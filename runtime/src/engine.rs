@@ -148,9 +148,9 @@ pub struct RequestConfig {
     /// Share of 2x2 regions [`Mode::Ras`] recomputes each step (RAS's sample ratio, 0.5).
     pub ras_ratio: f32,
     /// Values reused instead of recomputed ([`Mode::FlashDiff`], [`Mode::NoSkip`]): `true`
-    /// extrapolates them along their per-step slope: the displaced K/V patch-steps read
-    /// (smoothed slope, [`KV_SLOPE_SMOOTHING`]) and a skipped patch's velocity (slope of its
-    /// last two computations); `false` reuses them as last computed (the paper's rule; with
+    /// extrapolates them along their per-step slope: the displaced K/V monotasks read (raw
+    /// slope with one monotask per step, else averaged, [`KV_SLOPE_SMOOTHING`]) and a skipped
+    /// patch's velocity (slope of its last two computations); `false` reuses them as last computed (the paper's rule; with
     /// no skipping, DistriFusion's).
     pub extrapolate: bool,
     /// Monotasks per step: the step's active patches are packed, in patch order and balanced
@@ -183,10 +183,11 @@ pub const ENGINE_DEFAULT_EPSILON: f32 = 0.1;
 
 /// Default monotasks per step ([`RequestConfig::monotasks`]): one forward over a step's
 /// active patches, which then see each other's fresh K/V, and an output that is the same for
-/// any worker count (DESIGN.md step 4). Measured with `flashdiff bench --quick` (8 prompts,
-/// R = 8, ε 0.1): one monotask per step gave 64.0 dB mean PSNR against full computation at
-/// 0.67 of its work; one monotask per patch (every patch reading the others' displaced K/V)
-/// gave 49.8 dB at the same work, below 57.0 dB for full computation with fewer steps.
+/// any worker count (DESIGN.md step 4). Measured with `flashdiff bench` (64 prompts, R = 16,
+/// ε 0.1): one monotask per step gave 58.2 dB mean PSNR against full computation at 0.44 of
+/// its work; one monotask per patch (every patch reading the others' displaced K/V, the
+/// `flashdiff-per-patch` ablation) gave 42.9 dB at 0.45, below 47.7 dB for full
+/// computation with fewer steps at 0.44.
 /// Concurrent requests still spread over the workers, one request-step per monotask.
 pub const DEFAULT_MONOTASKS: u32 = 1;
 
@@ -194,7 +195,10 @@ pub const DEFAULT_MONOTASKS: u32 = 1;
 /// Measured on the bench's 64 held-out prompts at the other defaults (adaptive R, ε 0.1):
 /// K = 4 skipped 47.0% of patch-steps at 46.9 dB mean PSNR with the checker agreeing with
 /// full computation on 60 of 64 prompts; K = 3 skipped 43.5% at 48.3 dB and agreed on 62,
-/// meeting the engine issue's bar (>= 40% skipped, >= 30 dB, >= 95% agreement).
+/// meeting the engine issue's bar (>= 40% skipped, >= 30 dB, >= 95% agreement). Measured
+/// again with a step's patches in one monotask (bench's first 16 prompts, R = 8): K = 3 did
+/// 0.66 / 0.45 of the work at 66.1 / 58.2 dB for ε 0.1 / 0.2; K = 4 did 0.62 / 0.42 at 58.4 /
+/// 48.8 dB and K = 5 0.60 / 0.40 at 56.9 / 48.7 dB.
 pub const ENGINE_DEFAULT_MAX_SKIP: u32 = 3;
 
 /// Weight of the newest measurement in a token's K/V slope (an exponential average with the
@@ -1056,21 +1060,11 @@ impl Engine {
             .filter(|&p| r.active[p as usize])
             .map(|p| (p, layout.patch_tokens(p).len()))
             .collect();
-        let most = match r.cfg.mode {
-            Mode::NaivePatch => usize::MAX,
-            _ => r.cfg.monotasks.unwrap_or(self.workers) as usize,
-        };
-        let monotask_of = pack_monotasks(&active, most);
+        let monotask_of = pack_monotasks(&active, monotask_limit(&r.cfg, self.workers));
         let which = r.state.get_mut(Region::Monotask);
         which.fill(-1.0);
-        let mut cost = vec![
-            0.0f64;
-            monotask_of
-                .iter()
-                .map(|&m| m as usize + 1)
-                .max()
-                .unwrap_or(0)
-        ];
+        // Monotasks are numbered consecutively from 0.
+        let mut cost = vec![0.0f64; monotask_of.last().map_or(0, |&m| m as usize + 1)];
         for (&(p, n), &m) in active.iter().zip(&monotask_of) {
             for &t in layout.patch_tokens(p) {
                 which[t as usize] = m as f32;
@@ -1226,7 +1220,7 @@ impl Engine {
         if r.cfg.extrapolate && r.track.is_none() && matches!(mode, Mode::FlashDiff | Mode::NoSkip)
         {
             // First commit after the warm-up, whose last step computed every token.
-            let one = r.cfg.monotasks.unwrap_or(self.workers) == 1;
+            let one = monotask_limit(&r.cfg, self.workers) == 1;
             let w = if one { 1.0 } else { KV_SLOPE_SMOOTHING };
             r.track = Some(Track::start(&r.state, r.step.saturating_sub(1), cfg, w));
         }
@@ -1236,12 +1230,14 @@ impl Engine {
             for &t in layout.patch_tokens(p) {
                 let t = t as usize;
                 // With extrapolation, `write_cache` writes the rows the next step reads.
-                for l in (0..cfg.depth).filter(|_| r.track.is_none()) {
-                    let at = (l * tokens + t) * d;
-                    let (src, dst) = r.state.get_pair(Region::FreshK, Region::CacheK);
-                    dst[at..at + d].copy_from_slice(&src[at..at + d]);
-                    let (src, dst) = r.state.get_pair(Region::FreshV, Region::CacheV);
-                    dst[at..at + d].copy_from_slice(&src[at..at + d]);
+                if r.track.is_none() {
+                    for l in 0..cfg.depth {
+                        let at = (l * tokens + t) * d;
+                        let (src, dst) = r.state.get_pair(Region::FreshK, Region::CacheK);
+                        dst[at..at + d].copy_from_slice(&src[at..at + d]);
+                        let (src, dst) = r.state.get_pair(Region::FreshV, Region::CacheV);
+                        dst[at..at + d].copy_from_slice(&src[at..at + d]);
+                    }
                 }
                 let (src, dst) = r.state.get_pair(Region::FreshVel, Region::V);
                 dst[t * pd..(t + 1) * pd].copy_from_slice(&src[t * pd..(t + 1) * pd]);
@@ -1299,6 +1295,15 @@ impl Engine {
             report: r.report,
             layout,
         }));
+    }
+}
+
+/// The most monotasks a step of a request with `cfg` runs in ([`RequestConfig::monotasks`]);
+/// NaivePatch always runs one patch per monotask.
+fn monotask_limit(cfg: &RequestConfig, workers: u32) -> usize {
+    match cfg.mode {
+        Mode::NaivePatch => usize::MAX,
+        _ => cfg.monotasks.unwrap_or(workers) as usize,
     }
 }
 

@@ -82,13 +82,15 @@ pub fn run(model: &TinyDit, st: &mut SharedState, task: Task) -> Result<(), Stri
             let patch_of = st.get(Region::PatchOf);
             let groups_of: Vec<u32> = patch_of.iter().map(|&p| p as u32).collect();
             let groups = groups_of.iter().copied().max().unwrap_or(0) as usize + 1;
-            let mut patches: Vec<u32> = toks.iter().map(|&t| groups_of[t as usize]).collect();
-            patches.sort_unstable();
-            patches.dedup();
-            if isolated && patches.len() != 1 {
+            // Tokens of each patch in this monotask (0 for the patches it does not hold).
+            let mut size = vec![0.0f32; groups];
+            for &t in &toks {
+                size[groups_of[t as usize] as usize] += 1.0;
+            }
+            let held = size.iter().filter(|&&n| n > 0.0).count();
+            if isolated && held != 1 {
                 return Err(format!(
-                    "monotask {monotask} holds {} patches; an isolated one holds one",
-                    patches.len()
+                    "monotask {monotask} holds {held} patches; an isolated one holds one"
                 ));
             }
             let xs = st.get(Region::X);
@@ -113,11 +115,9 @@ pub fn run(model: &TinyDit, st: &mut SharedState, task: Task) -> Result<(), Stri
             };
             // R_i = (1/|A_i|^2) sum_{u in A_i} mass[u][i] (paper §4.2), for each patch i here.
             let mut importance = vec![0.0f32; groups];
-            let mut size = vec![0.0f32; groups];
             for (u, &t) in toks.iter().enumerate() {
                 let p = groups_of[t as usize] as usize;
                 importance[p] += mass[u * groups + p];
-                size[p] += 1.0;
             }
             // Only this monotask's rows: other workers write theirs at the same time.
             for l in 0..cfg.depth {
@@ -134,8 +134,7 @@ pub fn run(model: &TinyDit, st: &mut SharedState, task: Task) -> Result<(), Stri
                     &out.velocity[i * pd..(i + 1) * pd],
                 );
             }
-            for &p in &patches {
-                let (p, n) = (p as usize, size[p as usize]);
+            for (p, &n) in size.iter().enumerate().filter(|(_, &n)| n > 0.0) {
                 st.write_at(Region::Importance, p, &[importance[p] / (n * n)]);
             }
             Ok(())
