@@ -9,7 +9,7 @@ use std::path::PathBuf;
 use flashdiff_runtime::engine::{
     default_weights, Engine, EngineError, LayoutKind, Mode, Output, RequestConfig,
 };
-use flashdiff_runtime::scene::IMAGE;
+use flashdiff_runtime::models::scene::IMAGE;
 
 use crate::error::{boundary, boundary_value, fd_status, Fail};
 use crate::ptr;
@@ -119,6 +119,7 @@ fn from_engine(e: EngineError) -> Fail {
     let status = match &e {
         EngineError::Weights(_) => fd_status::FD_ERR_CONFIG,
         EngineError::Prompt(_) => fd_status::FD_ERR_VALUE,
+        EngineError::Model(_) => fd_status::FD_ERR_VALUE,
         EngineError::Config(_) => fd_status::FD_ERR_CONFIG,
         EngineError::Scheduler(flashdiff_scheduler::SchedError::Full { .. }) => {
             fd_status::FD_ERR_FULL

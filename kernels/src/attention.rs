@@ -75,6 +75,51 @@ pub fn attention_f32(
         out.fill(0.0);
         return;
     }
+    // Queries in blocks, so the score matrix never exceeds QUERY_BLOCK x nk per head (4096
+    // tokens would otherwise hold a 64 MiB matrix per head).
+    for start in (0..nq).step_by(QUERY_BLOCK) {
+        let n = QUERY_BLOCK.min(nq - start);
+        let mut st = AttnStats {
+            probs: stats
+                .probs
+                .as_mut()
+                .map(|(p, w)| (&mut p[start * nk..(start + n) * nk], *w)),
+            group_mass: stats.group_mass.as_mut().map(|g| GroupMass {
+                key_group: g.key_group,
+                groups: g.groups,
+                out: &mut g.out[start * g.groups..(start + n) * g.groups],
+                weight: g.weight,
+            }),
+        };
+        attention_block(
+            &q[start * d..(start + n) * d],
+            n,
+            k,
+            v,
+            nk,
+            d,
+            heads,
+            &mut out[start * d..(start + n) * d],
+            &mut st,
+        );
+    }
+}
+
+/// Queries per block of [`attention_f32`].
+pub const QUERY_BLOCK: usize = 256;
+
+#[allow(clippy::too_many_arguments)]
+fn attention_block(
+    q: &[f32],
+    nq: usize,
+    k: &[f32],
+    v: &[f32],
+    nk: usize,
+    d: usize,
+    heads: usize,
+    out: &mut [f32],
+    stats: &mut AttnStats<'_>,
+) {
     let dh = d / heads;
     let scale = 1.0 / (dh as f32).sqrt();
     let mut scores = vec![0.0f32; nq * nk];

@@ -18,9 +18,10 @@
 //! assert_eq!(y, [1.5, 2.0, 3.0, 3.5, 4.0, 7.0]);
 //! ```
 //!
-//! The [`Backend`] trait is the seam for other devices: the CUDA backend (NVRTC through
-//! cudarc, loaded at run time) implements the same ops in the next milestone, and the
-//! tests compare every op against this CPU reference.
+//! [`ops`] wraps them as candle ops: custom ops with these kernels as bodies on the CPU,
+//! candle's own composed ops on other devices (CUDA with the `cuda` feature), tested
+//! against each other. Models written on candle tensors call [`ops`]; the slice kernels
+//! stay the CPU implementation and the reference.
 
 mod activation;
 mod attention;
@@ -28,9 +29,10 @@ mod ftz;
 mod gather;
 mod linear;
 mod norm;
+pub mod ops;
 
 pub use activation::{exp_f32, gelu_tanh_f32, silu_f32};
-pub use attention::{attention_f32, AttnStats, GroupMass};
+pub use attention::{attention_f32, AttnStats, GroupMass, QUERY_BLOCK};
 pub use ftz::flush_denormals_to_zero;
 pub use gather::{gather_rows_f32, scatter_rows_f32};
 pub use linear::linear_f32;

@@ -16,7 +16,8 @@ use flashdiff_scheduler::SchedulerConfig;
 
 use crate::engine::{Engine, EngineError, LayoutKind, Mode, Output, RequestConfig};
 use crate::image;
-use crate::scene::{self, IMAGE};
+use flashdiff_models::scene::{self, IMAGE};
+use flashdiff_models::{euler_full_step, ModelError, Tensor};
 
 /// Benchmark settings.
 #[derive(Debug, Clone)]
@@ -606,27 +607,27 @@ fn final_step_profile(
     prompts: u32,
     steps: u32,
 ) -> Result<(String, Value), EngineError> {
-    use crate::model::StepStats;
     let model = engine.model();
-    let mcfg = model.config().clone();
-    let (tokens, pd) = (mcfg.tokens(), mcfg.patch_dim());
+    let dims = model.dims().clone();
+    let (tokens, pd) = (dims.grid.tokens(), dims.channels);
     // change[n][token], summed over prompts; per-token jump counts.
     let mut mean_change = vec![0.0f64; steps as usize];
     let (mut jumped, mut counted) = (0usize, 0usize);
     for i in 0..prompts as u64 {
         let scene = scene::sample(seed + i);
-        let ids = scene::tokenize(&scene::prompt_text(&scene), model.vocab(), mcfg.max_tokens)?;
-        let text = model.encode_text(&ids);
+        let c = model.condition(&scene::prompt_text(&scene))?;
+        let context = Tensor::from_slice(&c.context, c.context.len(), model.device())
+            .map_err(ModelError::from)?;
         let mut x = crate::engine::noise(seed + i, tokens * pd);
-        let mut cache = model.new_cache();
         let mut prev: Option<Vec<f32>> = None;
         let mut per_token: Vec<Vec<f64>> = vec![Vec::new(); tokens];
         for n in 0..steps {
-            let mut stats = StepStats {
-                cross: None,
-                patch_mass: None,
-            };
-            let velocity = model.full_step(&mut x, &text, &mut cache, n, steps, &mut stats);
+            let out = euler_full_step(model, &mut x, &context, n, steps, false)?;
+            let velocity = out
+                .velocity
+                .flatten_all()
+                .and_then(|v| v.to_vec1::<f32>())
+                .map_err(ModelError::from)?;
             if let Some(p) = &prev {
                 for (t, changes) in per_token.iter_mut().enumerate() {
                     let r = t * pd..(t + 1) * pd;

@@ -50,11 +50,13 @@ use flashdiff_partitioner::{
 use flashdiff_scheduler::{Completion, SchedError, Scheduler, SchedulerConfig, Tag, WARMUP_PATCH};
 
 use crate::exec::{self, Task};
-use crate::image;
-use crate::model::{TextContext, TinyDit, WeightsError};
 use crate::proc::{Event, Order, Pool, Report as WorkerReport};
-use crate::scene::{self, PromptError};
 use crate::state::{Layout, Region, SharedState};
+use flashdiff_models::scene::PromptError;
+use flashdiff_models::{
+    Denoiser, Device, Dims, ModelError, StepInput, Tensor, TinyDit, WeightsError,
+};
+use std::sync::Arc;
 
 /// Default total steps (DESIGN.md: N = 50).
 pub const DEFAULT_STEPS: u32 = 50;
@@ -255,6 +257,8 @@ pub enum EngineError {
     Gate(GateError),
     /// Scheduler refusal (admission control included).
     Scheduler(SchedError),
+    /// The model refused its input or its tensor library failed.
+    Model(ModelError),
 }
 
 impl fmt::Display for EngineError {
@@ -266,6 +270,7 @@ impl fmt::Display for EngineError {
             Self::Partition(e) => write!(f, "partitioner: {e}"),
             Self::Gate(e) => write!(f, "gate: {e}"),
             Self::Scheduler(e) => write!(f, "scheduler: {e}"),
+            Self::Model(e) => write!(f, "{e}"),
         }
     }
 }
@@ -280,6 +285,15 @@ impl From<WeightsError> for EngineError {
 impl From<PromptError> for EngineError {
     fn from(e: PromptError) -> Self {
         Self::Prompt(e)
+    }
+}
+impl From<ModelError> for EngineError {
+    fn from(e: ModelError) -> Self {
+        match e {
+            ModelError::Weights(e) => Self::Weights(e),
+            ModelError::Prompt(e) => Self::Prompt(e),
+            e => Self::Model(e),
+        }
     }
 }
 impl From<PartitionError> for EngineError {
@@ -390,8 +404,10 @@ pub fn noise(seed: u64, n: usize) -> Vec<f32> {
 
 struct Request {
     cfg: RequestConfig,
-    words: Vec<String>,
-    text: TextContext,
+    /// Whether each of the prompt's words is salient (the saliency map's columns).
+    salient: Vec<bool>,
+    /// The prompt's conditioning on the model's device.
+    context: Tensor,
     state: SharedState,
     layout: Option<PatchLayout>,
     gate: Option<Gate>,
@@ -434,7 +450,7 @@ enum Executor {
 /// The engine: one model, a scheduler over `workers` virtual workers, the adaptive-R
 /// controller, and the requests in flight.
 pub struct Engine {
-    model: TinyDit,
+    model: Arc<dyn Denoiser>,
     layout: Layout,
     sched: Scheduler,
     workers: u32,
@@ -511,18 +527,32 @@ impl Engine {
                 "--workers {workers}: must be in 1..=1024"
             )));
         }
-        let model = TinyDit::load(weights)?;
+        let model: Arc<dyn Denoiser> = Arc::new(TinyDit::load(weights, &Device::Cpu)?);
+        Self::with_model(model, workers, shm)
+    }
+
+    /// An engine over any model, with `workers` virtual workers in this process.
+    pub fn with_model(
+        model: Arc<dyn Denoiser>,
+        workers: u32,
+        shm: Option<PathBuf>,
+    ) -> Result<Self, EngineError> {
+        if workers == 0 || workers > 1024 {
+            return Err(EngineError::Config(format!(
+                "--workers {workers}: must be in 1..=1024"
+            )));
+        }
         let sched = Scheduler::new(SchedulerConfig {
             workers,
             ..Default::default()
         })?;
-        let tokens = model.config().tokens() as u32;
+        let tokens = model.dims().grid.tokens() as u32;
         let granularity = GranularityController::new(GranularityConfig {
             r_min: 2,
             r_max: 16.min(tokens),
             ..Default::default()
         })?;
-        let layout = Layout::new(model.config());
+        let layout = Layout::new(model.dims());
         Ok(Self {
             model,
             layout,
@@ -537,8 +567,8 @@ impl Engine {
     }
 
     /// The model.
-    pub fn model(&self) -> &TinyDit {
-        &self.model
+    pub fn model(&self) -> &dyn Denoiser {
+        &*self.model
     }
 
     /// Workers the scheduler places monotasks on.
@@ -559,7 +589,7 @@ impl Engine {
                 cfg.steps - 1
             ));
         }
-        let tokens = self.model.config().tokens() as u32;
+        let tokens = self.model.dims().grid.tokens() as u32;
         if let Some(r) = cfg.patches {
             if r == 0 || r > tokens {
                 return bad(format!(
@@ -603,25 +633,22 @@ impl Engine {
                 "request id {id} is already in flight"
             )));
         }
-        let mcfg = self.model.config().clone();
-        let ids = scene::tokenize(prompt, self.model.vocab(), mcfg.max_tokens)?;
-        let words = scene::words(prompt);
-        let text = self.model.encode_text(&ids);
-        let tokens = mcfg.tokens();
+        let dims = self.model.dims().clone();
+        let c = self.model.condition(prompt)?;
+        let context = Tensor::from_slice(&c.context, c.context.len(), self.model.device())
+            .map_err(ModelError::from)?;
+        let tokens = dims.grid.tokens();
         let mut state = SharedState::create(self.layout.clone(), self.shm.as_deref(), id)
             .map_err(|e| EngineError::Config(format!("cannot create request state: {e}")))?;
         state
             .get_mut(Region::X0)
-            .copy_from_slice(&noise(cfg.seed, tokens * mcfg.patch_dim()));
-        let (pooled, tk, tv) = text.parts();
-        state.get_mut(Region::Pooled).copy_from_slice(pooled);
-        state.get_mut(Region::TextK).copy_from_slice(tk);
-        state.get_mut(Region::TextV).copy_from_slice(tv);
+            .copy_from_slice(&noise(cfg.seed, tokens * dims.channels));
+        state.get_mut(Region::Context).copy_from_slice(&c.context);
         self.sched
             .submit(id, cfg.priority, (cfg.warmup as usize * tokens) as f64)?;
         let req = Request {
-            words,
-            text,
+            salient: c.salient,
+            context,
             state,
             layout: None,
             gate: None,
@@ -951,7 +978,7 @@ impl Engine {
                 isolated: r.cfg.mode == Mode::NaivePatch,
             }
         };
-        exec::run(&self.model, &mut r.state, task)
+        exec::run(&*self.model, &mut r.state, task)
     }
 
     fn after_warmup(&mut self, id: u64) {
@@ -959,8 +986,9 @@ impl Engine {
             return;
         };
         let t0 = Instant::now();
-        let cfg = self.model.config();
-        let grid = match Grid::image(cfg.grid() as u32, cfg.grid() as u32) {
+        let dims = self.model.dims();
+        let g = dims.grid;
+        let grid = match Grid::new(g.frames as u32, g.height as u32, g.width as u32) {
             Ok(g) => g,
             Err(e) => return self.fail(id, e.into()),
         };
@@ -972,15 +1000,15 @@ impl Engine {
         let uniform = r.cfg.layout == LayoutKind::Uniform
             || matches!(r.cfg.mode, Mode::NaivePatch | Mode::Ras);
         // Saliency over the prompt's real words (padding excluded).
-        let n_words = r.words.len();
-        let tokens = cfg.tokens();
-        let mt = cfg.max_tokens;
+        let n_words = r.salient.len();
+        let tokens = g.tokens();
+        let mt = dims.words;
         let cross = r.state.get(Region::Cross);
         let attn: Vec<f32> = (0..tokens)
             .flat_map(|t| cross[t * mt..t * mt + n_words].to_vec())
             .collect();
-        let salient: Vec<bool> = r.words.iter().map(|w| scene::is_salient(w)).collect();
-        let layout = match saliency_map(&attn, tokens, &salient).and_then(|s| {
+        let salient = &r.salient;
+        let layout = match saliency_map(&attn, tokens, salient).and_then(|s| {
             if uniform {
                 partition_uniform(grid, r_count)
             } else {
@@ -1033,13 +1061,17 @@ impl Engine {
         if r.step >= r.cfg.steps {
             return self.finish(id);
         }
-        if r.cfg.mode == Mode::TeaCache && Self::tea_skip(&self.model, r) {
-            return self.open_step(id, progress);
+        if r.cfg.mode == Mode::TeaCache {
+            match Self::tea_skip(&*self.model, r) {
+                Ok(true) => return self.open_step(id, progress),
+                Ok(false) => {}
+                Err(e) => return self.fail(id, e.into()),
+            }
         }
         let t0 = Instant::now();
         let final_full = r.step + FINAL_FULL_STEPS >= r.cfg.steps;
         if r.cfg.mode == Mode::Ras {
-            if let Err(e) = Self::ras_select(&self.model, r, final_full) {
+            if let Err(e) = Self::ras_select(&*self.model, r, final_full) {
                 return self.fail(id, EngineError::Config(e));
             }
         } else {
@@ -1080,7 +1112,7 @@ impl Engine {
                 .iter()
                 .map(|&m| split || m < 0.0)
                 .collect();
-            write_cache(&mut r.state, tr, r.step, &read, self.model.config());
+            write_cache(&mut r.state, tr, r.step, &read, self.model.dims());
         }
         let list: Vec<(u32, f64)> = cost
             .iter()
@@ -1092,10 +1124,15 @@ impl Engine {
         r.report.computed += active.len() as u64;
         r.report.computed_tokens += active.iter().map(|p| p.1 as u64).sum::<u64>();
         let h = 1.0 / r.cfg.steps as f32;
-        let cond = self.model.step_cond(&r.text, 1.0 - r.step as f32 * h);
-        r.state
-            .get_mut(Region::Cond)
-            .copy_from_slice(cond.as_slice());
+        let cond = match self
+            .model
+            .step_cond(&r.context, 1.0 - r.step as f32 * h)
+            .and_then(|c| Ok(c.to_vec1::<f32>()?))
+        {
+            Ok(c) => c,
+            Err(e) => return self.fail(id, e.into()),
+        };
+        r.state.get_mut(Region::Cond).copy_from_slice(&cond);
         let step = r.step;
         let t0 = Instant::now();
         let submitted = self.sched.submit_step(id, step, &list);
@@ -1109,11 +1146,24 @@ impl Engine {
 
     /// Whole-step caching: skips the step (advancing with the cached velocity) when the
     /// accumulated relative L1 change of block 0's modulated input is under the threshold.
-    fn tea_skip(model: &TinyDit, r: &mut Request) -> bool {
+    fn tea_skip(model: &dyn Denoiser, r: &mut Request) -> Result<bool, ModelError> {
         let t0 = Instant::now();
         let h = 1.0 / r.cfg.steps as f32;
-        let cond = model.step_cond(&r.text, 1.0 - r.step as f32 * h);
-        let m = model.first_block_input(r.state.get(Region::X), &cond);
+        let cond = model.step_cond(&r.context, 1.0 - r.step as f32 * h)?;
+        let dims = model.dims();
+        let x = Tensor::from_slice(
+            r.state.get(Region::X),
+            (dims.grid.tokens(), dims.channels),
+            model.device(),
+        )?;
+        let step = StepInput {
+            context: &r.context,
+            cond: &cond,
+        };
+        let m = model
+            .first_block_input(&x, step)?
+            .flatten_all()?
+            .to_vec1::<f32>()?;
         let final_full = r.step + FINAL_FULL_STEPS >= r.cfg.steps;
         let acc = match &r.tea {
             Some((prev, acc)) => {
@@ -1135,14 +1185,17 @@ impl Engine {
             r.report.active_per_step.push(0);
             r.report.patch_steps += 1;
         }
-        skip
+        Ok(skip)
     }
 
     /// RAS-style selection: patch 0 = the 2x2 regions whose velocity changed most in the last
     /// step (the `ras_ratio` share), patch 1 = the rest, which runs only on dense steps.
-    fn ras_select(model: &TinyDit, r: &mut Request, final_full: bool) -> Result<(), String> {
-        let cfg = model.config();
-        let (g, pd) = (cfg.grid(), cfg.patch_dim());
+    fn ras_select(model: &dyn Denoiser, r: &mut Request, final_full: bool) -> Result<(), String> {
+        let dims = model.dims();
+        if dims.grid.frames != 1 || dims.grid.height != dims.grid.width {
+            return Err("RAS-style regions need a square image grid".into());
+        }
+        let (g, pd) = (dims.grid.width, dims.channels);
         let n = r.cfg.steps as f32;
         let dense = final_full
             || [0.45f32, 0.8]
@@ -1211,8 +1264,8 @@ impl Engine {
             return;
         };
         let t0 = Instant::now();
-        let cfg = self.model.config();
-        let (tokens, pd, d) = (cfg.tokens(), cfg.patch_dim(), cfg.d);
+        let cfg = self.model.dims();
+        let (tokens, pd, d) = (cfg.grid.tokens(), cfg.channels, cfg.kv_dim);
         if r.cfg.mode == Mode::Ras {
             r.ras_prev = Some(r.state.get(Region::V).to_vec());
         }
@@ -1231,7 +1284,7 @@ impl Engine {
                 let t = t as usize;
                 // With extrapolation, `write_cache` writes the rows the next step reads.
                 if r.track.is_none() {
-                    for l in 0..cfg.depth {
+                    for l in 0..cfg.kv_layers {
                         let at = (l * tokens + t) * d;
                         let (src, dst) = r.state.get_pair(Region::FreshK, Region::CacheK);
                         dst[at..at + d].copy_from_slice(&src[at..at + d]);
@@ -1269,7 +1322,7 @@ impl Engine {
         };
         let _ = self.sched.finish(id);
         self.forget(id);
-        let cfg = self.model.config();
+        let cfg = self.model.dims();
         r.report.latency = r.submitted.elapsed();
         let t = &r.report.time;
         r.report.time.queue = r
@@ -1278,7 +1331,7 @@ impl Engine {
             .saturating_sub(t.warmup + t.partition + t.gate + t.compute + t.schedule);
         let layout = r.layout.take().expect("partitioned");
         // Work: warm-up steps are full; after that, the tokens actually computed.
-        let tokens = cfg.tokens() as f64;
+        let tokens = cfg.grid.tokens() as f64;
         let after = (r.cfg.steps - r.cfg.warmup) as f64 * tokens;
         let total = r.cfg.steps as f64 * tokens;
         r.report.work_skipped = ((after - r.report.computed_tokens as f64) / total).max(0.0);
@@ -1288,7 +1341,13 @@ impl Engine {
                 .observe(layout.patches(), r.report.latency.as_secs_f64());
         }
         let latent = r.state.get(Region::X).to_vec();
-        let rgb = image::to_rgb(&latent, cfg.grid(), cfg.patch);
+        let rgb = match self.model.decode(&latent) {
+            Ok(s) => s.rgb,
+            Err(e) => {
+                self.finished.push(Err((id, e.into())));
+                return;
+            }
+        };
         self.finished.push(Ok(Output {
             latent,
             rgb,
@@ -1335,9 +1394,9 @@ pub fn pack_monotasks(active: &[(u32, usize)], most: usize) -> Vec<u32> {
 
 impl Track {
     /// Starts tracking from the state the warm-up left: every token computed at `at`.
-    fn start(state: &SharedState, at: u32, cfg: &crate::model::Config, kv_weight: f32) -> Self {
-        let kv = cfg.depth * cfg.tokens() * cfg.d;
-        let vel = cfg.tokens() * cfg.patch_dim();
+    fn start(state: &SharedState, at: u32, cfg: &Dims, kv_weight: f32) -> Self {
+        let kv = cfg.kv_layers * cfg.grid.tokens() * cfg.kv_dim;
+        let vel = cfg.grid.tokens() * cfg.channels;
         Self {
             kv_weight,
             kv_base: [
@@ -1347,7 +1406,7 @@ impl Track {
             kv_slope: [vec![0.0; kv], vec![0.0; kv]],
             v_base: state.get(Region::V).to_vec(),
             v_slope: vec![0.0; vel],
-            last: vec![at; cfg.tokens()],
+            last: vec![at; cfg.grid.tokens()],
         }
     }
 }
@@ -1363,9 +1422,9 @@ fn extrapolate(
     layout: &PatchLayout,
     active: &[bool],
     n: u32,
-    cfg: &crate::model::Config,
+    cfg: &Dims,
 ) {
-    let (tokens, d, depth, pd) = (cfg.tokens(), cfg.d, cfg.depth, cfg.patch_dim());
+    let (tokens, d, depth, pd) = (cfg.grid.tokens(), cfg.kv_dim, cfg.kv_layers, cfg.channels);
     let fresh = [state.get(Region::FreshK), state.get(Region::FreshV)];
     let fresh_vel = state.get(Region::FreshVel);
     for p in (0..layout.patches()).filter(|&p| active[p as usize]) {
@@ -1413,17 +1472,11 @@ fn extrapolate(
 /// with `read[t]`, extrapolated to step `n` (`base + (n - last) slope`). Rows no monotask
 /// reads (the tokens of the only monotask of a step) are left as they are. From committed
 /// state only, like [`extrapolate`].
-fn write_cache(
-    state: &mut SharedState,
-    tr: &Track,
-    n: u32,
-    read: &[bool],
-    cfg: &crate::model::Config,
-) {
-    let (tokens, d) = (cfg.tokens(), cfg.d);
+fn write_cache(state: &mut SharedState, tr: &Track, n: u32, read: &[bool], cfg: &Dims) {
+    let (tokens, d) = (cfg.grid.tokens(), cfg.kv_dim);
     for (kv, region) in [Region::CacheK, Region::CacheV].into_iter().enumerate() {
         let dst = state.get_mut(region);
-        for l in 0..cfg.depth {
+        for l in 0..cfg.kv_layers {
             for (t, &last) in tr.last.iter().enumerate().filter(|&(t, _)| read[t]) {
                 let ahead = n.saturating_sub(last) as f32;
                 let at = (l * tokens + t) * d;
@@ -1440,18 +1493,20 @@ fn write_cache(
 mod tests {
     use super::*;
 
-    fn tiny() -> crate::model::Config {
-        crate::model::Config {
-            image: 4,
-            patch: 2,
-            channels: 3,
-            d: 2,
-            depth: 1,
-            heads: 1,
-            text_layers: 1,
-            vocab: 4,
-            max_tokens: 2,
-            mlp_ratio: 1,
+    fn tiny() -> Dims {
+        // A 2x2 grid of 12-value tokens, one layer of width 2, two words.
+        Dims {
+            grid: flashdiff_models::LatentGrid {
+                frames: 1,
+                height: 2,
+                width: 2,
+            },
+            channels: 12,
+            kv_layers: 1,
+            kv_dim: 2,
+            words: 2,
+            context_len: 2 + 2 * 2 * 2,
+            cond_len: 6 * 2 + 2 * 2,
         }
     }
 
@@ -1510,7 +1565,7 @@ mod tests {
 
     fn linear_trajectory(weight: f32) {
         let cfg = tiny();
-        let (tokens, d, pd) = (cfg.tokens(), cfg.d, cfg.patch_dim());
+        let (tokens, d, pd) = (cfg.grid.tokens(), cfg.kv_dim, cfg.channels);
         let layout = flashdiff_partitioner::partition_uniform(
             flashdiff_partitioner::Grid::image(2, 2).unwrap(),
             2,

@@ -2,7 +2,8 @@
 //! coordinator itself in single-process mode) does. Inputs are read from the state, outputs
 //! written to the regions the ownership protocol gives the task (see [`crate::state`]).
 
-use crate::model::{CacheView, StepCond, StepStats, TextContext, TinyDit};
+use flashdiff_models::{euler_full_step, Denoiser, Device, KvCache, Patches, StepInput, Tensor};
+
 use crate::state::{Region, SharedState};
 
 /// A monotask's work.
@@ -26,20 +27,33 @@ pub enum Task {
     },
 }
 
-fn text_of(st: &SharedState) -> TextContext {
-    TextContext::from_parts(
-        st.get(Region::Pooled),
-        st.get(Region::TextK),
-        st.get(Region::TextV),
-    )
+fn model_err(e: flashdiff_models::ModelError) -> String {
+    e.to_string()
+}
+
+fn tensor(data: &[f32], shape: &[usize], dev: &Device) -> Result<Tensor, String> {
+    Tensor::from_slice(data, shape, dev).map_err(|e| e.to_string())
+}
+
+fn host(t: &Tensor) -> Result<Vec<f32>, String> {
+    t.flatten_all()
+        .and_then(|t| t.to_vec1::<f32>())
+        .map_err(|e| e.to_string())
 }
 
 /// Runs `task` on `st`. Idempotent: running it again (after a lost worker) writes the same
 /// values, because it reads only state that nothing changes until the step's barrier.
-pub fn run(model: &TinyDit, st: &mut SharedState, task: Task) -> Result<(), String> {
-    let cfg = model.config().clone();
-    let (tokens, pd, d, mt) = (cfg.tokens(), cfg.patch_dim(), cfg.d, cfg.max_tokens);
-    let text = text_of(st);
+pub fn run(model: &dyn Denoiser, st: &mut SharedState, task: Task) -> Result<(), String> {
+    let dims = model.dims().clone();
+    let dev = model.device().clone();
+    let (tokens, pd, d, layers, words) = (
+        dims.grid.tokens(),
+        dims.channels,
+        dims.kv_dim,
+        dims.kv_layers,
+        dims.words,
+    );
+    let context = tensor(st.get(Region::Context), &[dims.context_len], &dev)?;
     match task {
         Task::Warmup { steps, warmup } => {
             if steps == 0 || warmup == 0 || warmup >= steps {
@@ -48,25 +62,24 @@ pub fn run(model: &TinyDit, st: &mut SharedState, task: Task) -> Result<(), Stri
                 ));
             }
             let mut x = st.get(Region::X0).to_vec();
-            let mut v = vec![0.0f32; x.len()];
-            let mut cross = vec![0.0f32; tokens * mt];
-            let mut cache = crate::model::KvCache::new(cfg.depth, tokens, d);
+            let mut cross = vec![0.0f32; tokens * words];
+            let mut last = None;
             for n in 0..warmup {
-                let mut c = vec![0.0f32; tokens * mt];
-                let mut stats = StepStats {
-                    cross: Some(&mut c),
-                    patch_mass: None,
-                };
-                v = model.full_step(&mut x, &text, &mut cache, n, steps, &mut stats);
-                for (a, b) in cross.iter_mut().zip(&c) {
-                    *a += b / warmup as f32;
+                let out =
+                    euler_full_step(model, &mut x, &context, n, steps, true).map_err(model_err)?;
+                if let Some(s) = &out.saliency {
+                    for (a, b) in cross.iter_mut().zip(host(s)?) {
+                        *a += b / warmup as f32;
+                    }
                 }
+                last = Some(out);
             }
+            let out = last.expect("warm-up has at least one step");
             st.get_mut(Region::X).copy_from_slice(&x);
-            st.get_mut(Region::V).copy_from_slice(&v);
+            st.get_mut(Region::V).copy_from_slice(&host(&out.velocity)?);
             st.get_mut(Region::Cross).copy_from_slice(&cross);
-            st.get_mut(Region::CacheK).copy_from_slice(&cache.k);
-            st.get_mut(Region::CacheV).copy_from_slice(&cache.v);
+            st.get_mut(Region::CacheK).copy_from_slice(&host(&out.k)?);
+            st.get_mut(Region::CacheV).copy_from_slice(&host(&out.v)?);
             Ok(())
         }
         Task::Patches { monotask, isolated } => {
@@ -98,21 +111,25 @@ pub fn run(model: &TinyDit, st: &mut SharedState, task: Task) -> Result<(), Stri
                 .iter()
                 .flat_map(|&t| xs[t as usize * pd..(t as usize + 1) * pd].iter().copied())
                 .collect();
-            let cond = StepCond::from_slice(st.get(Region::Cond));
-            let mut mass = vec![0.0f32; toks.len() * groups];
-            let mut stats = StepStats {
-                cross: None,
-                patch_mass: Some((&groups_of, groups, &mut mass)),
+            let x = tensor(&x, &[toks.len(), pd], &dev)?;
+            let cond = tensor(st.get(Region::Cond), &[dims.cond_len], &dev)?;
+            let step = StepInput {
+                context: &context,
+                cond: &cond,
+            };
+            let patches = Patches {
+                of_token: &groups_of,
+                patches: groups,
             };
             let out = if isolated {
-                model.forward_isolated(&x, &toks, &cond, &text, &mut stats)
+                model.subset_forward(&x, &toks, step, None, patches)
             } else {
-                let cache = CacheView {
-                    k: st.get(Region::CacheK),
-                    v: st.get(Region::CacheV),
-                };
-                model.forward(&x, &toks, &cond, &text, cache, &mut stats)
-            };
+                let k = tensor(st.get(Region::CacheK), &[layers, tokens, d], &dev)?;
+                let v = tensor(st.get(Region::CacheV), &[layers, tokens, d], &dev)?;
+                model.subset_forward(&x, &toks, step, Some(KvCache { k: &k, v: &v }), patches)
+            }
+            .map_err(model_err)?;
+            let mass = host(&out.patch_mass)?;
             // R_i = (1/|A_i|^2) sum_{u in A_i} mass[u][i] (paper §4.2), for each patch i here.
             let mut importance = vec![0.0f32; groups];
             for (u, &t) in toks.iter().enumerate() {
@@ -120,18 +137,22 @@ pub fn run(model: &TinyDit, st: &mut SharedState, task: Task) -> Result<(), Stri
                 importance[p] += mass[u * groups + p];
             }
             // Only this monotask's rows: other workers write theirs at the same time.
-            for l in 0..cfg.depth {
+            let (fk, fv) = (host(&out.k)?, host(&out.v)?);
+            let n = toks.len();
+            for l in 0..layers {
                 for (i, &t) in toks.iter().enumerate() {
                     let at = (l * tokens + t as usize) * d;
-                    st.write_at(Region::FreshK, at, &out.k[l][i * d..(i + 1) * d]);
-                    st.write_at(Region::FreshV, at, &out.v[l][i * d..(i + 1) * d]);
+                    let row = (l * n + i) * d;
+                    st.write_at(Region::FreshK, at, &fk[row..row + d]);
+                    st.write_at(Region::FreshV, at, &fv[row..row + d]);
                 }
             }
+            let vel = host(&out.velocity)?;
             for (i, &t) in toks.iter().enumerate() {
                 st.write_at(
                     Region::FreshVel,
                     t as usize * pd,
-                    &out.velocity[i * pd..(i + 1) * pd],
+                    &vel[i * pd..(i + 1) * pd],
                 );
             }
             for (p, &n) in size.iter().enumerate().filter(|(_, &n)| n > 0.0) {

@@ -1,4 +1,4 @@
-//! The FlashDiff runtime: the built-in model and the serving engine.
+//! The FlashDiff runtime: the serving engine over any `Denoiser`.
 //!
 //! - [`engine`]: requests through warm-up, partition, gated patch-steps and commit, with the
 //!   execution semantics (a step's patches packed into monotasks, displaced and extrapolated
@@ -7,8 +7,8 @@
 //! - [`exec`]: one monotask (a warm-up, a step's patches) on a request's state; what a worker
 //!   runs. [`proc`]: worker processes and the framed, validated rkyv control records.
 //!   [`state`]: the request state as named regions of one mapping (/dev/shm or anonymous).
-//! - [`model`]: the TinyDiT loader (zero-copy safetensors) and token-subset forward;
-//!   [`scene`]: the prompt language, sampler and checker; [`image`]: PNG, PSNR, SSIM.
+//! - [`image`]: PNG, PSNR, SSIM. Models (the `Denoiser` contract, TinyDiT, the prompt
+//!   language and checker) live in `flashdiff-models`, re-exported as [`models`].
 //! - [`mod@bench`]: `flashdiff bench`, FlashDiff against the other ways to serve the model.
 
 pub mod bench;
@@ -17,7 +17,7 @@ pub mod exec;
 #[cfg(feature = "fuzzing")]
 pub mod fuzzing;
 pub mod image;
-pub mod model;
 pub mod proc;
-pub mod scene;
 pub mod state;
+
+pub use flashdiff_models as models;

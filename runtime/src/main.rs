@@ -6,7 +6,7 @@ use std::process::ExitCode;
 
 use flashdiff_runtime::engine::{default_weights, Engine, LayoutKind, Mode, Output, RequestConfig};
 use flashdiff_runtime::image;
-use flashdiff_runtime::scene::{self, Verdict, IMAGE};
+use flashdiff_runtime::models::scene::{self, Verdict, IMAGE};
 
 const USAGE: &str = "\
 flashdiff: diffusion serving with semantic patches and selective refinement (CPU, built-in model)

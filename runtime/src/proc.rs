@@ -10,8 +10,8 @@ use std::process::{Child, ChildStdin, Command, Stdio};
 use std::sync::mpsc::{channel, Receiver, Sender};
 
 use crate::exec::{self, Task};
-use crate::model::TinyDit;
 use crate::state::{Layout, SharedState};
+use flashdiff_models::{Denoiser, Device, TinyDit};
 use rkyv::rancor::Error as RkyvError;
 
 const MAGIC: [u8; 4] = *b"FDRC";
@@ -151,8 +151,8 @@ pub fn decode_report(bytes: &[u8]) -> Result<Report, String> {
 /// The worker process's main loop (`flashdiff worker --weights PATH`).
 pub fn worker_main(weights: &Path) -> Result<(), String> {
     flashdiff_kernels::flush_denormals_to_zero();
-    let model = TinyDit::load(weights).map_err(|e| e.to_string())?;
-    let layout = Layout::new(model.config());
+    let model = TinyDit::load(weights, &Device::Cpu).map_err(|e| e.to_string())?;
+    let layout = Layout::new(model.dims());
     let stdin = std::io::stdin();
     let mut input = BufReader::new(stdin.lock());
     let stdout = std::io::stdout();

@@ -15,12 +15,12 @@ use std::path::{Path, PathBuf};
 
 use memmap2::MmapMut;
 
-use crate::model::Config;
+use flashdiff_models::Dims;
 
 /// "FDST" + format version in the state header.
 const MAGIC: u32 = u32::from_le_bytes(*b"FDST");
-const VERSION: u32 = 2;
-/// Header: magic, version, tokens, patch_dim, d, depth, max_tokens, region count (u32 each),
+const VERSION: u32 = 3;
+/// Header: magic, version, tokens, channels, kv_dim, kv_layers, words, region count (u32 each),
 /// padded to 64 bytes.
 const HEADER: usize = 64;
 
@@ -44,15 +44,11 @@ pub enum Region {
     FreshV,
     /// Fresh velocity rows.
     FreshVel,
-    /// Warm-up cross-attention, `tokens x max_tokens`.
+    /// Warm-up cross-attention, `tokens x words`.
     Cross,
-    /// Pooled text conditioning, `d`.
-    Pooled,
-    /// Cross-attention keys of the prompt, `depth x max_tokens x d`.
-    TextK,
-    /// Cross-attention values of the prompt.
-    TextV,
-    /// Step conditioning: per block `6 d`, then the final `2 d`.
+    /// The prompt's conditioning (the model's [`flashdiff_models::Conditioning::context`]).
+    Context,
+    /// Step conditioning ([`flashdiff_models::Denoiser::step_cond`]).
     Cond,
     /// Patch of every token (as f32, exact below 2^24).
     PatchOf,
@@ -64,7 +60,7 @@ pub enum Region {
     Monotask,
 }
 
-const REGIONS: usize = 16;
+const REGIONS: usize = 14;
 
 /// Offsets of every region for a model config.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -75,28 +71,24 @@ pub struct Layout {
 
 impl Layout {
     /// Layout for a model.
-    pub fn new(cfg: &Config) -> Self {
-        let (t, pd, d, depth, mt) = (
-            cfg.tokens(),
-            cfg.patch_dim(),
-            cfg.d,
-            cfg.depth,
-            cfg.max_tokens,
+    pub fn new(dims: &Dims) -> Self {
+        let (t, c, kv) = (
+            dims.grid.tokens(),
+            dims.channels,
+            dims.kv_layers * dims.grid.tokens() * dims.kv_dim,
         );
         let sizes = [
-            t * pd,
-            t * pd,
-            t * pd,
-            depth * t * d,
-            depth * t * d,
-            depth * t * d,
-            depth * t * d,
-            t * pd,
-            t * mt,
-            d,
-            depth * mt * d,
-            depth * mt * d,
-            depth * 6 * d + 2 * d,
+            t * c,
+            t * c,
+            t * c,
+            kv,
+            kv,
+            kv,
+            kv,
+            t * c,
+            t * dims.words,
+            dims.context_len,
+            dims.cond_len,
             t,
             t,
             t,
@@ -107,7 +99,13 @@ impl Layout {
         }
         Self {
             off,
-            dims: [t as u32, pd as u32, d as u32, depth as u32, mt as u32],
+            dims: [
+                t as u32,
+                c as u32,
+                dims.kv_dim as u32,
+                dims.kv_layers as u32,
+                dims.words as u32,
+            ],
         }
     }
 
@@ -332,27 +330,28 @@ pub fn exists(path: &Path) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model::Config;
+    use flashdiff_models::LatentGrid;
 
-    fn cfg() -> Config {
-        Config {
-            image: 8,
-            patch: 4,
-            channels: 3,
-            d: 8,
-            depth: 2,
-            heads: 2,
-            text_layers: 1,
-            vocab: 5,
-            max_tokens: 4,
-            mlp_ratio: 2,
+    fn dims(kv_dim: usize) -> Dims {
+        Dims {
+            grid: LatentGrid {
+                frames: 1,
+                height: 2,
+                width: 2,
+            },
+            channels: 48,
+            kv_layers: 2,
+            kv_dim,
+            words: 4,
+            context_len: 8 + 2 * 2 * 4 * 8,
+            cond_len: 2 * 6 * 8 + 2 * 8,
         }
     }
 
     #[test]
     fn files_round_trip_and_bad_ones_are_refused() {
         let dir = std::env::temp_dir();
-        let layout = Layout::new(&cfg());
+        let layout = Layout::new(&dims(8));
         let mut s = SharedState::create(layout.clone(), Some(&dir), 424242).unwrap();
         s.get_mut(Region::X)[3] = 1.5;
         s.write_at(Region::Importance, 1, &[0.25]);
@@ -361,7 +360,7 @@ mod tests {
         assert_eq!(o.get(Region::X)[3], 1.5);
         assert_eq!(o.get(Region::Importance)[1], 0.25);
         // Wrong model dimensions.
-        let other = Layout::new(&Config { d: 16, ..cfg() });
+        let other = Layout::new(&dims(16));
         assert!(SharedState::open(&path, other)
             .unwrap_err()
             .contains("bytes"));

@@ -2,7 +2,7 @@
 //! clear errors for bad requests.
 
 use flashdiff_runtime::engine::{default_weights, noise, Engine, EngineError, Mode, RequestConfig};
-use flashdiff_runtime::model::StepStats;
+use flashdiff_runtime::models::{StepInput, Tensor};
 
 const PROMPT: &str = "a red circle top left and a blue square bottom right on a white background";
 
@@ -167,23 +167,27 @@ fn full_mode_is_ordinary_sampling() {
     assert_eq!(o.report.computed, o.report.patch_steps);
     // Plain Euler sampling with the model directly.
     let m = e.model();
-    let mc = m.config().clone();
-    let ids = flashdiff_runtime::scene::tokenize(PROMPT, m.vocab(), mc.max_tokens).unwrap();
-    let text = m.encode_text(&ids);
-    let mut x = noise(c.seed, mc.tokens() * mc.patch_dim());
-    let all: Vec<u32> = (0..mc.tokens() as u32).collect();
+    let dims = m.dims().clone();
+    let c0 = m.condition(PROMPT).unwrap();
+    let context = Tensor::from_slice(&c0.context, c0.context.len(), m.device()).unwrap();
+    let mut x = noise(c.seed, dims.grid.tokens() * dims.channels);
     let h = 1.0 / c.steps as f32;
     for n in 0..c.steps {
-        let cond = m.step_cond(&text, 1.0 - n as f32 * h);
-        let out = m.forward(
-            &x,
-            &all,
-            &cond,
-            &text,
-            m.new_cache().view(),
-            &mut StepStats::default(),
-        );
-        for (xi, v) in x.iter_mut().zip(&out.velocity) {
+        let cond = m.step_cond(&context, 1.0 - n as f32 * h).unwrap();
+        let xt = Tensor::from_slice(&x, (dims.grid.tokens(), dims.channels), m.device()).unwrap();
+        let step = StepInput {
+            context: &context,
+            cond: &cond,
+        };
+        let v: Vec<f32> = m
+            .full_forward(&xt, step, false)
+            .unwrap()
+            .velocity
+            .flatten_all()
+            .unwrap()
+            .to_vec1()
+            .unwrap();
+        for (xi, v) in x.iter_mut().zip(&v) {
             *xi -= h * v;
         }
     }

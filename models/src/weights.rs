@@ -188,6 +188,18 @@ impl Weights {
         })
     }
 
+    /// Tensor `name`, checked against `shape`, as an f32 candle tensor on `device`.
+    pub fn tensor(
+        &self,
+        name: &str,
+        shape: &[usize],
+        device: &candle_core::Device,
+    ) -> Result<candle_core::Tensor, WeightsError> {
+        let data = self.get(name, shape)?;
+        candle_core::Tensor::from_slice(data, shape, device)
+            .map_err(|e| WeightsError::Metadata(format!("tensor {name:?}: {e}")))
+    }
+
     /// An integer (I64) tensor, e.g. token ids in a golden file.
     pub fn get_i64(&self, name: &str) -> Result<&[i64], WeightsError> {
         self.ints

@@ -1,0 +1,347 @@
+//! The kernels as candle ops: what a model written on candle tensors calls on its hot path.
+//!
+//! On the CPU each op is a candle custom op whose body is this crate's fused kernel (one pass,
+//! no intermediate tensors). On every other device (CUDA with the `cuda` feature) the same
+//! function composes candle's own ops, which candle runs there with its kernels and cuBLAS.
+//! The composed form is also the reference the CPU ops are tested against
+//! (`tests/ops.rs`): one body, two implementations, an explicit tolerance.
+//!
+//! Inputs must be f32; CPU inputs must be contiguous (callers pass fresh tensors or call
+//! `.contiguous()`, which is free when they already are).
+
+use candle_core::{
+    CpuStorage, CustomOp1, CustomOp2, CustomOp3, DType, Layout, Result, Shape, Tensor,
+};
+
+use crate::{attention_f32, gelu_tanh_f32, layer_norm_f32, modulate_f32, scatter_rows_f32};
+use crate::{AttnStats, GroupMass};
+
+fn slice<'a>(s: &'a CpuStorage, l: &Layout, op: &str) -> Result<&'a [f32]> {
+    let CpuStorage::F32(v) = s else {
+        candle_core::bail!("{op}: expects f32 storage");
+    };
+    match l.contiguous_offsets() {
+        Some((a, b)) => Ok(&v[a..b]),
+        None => candle_core::bail!("{op}: input is not contiguous"),
+    }
+}
+
+fn last_dim(shape: &Shape, op: &str) -> Result<usize> {
+    match shape.dims().last() {
+        Some(&d) if d > 0 => Ok(d),
+        _ => candle_core::bail!("{op}: needs a non-empty last dimension, got {shape:?}"),
+    }
+}
+
+struct Gelu;
+
+impl CustomOp1 for Gelu {
+    fn name(&self) -> &'static str {
+        "gelu_tanh_f32"
+    }
+    fn cpu_fwd(&self, s: &CpuStorage, l: &Layout) -> Result<(CpuStorage, Shape)> {
+        let mut y = slice(s, l, self.name())?.to_vec();
+        gelu_tanh_f32(&mut y);
+        Ok((CpuStorage::F32(y), l.shape().clone()))
+    }
+}
+
+/// GELU with the tanh approximation (PyTorch's `approximate="tanh"`).
+pub fn gelu_tanh(x: &Tensor) -> Result<Tensor> {
+    if x.device().is_cpu() {
+        x.contiguous()?.apply_op1_no_bwd(&Gelu)
+    } else {
+        x.gelu()
+    }
+}
+
+struct NormModulate {
+    eps: f32,
+}
+
+impl CustomOp3 for NormModulate {
+    fn name(&self) -> &'static str {
+        "norm_modulate_f32"
+    }
+    fn cpu_fwd(
+        &self,
+        s1: &CpuStorage,
+        l1: &Layout,
+        s2: &CpuStorage,
+        l2: &Layout,
+        s3: &CpuStorage,
+        l3: &Layout,
+    ) -> Result<(CpuStorage, Shape)> {
+        let d = last_dim(l1.shape(), self.name())?;
+        let (shift, scale) = (slice(s2, l2, self.name())?, slice(s3, l3, self.name())?);
+        if shift.len() != d || scale.len() != d {
+            candle_core::bail!("{}: shift and scale must hold {d} values", self.name());
+        }
+        let mut y = slice(s1, l1, self.name())?.to_vec();
+        layer_norm_f32(&mut y, d, self.eps, None, None);
+        modulate_f32(&mut y, d, shift, scale);
+        Ok((CpuStorage::F32(y), l1.shape().clone()))
+    }
+}
+
+/// Layer norm over the last dimension without affine parameters, then adaLN modulation
+/// `y * (1 + scale) + shift` with `shift`, `scale` of the last dimension's length.
+pub fn norm_modulate(x: &Tensor, shift: &Tensor, scale: &Tensor, eps: f32) -> Result<Tensor> {
+    if x.device().is_cpu() {
+        return x.contiguous()?.apply_op3_no_bwd(
+            &shift.contiguous()?,
+            &scale.contiguous()?,
+            &NormModulate { eps },
+        );
+    }
+    let y = layer_norm_plain(x, eps)?;
+    y.broadcast_mul(&(scale + 1.0)?)?.broadcast_add(shift)
+}
+
+/// Layer norm over the last dimension, no affine parameters (the composed form).
+pub fn layer_norm_plain(x: &Tensor, eps: f32) -> Result<Tensor> {
+    let last = x.rank() - 1;
+    let mean = x.mean_keepdim(last)?;
+    let xc = x.broadcast_sub(&mean)?;
+    let var = xc.sqr()?.mean_keepdim(last)?;
+    xc.broadcast_div(&(var + eps as f64)?.sqrt()?)
+}
+
+struct ScatterRows<'a> {
+    ids: &'a [u32],
+}
+
+impl CustomOp2 for ScatterRows<'_> {
+    fn name(&self) -> &'static str {
+        "scatter_rows_f32"
+    }
+    fn cpu_fwd(
+        &self,
+        s1: &CpuStorage,
+        l1: &Layout,
+        s2: &CpuStorage,
+        l2: &Layout,
+    ) -> Result<(CpuStorage, Shape)> {
+        let d = last_dim(l1.shape(), self.name())?;
+        let (base, rows) = (slice(s1, l1, self.name())?, slice(s2, l2, self.name())?);
+        check_scatter(base.len() / d, rows.len(), d, self.ids)?;
+        let mut y = base.to_vec();
+        scatter_rows_f32(rows, d, self.ids, &mut y);
+        Ok((CpuStorage::F32(y), l1.shape().clone()))
+    }
+}
+
+fn check_scatter(base_rows: usize, rows_len: usize, d: usize, ids: &[u32]) -> Result<()> {
+    if rows_len != ids.len() * d {
+        candle_core::bail!(
+            "scatter_rows: {} rows given for {} ids of width {d}",
+            rows_len / d.max(1),
+            ids.len()
+        );
+    }
+    if let Some(&bad) = ids.iter().find(|&&i| i as usize >= base_rows) {
+        candle_core::bail!("scatter_rows: row {bad} is past the base's {base_rows} rows");
+    }
+    Ok(())
+}
+
+/// `base` (`m x d`) with row `ids[i]` replaced by row `i` of `rows` (`ids.len() x d`): the
+/// keys of a whole latent with the active tokens' fresh rows written over the cached ones.
+pub fn scatter_rows(base: &Tensor, rows: &Tensor, ids: &[u32]) -> Result<Tensor> {
+    if base.device().is_cpu() {
+        return base
+            .contiguous()?
+            .apply_op2_no_bwd(&rows.contiguous()?, &ScatterRows { ids });
+    }
+    let (m, d) = base.dims2()?;
+    check_scatter(m, rows.elem_count(), d, ids)?;
+    let idx = Tensor::from_slice(ids, ids.len(), base.device())?
+        .unsqueeze(1)?
+        .broadcast_as((ids.len(), d))?
+        .contiguous()?;
+    base.scatter(&idx, rows, 0)
+}
+
+/// What [`attention`] returns besides its output.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct AttnWants<'a> {
+    /// Return the head-averaged probabilities (`nq x nk`).
+    pub probs: bool,
+    /// Group of every key and the group count: return each query's head-averaged
+    /// probability mass into each group (`nq x groups`).
+    pub key_groups: Option<(&'a [u32], usize)>,
+}
+
+/// Output of [`attention`].
+#[derive(Debug)]
+pub struct AttnOut {
+    /// `nq x d`.
+    pub out: Tensor,
+    /// `nq x nk`, when asked for.
+    pub probs: Option<Tensor>,
+    /// `nq x groups`, when asked for.
+    pub group_mass: Option<Tensor>,
+}
+
+struct Attention<'a> {
+    heads: usize,
+    wants: AttnWants<'a>,
+}
+
+impl CustomOp3 for Attention<'_> {
+    fn name(&self) -> &'static str {
+        "attention_f32"
+    }
+    fn cpu_fwd(
+        &self,
+        s1: &CpuStorage,
+        l1: &Layout,
+        s2: &CpuStorage,
+        l2: &Layout,
+        s3: &CpuStorage,
+        l3: &Layout,
+    ) -> Result<(CpuStorage, Shape)> {
+        let (nq, d) = l1.shape().dims2()?;
+        let (nk, dk) = l2.shape().dims2()?;
+        if dk != d || l3.shape().dims2()? != (nk, d) {
+            candle_core::bail!("attention: q is {nq}x{d}, k and v must be nk x {d}");
+        }
+        let (q, k, v) = (
+            slice(s1, l1, self.name())?,
+            slice(s2, l2, self.name())?,
+            slice(s3, l3, self.name())?,
+        );
+        let groups = self.wants.key_groups.map_or(0, |g| g.1);
+        let np = if self.wants.probs { nk } else { 0 };
+        let width = d + groups + np;
+        let mut out = vec![0.0f32; nq * d];
+        let mut mass = vec![0.0f32; nq * groups];
+        let mut probs = vec![0.0f32; nq * np];
+        let mut st = AttnStats {
+            probs: self.wants.probs.then_some((&mut probs[..], 1.0)),
+            group_mass: self.wants.key_groups.map(|(key_group, groups)| GroupMass {
+                key_group,
+                groups,
+                out: &mut mass,
+                weight: 1.0,
+            }),
+        };
+        attention_f32(q, nq, k, v, nk, d, self.heads, &mut out, &mut st);
+        // One output tensor: [out | group mass | probs] per query row.
+        let mut y = Vec::with_capacity(nq * width);
+        for i in 0..nq {
+            y.extend_from_slice(&out[i * d..(i + 1) * d]);
+            y.extend_from_slice(&mass[i * groups..(i + 1) * groups]);
+            y.extend_from_slice(&probs[i * np..(i + 1) * np]);
+        }
+        Ok((CpuStorage::F32(y), Shape::from((nq, width))))
+    }
+}
+
+fn check_attention(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    heads: usize,
+    wants: AttnWants,
+) -> Result<()> {
+    let (_, d) = q.dims2()?;
+    let (nk, dk) = k.dims2()?;
+    if heads == 0 || d % heads != 0 {
+        candle_core::bail!("attention: width {d} is not divisible into {heads} heads");
+    }
+    if dk != d || v.dims2()? != (nk, d) {
+        candle_core::bail!("attention: q has width {d}, k and v must be {nk} x {d}");
+    }
+    if let Some((g, groups)) = wants.key_groups {
+        if g.len() != nk || g.iter().any(|&x| x as usize >= groups) {
+            candle_core::bail!("attention: key groups must be {nk} values below {groups}");
+        }
+    }
+    for t in [q, k, v] {
+        if t.dtype() != DType::F32 {
+            candle_core::bail!("attention: expects f32, got {:?}", t.dtype());
+        }
+    }
+    Ok(())
+}
+
+/// Multi-head scaled dot-product attention of queries `q` (`nq x d`) over keys `k` and
+/// values `v` (`nk x d`), `heads` heads interleaved in the columns, with the statistics
+/// `wants` asks for computed in the same pass. The queries may be a subset of the tokens
+/// whose keys are given (token-subset execution).
+pub fn attention(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    heads: usize,
+    wants: AttnWants,
+) -> Result<AttnOut> {
+    check_attention(q, k, v, heads, wants)?;
+    if !q.device().is_cpu() {
+        return attention_composed(q, k, v, heads, wants);
+    }
+    let (_, d) = q.dims2()?;
+    let (nk, _) = k.dims2()?;
+    let y = q.contiguous()?.apply_op3_no_bwd(
+        &k.contiguous()?,
+        &v.contiguous()?,
+        &Attention { heads, wants },
+    )?;
+    let groups = wants.key_groups.map_or(0, |g| g.1);
+    Ok(AttnOut {
+        out: y.narrow(1, 0, d)?,
+        group_mass: match wants.key_groups {
+            Some(_) => Some(y.narrow(1, d, groups)?),
+            None => None,
+        },
+        probs: match wants.probs {
+            true => Some(y.narrow(1, d + groups, nk)?),
+            false => None,
+        },
+    })
+}
+
+/// [`attention`] composed of candle's own ops: what runs on non-CPU devices and the CPU
+/// op's reference. Materialises the `heads x nq x nk` probabilities.
+pub fn attention_composed(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    heads: usize,
+    wants: AttnWants,
+) -> Result<AttnOut> {
+    check_attention(q, k, v, heads, wants)?;
+    let (nq, d) = q.dims2()?;
+    let (nk, _) = k.dims2()?;
+    let dh = d / heads;
+    let split = |t: &Tensor, n: usize| -> Result<Tensor> {
+        t.reshape((n, heads, dh))?.transpose(0, 1)?.contiguous()
+    };
+    let (qh, kh, vh) = (split(q, nq)?, split(k, nk)?, split(v, nk)?);
+    let scores = (qh.matmul(&kh.t()?)? * (1.0 / (dh as f64).sqrt()))?;
+    let p = candle_core::Tensor::exp(&scores.broadcast_sub(&scores.max_keepdim(2)?)?)?;
+    let p = p.broadcast_div(&p.sum_keepdim(2)?)?;
+    let out = p
+        .matmul(&vh)?
+        .transpose(0, 1)?
+        .contiguous()?
+        .reshape((nq, d))?;
+    let mean = p.mean(0)?;
+    let group_mass = match wants.key_groups {
+        None => None,
+        Some((g, groups)) => {
+            let mut onehot = vec![0.0f32; nk * groups];
+            for (j, &x) in g.iter().enumerate() {
+                onehot[j * groups + x as usize] = 1.0;
+            }
+            let onehot = Tensor::from_vec(onehot, (nk, groups), q.device())?;
+            Some(mean.matmul(&onehot)?)
+        }
+    };
+    Ok(AttnOut {
+        out,
+        probs: wants.probs.then_some(mean),
+        group_mass,
+    })
+}

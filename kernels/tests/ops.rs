@@ -1,0 +1,146 @@
+//! Every candle op of `flashdiff_kernels::ops` against its composed form (candle's own ops,
+//! what runs on CUDA): one body per op, an explicit tolerance, a message naming op and index.
+//! On a machine with a CUDA build and a GPU the same bodies also run on the GPU.
+
+use candle_core::{Device, Tensor};
+use flashdiff_kernels::ops::{
+    attention, attention_composed, gelu_tanh, layer_norm_plain, norm_modulate, scatter_rows,
+    AttnWants,
+};
+
+fn close(op: &str, got: &Tensor, want: &Tensor, tol: f32) {
+    assert_eq!(got.dims(), want.dims(), "{op}: shapes");
+    let g: Vec<f32> = got.flatten_all().unwrap().to_vec1().unwrap();
+    let w: Vec<f32> = want.flatten_all().unwrap().to_vec1().unwrap();
+    for (i, (a, b)) in g.iter().zip(&w).enumerate() {
+        assert!(
+            (a - b).abs() <= tol * (1.0 + b.abs()),
+            "{op} f32: index {i}: got {a}, want {b} (tolerance {tol:.0e})"
+        );
+    }
+}
+
+fn randn(shape: &[usize], seed: u64) -> Tensor {
+    // Deterministic values without a random-number crate: a scrambled counter in [-2, 2).
+    let n: usize = shape.iter().product();
+    let v: Vec<f32> = (0..n as u64)
+        .map(|i| {
+            let x = (i + 1)
+                .wrapping_mul(0x9E37_79B9_7F4A_7C15)
+                .wrapping_add(seed)
+                >> 40;
+            (x % 4000) as f32 / 1000.0 - 2.0
+        })
+        .collect();
+    Tensor::from_vec(v, shape, &Device::Cpu).unwrap()
+}
+
+#[test]
+fn gelu_matches_candles_gelu() {
+    let x = randn(&[7, 33], 1);
+    close(
+        "gelu_tanh",
+        &gelu_tanh(&x).unwrap(),
+        &x.gelu().unwrap(),
+        1e-5,
+    );
+}
+
+#[test]
+fn norm_modulate_matches_the_composed_form() {
+    let (x, shift, scale) = (randn(&[9, 16], 2), randn(&[16], 3), randn(&[16], 4));
+    let want = layer_norm_plain(&x, 1e-6)
+        .unwrap()
+        .broadcast_mul(&(&scale + 1.0).unwrap())
+        .unwrap()
+        .broadcast_add(&shift)
+        .unwrap();
+    close(
+        "norm_modulate",
+        &norm_modulate(&x, &shift, &scale, 1e-6).unwrap(),
+        &want,
+        1e-5,
+    );
+    // A strided (transposed) input is made contiguous, not misread.
+    let xt = randn(&[16, 9], 5).t().unwrap();
+    let want = norm_modulate(&xt.contiguous().unwrap(), &shift, &scale, 1e-6).unwrap();
+    close(
+        "norm_modulate (strided input)",
+        &norm_modulate(&xt, &shift, &scale, 1e-6).unwrap(),
+        &want,
+        0.0,
+    );
+}
+
+#[test]
+fn scatter_rows_matches_candles_scatter_and_refuses_bad_ids() {
+    let (base, rows) = (randn(&[10, 4], 6), randn(&[3, 4], 7));
+    let ids = [7u32, 0, 4];
+    let idx = Tensor::new(&[[7u32; 4], [0; 4], [4; 4]], &Device::Cpu).unwrap();
+    let want = base.scatter(&idx, &rows, 0).unwrap();
+    close(
+        "scatter_rows",
+        &scatter_rows(&base, &rows, &ids).unwrap(),
+        &want,
+        0.0,
+    );
+    let e = scatter_rows(&base, &rows, &[7, 0, 10])
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("row 10"), "{e}");
+    let e = scatter_rows(&base, &rows, &[7, 0]).unwrap_err().to_string();
+    assert!(e.contains("3 rows given for 2 ids"), "{e}");
+}
+
+#[test]
+fn attention_and_its_statistics_match_the_composed_form() {
+    // More queries than one block of the CPU kernel, so the blocking is exercised too.
+    for (nq, nk, d, heads) in [(5, 12, 8, 2), (300, 40, 16, 4), (1, 1, 4, 1)] {
+        let (q, k, v) = (randn(&[nq, d], 8), randn(&[nk, d], 9), randn(&[nk, d], 10));
+        let groups: Vec<u32> = (0..nk as u32).map(|j| j % 3).collect();
+        let wants = AttnWants {
+            probs: true,
+            key_groups: Some((&groups, 3)),
+        };
+        let got = attention(&q, &k, &v, heads, wants).unwrap();
+        let want = attention_composed(&q, &k, &v, heads, wants).unwrap();
+        let at = format!("attention {nq}x{nk}x{d}/{heads}");
+        close(&at, &got.out, &want.out, 1e-5);
+        close(
+            &format!("{at} probs"),
+            got.probs.as_ref().unwrap(),
+            want.probs.as_ref().unwrap(),
+            1e-5,
+        );
+        close(
+            &format!("{at} group mass"),
+            got.group_mass.as_ref().unwrap(),
+            want.group_mass.as_ref().unwrap(),
+            1e-5,
+        );
+        // Each query's probabilities sum to one, so its group masses do too.
+        let sums: Vec<f32> = got.group_mass.unwrap().sum(1).unwrap().to_vec1().unwrap();
+        assert!(sums.iter().all(|s| (s - 1.0).abs() < 1e-5), "{sums:?}");
+    }
+}
+
+#[test]
+fn attention_refuses_bad_shapes_and_groups() {
+    let (q, k) = (randn(&[4, 8], 1), randn(&[6, 8], 2));
+    let e = attention(&q, &k, &k, 3, AttnWants::default())
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("3 heads"), "{e}");
+    let short = randn(&[5, 8], 3);
+    let e = attention(&q, &k, &short, 2, AttnWants::default())
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("must be 6 x 8"), "{e}");
+    let g = [0u32, 1, 2, 0, 1, 5];
+    let wants = AttnWants {
+        probs: false,
+        key_groups: Some((&g, 3)),
+    };
+    let e = attention(&q, &k, &k, 2, wants).unwrap_err().to_string();
+    assert!(e.contains("below 3"), "{e}");
+}

@@ -1,0 +1,284 @@
+//! FlashDiff's models: the [`Denoiser`] contract the engine sees every model through, and the
+//! models that implement it, on candle tensors (CPU by default, CUDA with the `cuda` feature).
+//!
+//! A denoiser predicts the flow-matching velocity of a latent: a grid of
+//! `frames x height x width` tokens ([`LatentGrid`]) of [`Dims::channels`] values each. Besides
+//! the ordinary full forward it runs a *token-subset forward*: only the active tokens compute
+//! queries, MLPs and projections, and attention reads the keys and values of every other token
+//! from a cache. That is what lets FlashDiff skip patches.
+//!
+//! ```
+//! use flashdiff_models::{Denoiser, TinyDit};
+//! let path = concat!(env!("CARGO_MANIFEST_DIR"), "/tinydit/tinydit.safetensors");
+//! let model = TinyDit::load(std::path::Path::new(path), &candle_core::Device::Cpu)?;
+//! let c = model.condition("a red circle left on a white background")?;
+//! assert_eq!(c.words.len(), 8);
+//! assert_eq!(model.dims().grid.tokens(), 64);
+//! # Ok::<(), flashdiff_models::ModelError>(())
+//! ```
+
+use std::fmt;
+
+pub use candle_core::{DType, Device, Tensor};
+
+pub mod scene;
+mod tinydit;
+mod weights;
+
+pub use tinydit::{Config, TinyDit};
+pub use weights::{Weights, WeightsError};
+
+/// The latent grid in tokens: an image has one frame, audio one frame of one row.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LatentGrid {
+    /// Frames (1 for images and audio).
+    pub frames: usize,
+    /// Rows of tokens per frame.
+    pub height: usize,
+    /// Tokens per row.
+    pub width: usize,
+}
+
+impl LatentGrid {
+    /// Latent tokens.
+    pub fn tokens(&self) -> usize {
+        self.frames * self.height * self.width
+    }
+}
+
+/// Sizes of everything the engine keeps for one request of a model (all f32).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Dims {
+    /// The latent grid.
+    pub grid: LatentGrid,
+    /// Values per latent token.
+    pub channels: usize,
+    /// Layers with self-attention K/V to cache.
+    pub kv_layers: usize,
+    /// Width of one token's key (and value) row at one layer.
+    pub kv_dim: usize,
+    /// Columns of the saliency map: the most words a prompt may have.
+    pub words: usize,
+    /// Values of a request's conditioning ([`Conditioning::context`]).
+    pub context_len: usize,
+    /// Values of one step's conditioning ([`Denoiser::step_cond`]).
+    pub cond_len: usize,
+}
+
+/// A prompt, prepared once per request.
+#[derive(Debug, Clone)]
+pub struct Conditioning {
+    /// The prompt's words, in order: column `i` of the saliency map is word `i` (a model
+    /// with subword tokens reassembles them into words).
+    pub words: Vec<String>,
+    /// Whether each word is salient (content, not a function word): the words the
+    /// saliency map is made of.
+    pub salient: Vec<bool>,
+    /// Everything the forwards need from the prompt (encoded text, pooled embedding,
+    /// cross-attention keys and values), flat, [`Dims::context_len`] values. The engine
+    /// keeps it in the request's shared state and hands it back as a 1-D tensor.
+    pub context: Vec<f32>,
+}
+
+/// Per-step inputs shared by every token of a step: the request's context and the step's
+/// conditioning, both 1-D f32 tensors on the model's device.
+#[derive(Debug, Clone, Copy)]
+pub struct StepInput<'a> {
+    /// [`Conditioning::context`].
+    pub context: &'a Tensor,
+    /// [`Denoiser::step_cond`] of the step's time.
+    pub cond: &'a Tensor,
+}
+
+/// Self-attention keys and values of every latent token at every layer, `kv_layers x tokens
+/// x kv_dim` each (f32). "Cached": as last computed (or extrapolated) by the engine, for the
+/// tokens a subset forward does not compute.
+#[derive(Debug, Clone, Copy)]
+pub struct KvCache<'a> {
+    /// Keys.
+    pub k: &'a Tensor,
+    /// Values.
+    pub v: &'a Tensor,
+}
+
+/// Patch of every latent token (`tokens` values below `patches`), for the per-patch
+/// self-attention statistics.
+#[derive(Debug, Clone, Copy)]
+pub struct Patches<'a> {
+    /// Patch of each token.
+    pub of_token: &'a [u32],
+    /// Patch count.
+    pub patches: usize,
+}
+
+/// Output of [`Denoiser::full_forward`].
+#[derive(Debug)]
+pub struct FullOutput {
+    /// Velocity of every token, `tokens x channels`.
+    pub velocity: Tensor,
+    /// Fresh keys, `kv_layers x tokens x kv_dim`.
+    pub k: Tensor,
+    /// Fresh values, same shape.
+    pub v: Tensor,
+    /// When asked for: cross-attention of every token to each word column, averaged over
+    /// heads and the model's saliency layers, `tokens x words`.
+    pub saliency: Option<Tensor>,
+}
+
+/// Output of [`Denoiser::subset_forward`], rows in the order of the active ids.
+#[derive(Debug)]
+pub struct SubsetOutput {
+    /// Velocity of the active tokens, `n x channels`.
+    pub velocity: Tensor,
+    /// Fresh keys of the active tokens, `kv_layers x n x kv_dim`.
+    pub k: Tensor,
+    /// Fresh values, same shape.
+    pub v: Tensor,
+    /// Each active token's self-attention probability mass into each patch, averaged over
+    /// heads and layers, `n x patches`: what the gate's refinement importance is made of.
+    pub patch_mass: Tensor,
+}
+
+/// A decoded sample.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Sample {
+    /// RGB in [0, 1], row-major, `height x width x 3`.
+    pub rgb: Vec<f32>,
+    /// Pixels per row.
+    pub width: usize,
+    /// Rows.
+    pub height: usize,
+}
+
+/// The contract between the engine and a model. Every tensor is f32 on [`Denoiser::device`];
+/// the model may compute in another dtype inside. Implementations are read-only after
+/// loading and are shared by every worker thread.
+pub trait Denoiser: Send + Sync + fmt::Debug {
+    /// Short name for reports ("tinydit").
+    fn name(&self) -> &str;
+    /// Sizes of the latent and of what the engine stores per request.
+    fn dims(&self) -> &Dims;
+    /// Where the model's tensors live.
+    fn device(&self) -> &Device;
+    /// Prepares a prompt, once per request. A prompt the model cannot take is an error that
+    /// says why.
+    fn condition(&self, prompt: &str) -> Result<Conditioning, ModelError>;
+    /// The conditioning of time `t` (1 = noise, 0 = data), shared by every token of a step;
+    /// `context` is [`Conditioning::context`] as a tensor. Returns [`Dims::cond_len`] values.
+    fn step_cond(&self, context: &Tensor, t: f32) -> Result<Tensor, ModelError>;
+    /// The ordinary forward of the whole latent `x` (`tokens x channels`): velocity, every
+    /// layer's K/V, and with `saliency` the cross-attention map the partitioner needs.
+    fn full_forward(
+        &self,
+        x: &Tensor,
+        step: StepInput<'_>,
+        saliency: bool,
+    ) -> Result<FullOutput, ModelError>;
+    /// The token-subset forward: tokens `active` (ascending ids, at least one) whose noisy
+    /// values are `x_active` (`n x channels`). Their own K/V are fresh (computed here and
+    /// seen by each other); every other token's K/V come from `cache`. With `cache` `None`
+    /// the active tokens attend only to each other, as if the rest of the latent did not
+    /// exist (the NaivePatch baseline). With every token active and a cache, the result
+    /// equals [`Denoiser::full_forward`]'s.
+    fn subset_forward(
+        &self,
+        x_active: &Tensor,
+        active: &[u32],
+        step: StepInput<'_>,
+        cache: Option<KvCache<'_>>,
+        patches: Patches<'_>,
+    ) -> Result<SubsetOutput, ModelError>;
+    /// The first layer's modulated input for the whole latent: the cheap signal whole-step
+    /// caching (TeaCache / first-block cache) watches, `tokens x width`.
+    fn first_block_input(&self, x: &Tensor, step: StepInput<'_>) -> Result<Tensor, ModelError>;
+    /// Decodes a final latent (`tokens x channels`, flat) into a sample.
+    fn decode(&self, latent: &[f32]) -> Result<Sample, ModelError>;
+}
+
+/// Why a model call failed.
+#[derive(Debug)]
+pub enum ModelError {
+    /// Weights could not be loaded.
+    Weights(WeightsError),
+    /// The prompt cannot be taken.
+    Prompt(scene::PromptError),
+    /// Bad arguments (shapes, ids) from the caller.
+    Input(String),
+    /// The tensor library failed.
+    Tensor(candle_core::Error),
+}
+
+impl fmt::Display for ModelError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Weights(e) => e.fmt(f),
+            Self::Prompt(e) => e.fmt(f),
+            Self::Input(e) => write!(f, "model input: {e}"),
+            Self::Tensor(e) => write!(f, "tensor op failed: {e}"),
+        }
+    }
+}
+
+impl std::error::Error for ModelError {}
+
+impl From<WeightsError> for ModelError {
+    fn from(e: WeightsError) -> Self {
+        Self::Weights(e)
+    }
+}
+
+impl From<scene::PromptError> for ModelError {
+    fn from(e: scene::PromptError) -> Self {
+        Self::Prompt(e)
+    }
+}
+
+impl From<candle_core::Error> for ModelError {
+    fn from(e: candle_core::Error) -> Self {
+        Self::Tensor(e)
+    }
+}
+
+/// One Euler step of ordinary sampling, `n` of `steps`: the full forward of the latent `x`
+/// (`tokens x channels`, flat), then `x <- x - v / steps`. Returns the forward's output.
+pub fn euler_full_step(
+    model: &dyn Denoiser,
+    x: &mut [f32],
+    context: &Tensor,
+    n: u32,
+    steps: u32,
+    saliency: bool,
+) -> Result<FullOutput, ModelError> {
+    let dims = model.dims();
+    let h = 1.0 / steps as f32;
+    let cond = model.step_cond(context, 1.0 - n as f32 * h)?;
+    let xt = Tensor::from_slice(x, (dims.grid.tokens(), dims.channels), model.device())?;
+    let out = model.full_forward(
+        &xt,
+        StepInput {
+            context,
+            cond: &cond,
+        },
+        saliency,
+    )?;
+    let v = out.velocity.flatten_all()?.to_vec1::<f32>()?;
+    for (xi, vi) in x.iter_mut().zip(&v) {
+        *xi -= h * vi;
+    }
+    Ok(out)
+}
+
+/// Picks the device: CUDA device 0 when `cuda` is asked for and this build has it, else an
+/// error that says why; the CPU otherwise.
+pub fn device(cuda: bool) -> Result<Device, ModelError> {
+    if !cuda {
+        return Ok(Device::Cpu);
+    }
+    if !candle_core::utils::cuda_is_available() {
+        return Err(ModelError::Input(
+            "CUDA was asked for, but this build has no CUDA support (build with --features cuda)"
+                .into(),
+        ));
+    }
+    Device::new_cuda(0).map_err(|e| ModelError::Input(format!("no usable CUDA device: {e}")))
+}

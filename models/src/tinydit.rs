@@ -1,0 +1,697 @@
+//! TinyDiT, the built-in image model, on candle: the embeddings, blocks and final layer read
+//! like `models/tinydit/model.py`; the hot ops are `flashdiff_kernels::ops`.
+
+use std::path::{Path, PathBuf};
+
+use candle_core::{DType, Device, Module, Tensor};
+use candle_nn::{LayerNorm, Linear};
+use flashdiff_kernels::ops::{self, AttnWants};
+
+use crate::scene;
+use crate::weights::{Weights, WeightsError};
+use crate::{
+    Conditioning, Denoiser, Dims, FullOutput, KvCache, LatentGrid, ModelError, Patches, Sample,
+    StepInput, SubsetOutput,
+};
+
+const EPS: f32 = 1e-6;
+
+/// Model hyper-parameters (from the weights file's metadata).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Config {
+    /// Image side in pixels.
+    pub image: usize,
+    /// Patch side in pixels (one latent token per patch).
+    pub patch: usize,
+    /// Colour channels.
+    pub channels: usize,
+    /// Width.
+    pub d: usize,
+    /// Transformer blocks.
+    pub depth: usize,
+    /// Attention heads.
+    pub heads: usize,
+    /// Text encoder layers.
+    pub text_layers: usize,
+    /// Vocabulary size.
+    pub vocab: usize,
+    /// Prompt length in tokens (padded).
+    pub max_tokens: usize,
+    /// MLP hidden = d * mlp_ratio.
+    pub mlp_ratio: usize,
+}
+
+impl Config {
+    /// Latent grid side (tokens per row).
+    pub fn grid(&self) -> usize {
+        self.image / self.patch
+    }
+    /// Latent tokens.
+    pub fn tokens(&self) -> usize {
+        self.grid() * self.grid()
+    }
+    /// Values per latent token.
+    pub fn patch_dim(&self) -> usize {
+        self.patch * self.patch * self.channels
+    }
+}
+
+fn parse_config(w: &Weights) -> Result<Config, WeightsError> {
+    let bad = |m: String| WeightsError::Metadata(m);
+    let v: serde_json::Value = serde_json::from_str(w.meta("config")?)
+        .map_err(|e| bad(format!("config is not JSON: {e}")))?;
+    let get = |k: &str| -> Result<usize, WeightsError> {
+        v.get(k)
+            .and_then(|x| x.as_u64())
+            .map(|x| x as usize)
+            .ok_or_else(|| bad(format!("config has no integer {k:?}")))
+    };
+    let cfg = Config {
+        image: get("image")?,
+        patch: get("patch")?,
+        channels: get("channels")?,
+        d: get("d")?,
+        depth: get("depth")?,
+        heads: get("heads")?,
+        text_layers: get("text_layers")?,
+        vocab: get("vocab")?,
+        max_tokens: get("max_tokens")?,
+        mlp_ratio: get("mlp_ratio")?,
+    };
+    if cfg.patch == 0
+        || cfg.image % cfg.patch != 0
+        || cfg.heads == 0
+        || cfg.d % cfg.heads != 0
+        || cfg.d % 4 != 0
+        || cfg.depth == 0
+    {
+        return Err(bad(format!("inconsistent config {cfg:?}")));
+    }
+    Ok(cfg)
+}
+
+/// A linear layer, weight stored `[out x in]` as PyTorch stores it.
+#[derive(Debug, Clone)]
+struct Lin(Linear);
+
+impl Lin {
+    fn forward(&self, x: &Tensor) -> candle_core::Result<Tensor> {
+        self.0.forward(x)
+    }
+}
+
+#[derive(Debug)]
+struct TextLayer {
+    ln1: LayerNorm,
+    ln2: LayerNorm,
+    qkv: Lin,
+    proj: Lin,
+    fc1: Lin,
+    fc2: Lin,
+}
+
+#[derive(Debug)]
+struct Block {
+    ada: Lin,
+    q: Lin,
+    k: Lin,
+    v: Lin,
+    proj: Lin,
+    cq: Lin,
+    ckv: Lin,
+    cproj: Lin,
+    fc1: Lin,
+    fc2: Lin,
+}
+
+/// The built-in image model (see `models/tinydit/model.py`, the reference): a text-conditioned
+/// Diffusion Transformer over an 8x8 grid of 4x4x3 pixel patches, trained with rectified flow
+/// on procedural shapes (`models/tinydit/MODEL_CARD.md`).
+pub struct TinyDit {
+    cfg: Config,
+    dims: Dims,
+    device: Device,
+    path: PathBuf,
+    vocab: Vec<String>,
+    saliency_layers: Vec<usize>,
+    tok_emb: Tensor,
+    txt_pos: Tensor,
+    text: Vec<TextLayer>,
+    txt_ln: LayerNorm,
+    t1: Lin,
+    t2: Lin,
+    pool: Lin,
+    x_embed: Lin,
+    pos: Tensor,
+    blocks: Vec<Block>,
+    final_ada: Lin,
+    final_: Lin,
+    /// `d` zeros: modulation by (0, 0) is the plain, affine-free layer norm.
+    zeros: Tensor,
+}
+
+impl std::fmt::Debug for TinyDit {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TinyDit")
+            .field("cfg", &self.cfg)
+            .field("weights", &self.path)
+            .field("device", &self.device)
+            .finish()
+    }
+}
+
+struct Loader<'a> {
+    w: &'a Weights,
+    device: &'a Device,
+}
+
+impl Loader<'_> {
+    fn t(&self, name: &str, shape: &[usize]) -> Result<Tensor, WeightsError> {
+        self.w.tensor(name, shape, self.device)
+    }
+    fn lin(&self, name: &str, out: usize, inp: usize) -> Result<Lin, WeightsError> {
+        Ok(Lin(Linear::new(
+            self.t(&format!("{name}.weight"), &[out, inp])?,
+            Some(self.t(&format!("{name}.bias"), &[out])?),
+        )))
+    }
+    /// Rows `[at, at + out)` of a stored linear layer: one of q, k, v out of a fused qkv.
+    fn lin_rows(
+        &self,
+        name: &str,
+        rows: usize,
+        inp: usize,
+        at: usize,
+        out: usize,
+    ) -> Result<Lin, WeightsError> {
+        let bad = |e: candle_core::Error| WeightsError::Metadata(format!("{name}: {e}"));
+        let w = self.t(&format!("{name}.weight"), &[rows, inp])?;
+        let b = self.t(&format!("{name}.bias"), &[rows])?;
+        Ok(Lin(Linear::new(
+            w.narrow(0, at, out)
+                .and_then(|t| t.contiguous())
+                .map_err(bad)?,
+            Some(
+                b.narrow(0, at, out)
+                    .and_then(|t| t.contiguous())
+                    .map_err(bad)?,
+            ),
+        )))
+    }
+    fn ln(&self, name: &str, d: usize) -> Result<LayerNorm, WeightsError> {
+        Ok(LayerNorm::new(
+            self.t(&format!("{name}.weight"), &[d])?,
+            self.t(&format!("{name}.bias"), &[d])?,
+            EPS as f64,
+        ))
+    }
+}
+
+fn meta_json<T: serde::de::DeserializeOwned>(w: &Weights, key: &str) -> Result<T, WeightsError> {
+    serde_json::from_str(w.meta(key)?).map_err(|e| WeightsError::Metadata(format!("{key}: {e}")))
+}
+
+impl TinyDit {
+    /// Loads the model from a safetensors file written by `models/tinydit/export.py` (f32,
+    /// f16 or bf16) onto `device`. A missing or mis-shaped tensor is an error naming it.
+    pub fn load(path: &Path, device: &Device) -> Result<Self, ModelError> {
+        let w = Weights::open(path)?;
+        let format = w.meta("format")?;
+        if format != "flashdiff-tinydit" {
+            return Err(WeightsError::Metadata(format!(
+                "format {format:?}, expected \"flashdiff-tinydit\""
+            ))
+            .into());
+        }
+        let cfg = parse_config(&w)?;
+        let vocab: Vec<String> = meta_json(&w, "vocab")?;
+        if vocab.len() != cfg.vocab {
+            return Err(WeightsError::Metadata(format!(
+                "vocab has {} words, config says {}",
+                vocab.len(),
+                cfg.vocab
+            ))
+            .into());
+        }
+        let saliency_layers: Vec<usize> = meta_json(&w, "saliency_layers")?;
+        if saliency_layers.is_empty() || saliency_layers.iter().any(|&l| l >= cfg.depth) {
+            return Err(WeightsError::Metadata(format!(
+                "saliency_layers {saliency_layers:?} must name blocks below {}",
+                cfg.depth
+            ))
+            .into());
+        }
+        let l = Loader { w: &w, device };
+        let (d, h) = (cfg.d, cfg.d * cfg.mlp_ratio);
+        let mut text = Vec::new();
+        for i in 0..cfg.text_layers {
+            let p = format!("text.{i}");
+            text.push(TextLayer {
+                ln1: l.ln(&format!("{p}.ln1"), d)?,
+                ln2: l.ln(&format!("{p}.ln2"), d)?,
+                qkv: l.lin(&format!("{p}.attn.qkv"), 3 * d, d)?,
+                proj: l.lin(&format!("{p}.attn.proj"), d, d)?,
+                fc1: l.lin(&format!("{p}.mlp.fc1"), h, d)?,
+                fc2: l.lin(&format!("{p}.mlp.fc2"), d, h)?,
+            });
+        }
+        let mut blocks = Vec::new();
+        for i in 0..cfg.depth {
+            let p = format!("blocks.{i}");
+            let qkv = format!("{p}.attn.qkv");
+            blocks.push(Block {
+                ada: l.lin(&format!("{p}.ada"), 6 * d, d)?,
+                q: l.lin_rows(&qkv, 3 * d, d, 0, d)?,
+                k: l.lin_rows(&qkv, 3 * d, d, d, d)?,
+                v: l.lin_rows(&qkv, 3 * d, d, 2 * d, d)?,
+                proj: l.lin(&format!("{p}.attn.proj"), d, d)?,
+                cq: l.lin(&format!("{p}.cross.q"), d, d)?,
+                ckv: l.lin(&format!("{p}.cross.kv"), 2 * d, d)?,
+                cproj: l.lin(&format!("{p}.cross.proj"), d, d)?,
+                fc1: l.lin(&format!("{p}.mlp.fc1"), h, d)?,
+                fc2: l.lin(&format!("{p}.mlp.fc2"), d, h)?,
+            });
+        }
+        let dims = Dims {
+            grid: LatentGrid {
+                frames: 1,
+                height: cfg.grid(),
+                width: cfg.grid(),
+            },
+            channels: cfg.patch_dim(),
+            kv_layers: cfg.depth,
+            kv_dim: d,
+            words: cfg.max_tokens,
+            context_len: d + 2 * cfg.depth * cfg.max_tokens * d,
+            cond_len: cfg.depth * 6 * d + 2 * d,
+        };
+        Ok(Self {
+            tok_emb: l.t("tok_emb.weight", &[cfg.vocab, d])?,
+            txt_pos: l.t("txt_pos", &[cfg.max_tokens, d])?,
+            text,
+            txt_ln: l.ln("txt_ln", d)?,
+            t1: l.lin("t_mlp1", d, 256)?,
+            t2: l.lin("t_mlp2", d, d)?,
+            pool: l.lin("pool", d, d)?,
+            x_embed: l.lin("x_embed", d, cfg.patch_dim())?,
+            pos: l.t("pos_embed", &[cfg.tokens(), d])?,
+            blocks,
+            final_ada: l.lin("final_ada", 2 * d, d)?,
+            final_: l.lin("final", cfg.patch_dim(), d)?,
+            zeros: Tensor::zeros(d, DType::F32, device)?,
+            cfg,
+            dims,
+            device: device.clone(),
+            path: path.into(),
+            vocab,
+            saliency_layers,
+        })
+    }
+
+    /// Hyper-parameters.
+    pub fn config(&self) -> &Config {
+        &self.cfg
+    }
+
+    /// The vocabulary (index 0 is the padding token).
+    pub fn vocab(&self) -> &[String] {
+        &self.vocab
+    }
+
+    /// Blocks whose cross-attention makes the saliency map.
+    pub fn saliency_layers(&self) -> &[usize] {
+        &self.saliency_layers
+    }
+
+    /// Encodes token ids (padded to `max_tokens`) into the flat context: pooled embedding,
+    /// then every block's cross-attention keys, then its values.
+    pub fn encode_ids(&self, ids: &[u32]) -> Result<Vec<f32>, ModelError> {
+        let (d, n) = (self.cfg.d, self.cfg.max_tokens);
+        if ids.len() != n {
+            return Err(ModelError::Input(format!(
+                "{} token ids, the model takes {n} (padded)",
+                ids.len()
+            )));
+        }
+        let ids: Vec<u32> = ids
+            .iter()
+            .map(|&i| i.min(self.cfg.vocab as u32 - 1))
+            .collect();
+        let ids = Tensor::from_vec(ids, n, &self.device)?;
+        let mut x = (self.tok_emb.index_select(&ids, 0)? + &self.txt_pos)?;
+        for l in &self.text {
+            let a = l.ln1.forward(&x)?;
+            let qkv = l.qkv.forward(&a)?;
+            let part = |i: usize| qkv.narrow(1, i * d, d);
+            let o = ops::attention(
+                &part(0)?,
+                &part(1)?,
+                &part(2)?,
+                self.cfg.heads,
+                AttnWants::default(),
+            )?;
+            x = (x + l.proj.forward(&o.out)?)?;
+            let a = l.ln2.forward(&x)?;
+            let hdn = ops::gelu_tanh(&l.fc1.forward(&a)?)?;
+            x = (x + l.fc2.forward(&hdn)?)?;
+        }
+        let x = self.txt_ln.forward(&x)?;
+        let pooled = self.pool.forward(&x.mean_keepdim(0)?)?.flatten_all()?;
+        let mut parts = vec![pooled];
+        let kvs = self
+            .blocks
+            .iter()
+            .map(|b| b.ckv.forward(&x))
+            .collect::<candle_core::Result<Vec<_>>>()?;
+        for half in 0..2 {
+            for kv in &kvs {
+                parts.push(kv.narrow(1, half * d, d)?.flatten_all()?);
+            }
+        }
+        Ok(Tensor::cat(&parts, 0)?.to_vec1::<f32>()?)
+    }
+
+    fn context_part(&self, context: &Tensor, i: usize) -> candle_core::Result<Tensor> {
+        // Pooled (d), then depth blocks of cross K, then depth blocks of cross V.
+        let (d, mt) = (self.cfg.d, self.cfg.max_tokens);
+        context.narrow(0, d + i * mt * d, mt * d)?.reshape((mt, d))
+    }
+
+    fn check_step(&self, step: StepInput<'_>) -> Result<(), ModelError> {
+        let (c, s) = (step.context.elem_count(), step.cond.elem_count());
+        if c != self.dims.context_len || s != self.dims.cond_len {
+            return Err(ModelError::Input(format!(
+                "context of {c} and step conditioning of {s} values; the model takes {} and {}",
+                self.dims.context_len, self.dims.cond_len
+            )));
+        }
+        Ok(())
+    }
+
+    fn check_rows(&self, x: &Tensor, n: usize, what: &str) -> Result<(), ModelError> {
+        if x.dims() != [n, self.dims.channels] || x.dtype() != DType::F32 {
+            return Err(ModelError::Input(format!(
+                "{what} is {:?} {:?}, expected f32 [{n}, {}]",
+                x.dtype(),
+                x.dims(),
+                self.dims.channels
+            )));
+        }
+        Ok(())
+    }
+
+    /// The forward of the tokens `active` (ascending): the body of both forwards.
+    fn forward_rows(
+        &self,
+        x_active: &Tensor,
+        active: &[u32],
+        step: StepInput<'_>,
+        keys: Keys<'_>,
+        mass_groups: Option<Patches<'_>>,
+        saliency: bool,
+    ) -> Result<Rows, ModelError> {
+        let cfg = &self.cfg;
+        let (d, n, heads) = (cfg.d, active.len(), cfg.heads);
+        let m = |li: usize, j: usize| step.cond.narrow(0, (li * 6 + j) * d, d);
+        let mut x = self.x_embed.forward(x_active)?;
+        let pos = if n == cfg.tokens() {
+            self.pos.clone()
+        } else {
+            let ids = Tensor::from_slice(active, n, &self.device)?;
+            self.pos.index_select(&ids, 0)?
+        };
+        x = (x + pos)?;
+        // Isolated: keys are the active tokens only, grouped as the caller grouped them.
+        let own_groups: Option<Vec<u32>> = match (&keys, mass_groups) {
+            (Keys::Own, Some(p)) => Some(active.iter().map(|&t| p.of_token[t as usize]).collect()),
+            _ => None,
+        };
+        let key_groups =
+            mass_groups.map(|p| (own_groups.as_deref().unwrap_or(p.of_token), p.patches));
+        let (mut fk, mut fv) = (Vec::new(), Vec::new());
+        let mut mass: Option<Tensor> = None;
+        let mut cross: Option<Tensor> = None;
+        for (li, b) in self.blocks.iter().enumerate() {
+            let a = ops::norm_modulate(&x, &m(li, 0)?, &m(li, 1)?, EPS)?;
+            let (q, k, v) = (b.q.forward(&a)?, b.k.forward(&a)?, b.v.forward(&a)?);
+            let (kk, vv) = match keys {
+                Keys::Own => (k.clone(), v.clone()),
+                Keys::Cached(c) => (
+                    ops::scatter_rows(&c.k.get(li)?, &k, active)?,
+                    ops::scatter_rows(&c.v.get(li)?, &v, active)?,
+                ),
+            };
+            let att = ops::attention(
+                &q,
+                &kk,
+                &vv,
+                heads,
+                AttnWants {
+                    probs: false,
+                    key_groups,
+                },
+            )?;
+            if let Some(g) = att.group_mass {
+                mass = Some(match mass {
+                    None => g,
+                    Some(acc) => (acc + g)?,
+                });
+            }
+            x = (x + b.proj.forward(&att.out)?.broadcast_mul(&m(li, 2)?)?)?;
+            fk.push(k);
+            fv.push(v);
+            let a = ops::norm_modulate(&x, &self.zeros, &self.zeros, EPS)?;
+            let want = saliency && self.saliency_layers.contains(&li);
+            let att = ops::attention(
+                &b.cq.forward(&a)?,
+                &self.context_part(step.context, li)?,
+                &self.context_part(step.context, cfg.depth + li)?,
+                heads,
+                AttnWants {
+                    probs: want,
+                    key_groups: None,
+                },
+            )?;
+            if let Some(p) = att.probs {
+                cross = Some(match cross {
+                    None => p,
+                    Some(acc) => (acc + p)?,
+                });
+            }
+            x = (x + b.cproj.forward(&att.out)?)?;
+            let a = ops::norm_modulate(&x, &m(li, 3)?, &m(li, 4)?, EPS)?;
+            let hdn = ops::gelu_tanh(&b.fc1.forward(&a)?)?;
+            x = (x + b.fc2.forward(&hdn)?.broadcast_mul(&m(li, 5)?)?)?;
+        }
+        let fm = |j: usize| step.cond.narrow(0, (cfg.depth * 6 + j) * d, d);
+        let x = ops::norm_modulate(&x, &fm(0)?, &fm(1)?, EPS)?;
+        Ok(Rows {
+            velocity: self.final_.forward(&x)?,
+            k: Tensor::stack(&fk, 0)?,
+            v: Tensor::stack(&fv, 0)?,
+            mass: match mass {
+                Some(m) => Some((m / cfg.depth as f64)?),
+                None => None,
+            },
+            cross: match cross {
+                Some(c) => Some((c / self.saliency_layers.len() as f64)?),
+                None => None,
+            },
+        })
+    }
+}
+
+/// Where a forward's keys and values come from.
+#[derive(Clone, Copy)]
+enum Keys<'a> {
+    /// The active tokens' own only.
+    Own,
+    /// Every token: the active tokens' fresh rows over the cache.
+    Cached(KvCache<'a>),
+}
+
+struct Rows {
+    velocity: Tensor,
+    k: Tensor,
+    v: Tensor,
+    mass: Option<Tensor>,
+    cross: Option<Tensor>,
+}
+
+impl Denoiser for TinyDit {
+    fn name(&self) -> &str {
+        "tinydit"
+    }
+
+    fn dims(&self) -> &Dims {
+        &self.dims
+    }
+
+    fn device(&self) -> &Device {
+        &self.device
+    }
+
+    fn condition(&self, prompt: &str) -> Result<Conditioning, ModelError> {
+        let ids = scene::tokenize(prompt, &self.vocab, self.cfg.max_tokens)?;
+        let words = scene::words(prompt);
+        Ok(Conditioning {
+            salient: words.iter().map(|w| scene::is_salient(w)).collect(),
+            words,
+            context: self.encode_ids(&ids)?,
+        })
+    }
+
+    fn step_cond(&self, context: &Tensor, t: f32) -> Result<Tensor, ModelError> {
+        if context.elem_count() != self.dims.context_len {
+            return Err(ModelError::Input(format!(
+                "context of {} values, the model takes {}",
+                context.elem_count(),
+                self.dims.context_len
+            )));
+        }
+        let half = 128;
+        let mut emb = vec![0.0f32; 2 * half];
+        for i in 0..half {
+            let f = (-(10000f32).ln() * i as f32 / half as f32).exp();
+            let a = 1000.0 * t * f;
+            emb[i] = a.cos();
+            emb[half + i] = a.sin();
+        }
+        let emb = Tensor::from_vec(emb, (1, 2 * half), &self.device)?;
+        let c = self.t1.forward(&emb)?.silu()?;
+        let pooled = context.narrow(0, 0, self.cfg.d)?.unsqueeze(0)?;
+        let c = (self.t2.forward(&c)? + pooled)?.silu()?;
+        let mut parts = Vec::with_capacity(self.blocks.len() + 1);
+        for b in &self.blocks {
+            parts.push(b.ada.forward(&c)?);
+        }
+        parts.push(self.final_ada.forward(&c)?);
+        Ok(Tensor::cat(&parts, 1)?.flatten_all()?)
+    }
+
+    fn full_forward(
+        &self,
+        x: &Tensor,
+        step: StepInput<'_>,
+        saliency: bool,
+    ) -> Result<FullOutput, ModelError> {
+        self.check_step(step)?;
+        let tokens = self.cfg.tokens();
+        self.check_rows(x, tokens, "x")?;
+        let all: Vec<u32> = (0..tokens as u32).collect();
+        let r = self.forward_rows(x, &all, step, Keys::Own, None, saliency)?;
+        Ok(FullOutput {
+            velocity: r.velocity,
+            k: r.k,
+            v: r.v,
+            saliency: r.cross,
+        })
+    }
+
+    fn subset_forward(
+        &self,
+        x_active: &Tensor,
+        active: &[u32],
+        step: StepInput<'_>,
+        cache: Option<KvCache<'_>>,
+        patches: Patches<'_>,
+    ) -> Result<SubsetOutput, ModelError> {
+        self.check_step(step)?;
+        let tokens = self.cfg.tokens();
+        if active.is_empty()
+            || !active.windows(2).all(|w| w[0] < w[1])
+            || active.last().is_some_and(|&t| t as usize >= tokens)
+        {
+            return Err(ModelError::Input(format!(
+                "active ids must be ascending, non-empty and below {tokens}"
+            )));
+        }
+        self.check_rows(x_active, active.len(), "x_active")?;
+        if patches.of_token.len() != tokens
+            || patches
+                .of_token
+                .iter()
+                .any(|&p| p as usize >= patches.patches)
+        {
+            return Err(ModelError::Input(format!(
+                "patch map must give {tokens} patches below {}",
+                patches.patches
+            )));
+        }
+        let keys = match cache {
+            None => Keys::Own,
+            Some(c) => {
+                let want = [self.cfg.depth, tokens, self.cfg.d];
+                if c.k.dims() != want || c.v.dims() != want {
+                    return Err(ModelError::Input(format!(
+                        "K/V cache is {:?} and {:?}, expected {want:?}",
+                        c.k.dims(),
+                        c.v.dims()
+                    )));
+                }
+                Keys::Cached(c)
+            }
+        };
+        let r = self.forward_rows(x_active, active, step, keys, Some(patches), false)?;
+        Ok(SubsetOutput {
+            velocity: r.velocity,
+            k: r.k,
+            v: r.v,
+            patch_mass: r
+                .mass
+                .ok_or_else(|| ModelError::Input("no patch mass".into()))?,
+        })
+    }
+
+    fn first_block_input(&self, x: &Tensor, step: StepInput<'_>) -> Result<Tensor, ModelError> {
+        self.check_step(step)?;
+        self.check_rows(x, self.cfg.tokens(), "x")?;
+        let d = self.cfg.d;
+        let h = (self.x_embed.forward(x)? + &self.pos)?;
+        Ok(ops::norm_modulate(
+            &h,
+            &step.cond.narrow(0, 0, d)?,
+            &step.cond.narrow(0, d, d)?,
+            EPS,
+        )?)
+    }
+
+    fn decode(&self, latent: &[f32]) -> Result<Sample, ModelError> {
+        let (grid, patch) = (self.cfg.grid(), self.cfg.patch);
+        if latent.len() != self.cfg.tokens() * self.cfg.patch_dim() {
+            return Err(ModelError::Input(format!(
+                "latent of {} values, expected {}",
+                latent.len(),
+                self.cfg.tokens() * self.cfg.patch_dim()
+            )));
+        }
+        Ok(Sample {
+            rgb: unpatchify(latent, grid, patch),
+            width: grid * patch,
+            height: grid * patch,
+        })
+    }
+}
+
+/// `grid x grid` tokens of `patch x patch x 3` values (in [-1, 1]; row, column, channel
+/// inside a patch) to an RGB image in [0, 1], row-major.
+pub fn unpatchify(latent: &[f32], grid: usize, patch: usize) -> Vec<f32> {
+    let side = grid * patch;
+    let mut img = vec![0.0f32; side * side * 3];
+    for gy in 0..grid {
+        for gx in 0..grid {
+            let tok = &latent
+                [(gy * grid + gx) * patch * patch * 3..(gy * grid + gx + 1) * patch * patch * 3];
+            for py in 0..patch {
+                for px in 0..patch {
+                    for c in 0..3 {
+                        let v = tok[(py * patch + px) * 3 + c];
+                        img[((gy * patch + py) * side + gx * patch + px) * 3 + c] =
+                            ((v + 1.0) / 2.0).clamp(0.0, 1.0);
+                    }
+                }
+            }
+        }
+    }
+    img
+}
