@@ -13,7 +13,9 @@ use candle_core::{
     CpuStorage, CustomOp1, CustomOp2, CustomOp3, DType, Layout, Result, Shape, Tensor,
 };
 
-use crate::{attention_f32, gelu_tanh_f32, layer_norm_f32, modulate_f32, scatter_rows_f32};
+use crate::{
+    attention_f32, gelu_tanh_f32, layer_norm_f32, linear_f32, modulate_f32, scatter_rows_f32,
+};
 use crate::{AttnStats, GroupMass};
 
 fn slice<'a>(s: &'a CpuStorage, l: &Layout, op: &str) -> Result<&'a [f32]> {
@@ -31,6 +33,54 @@ fn last_dim(shape: &Shape, op: &str) -> Result<usize> {
         Some(&d) if d > 0 => Ok(d),
         _ => candle_core::bail!("{op}: needs a non-empty last dimension, got {shape:?}"),
     }
+}
+
+struct Linear;
+
+impl CustomOp3 for Linear {
+    fn name(&self) -> &'static str {
+        "linear_f32"
+    }
+    fn cpu_fwd(
+        &self,
+        s1: &CpuStorage,
+        l1: &Layout,
+        s2: &CpuStorage,
+        l2: &Layout,
+        s3: &CpuStorage,
+        l3: &Layout,
+    ) -> Result<(CpuStorage, Shape)> {
+        let (rows, inp) = l1.shape().dims2()?;
+        let (out, w_in) = l2.shape().dims2()?;
+        if w_in != inp || l3.shape().elem_count() != out {
+            candle_core::bail!(
+                "linear: x is {rows}x{inp}, weight {out}x{w_in}, bias {:?}",
+                l3.shape()
+            );
+        }
+        let (x, w, b) = (
+            slice(s1, l1, self.name())?,
+            slice(s2, l2, self.name())?,
+            slice(s3, l3, self.name())?,
+        );
+        let mut y = vec![0.0f32; rows * out];
+        linear_f32(x, rows, inp, w, Some(b), out, &mut y);
+        Ok((CpuStorage::F32(y), Shape::from((rows, out))))
+    }
+}
+
+/// `x [rows x in] · wᵀ + b` with `w` stored `[out x in]` (PyTorch's layout). On the CPU one
+/// single-threaded pass whose every output row is computed the same way whatever other rows
+/// share the call, so a token's result does not depend on which tokens it was batched with
+/// (the engine's determinism relies on it) and worker threads do not contend for a thread
+/// pool; elsewhere candle's matmul.
+pub fn linear(x: &Tensor, w: &Tensor, b: &Tensor) -> Result<Tensor> {
+    if x.device().is_cpu() {
+        return x
+            .contiguous()?
+            .apply_op3_no_bwd(&w.contiguous()?, &b.contiguous()?, &Linear);
+    }
+    x.matmul(&w.t()?)?.broadcast_add(b)
 }
 
 struct Gelu;

@@ -4,8 +4,8 @@
 
 use candle_core::{Device, Tensor};
 use flashdiff_kernels::ops::{
-    attention, attention_composed, gelu_tanh, layer_norm_plain, norm_modulate, scatter_rows,
-    AttnWants,
+    attention, attention_composed, gelu_tanh, layer_norm_plain, linear, norm_modulate,
+    scatter_rows, AttnWants,
 };
 
 fn close(op: &str, got: &Tensor, want: &Tensor, tol: f32) {
@@ -143,4 +143,26 @@ fn attention_refuses_bad_shapes_and_groups() {
     };
     let e = attention(&q, &k, &k, 2, wants).unwrap_err().to_string();
     assert!(e.contains("below 3"), "{e}");
+}
+
+#[test]
+fn linear_matches_candles_matmul_and_is_row_independent() {
+    let (x, w, b) = (randn(&[37, 24], 11), randn(&[10, 24], 12), randn(&[10], 13));
+    let want = x
+        .matmul(&w.t().unwrap())
+        .unwrap()
+        .broadcast_add(&b)
+        .unwrap();
+    let got = linear(&x, &w, &b).unwrap();
+    close("linear", &got, &want, 1e-5);
+    // A row computed alone is bit-identical to the same row computed among others.
+    let alone = linear(&x.narrow(0, 5, 1).unwrap(), &w, &b).unwrap();
+    close(
+        "linear (one row)",
+        &alone,
+        &got.narrow(0, 5, 1).unwrap(),
+        0.0,
+    );
+    let e = linear(&x, &w.t().unwrap(), &b).unwrap_err().to_string();
+    assert!(e.contains("weight"), "{e}");
 }

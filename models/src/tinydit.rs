@@ -4,7 +4,7 @@
 use std::path::{Path, PathBuf};
 
 use candle_core::{DType, Device, Module, Tensor};
-use candle_nn::{LayerNorm, Linear};
+use candle_nn::LayerNorm;
 use flashdiff_kernels::ops::{self, AttnWants};
 
 use crate::scene;
@@ -92,11 +92,14 @@ fn parse_config(w: &Weights) -> Result<Config, WeightsError> {
 
 /// A linear layer, weight stored `[out x in]` as PyTorch stores it.
 #[derive(Debug, Clone)]
-struct Lin(Linear);
+struct Lin {
+    w: Tensor,
+    b: Tensor,
+}
 
 impl Lin {
     fn forward(&self, x: &Tensor) -> candle_core::Result<Tensor> {
-        self.0.forward(x)
+        ops::linear(x, &self.w, &self.b)
     }
 }
 
@@ -170,10 +173,10 @@ impl Loader<'_> {
         self.w.tensor(name, shape, self.device)
     }
     fn lin(&self, name: &str, out: usize, inp: usize) -> Result<Lin, WeightsError> {
-        Ok(Lin(Linear::new(
-            self.t(&format!("{name}.weight"), &[out, inp])?,
-            Some(self.t(&format!("{name}.bias"), &[out])?),
-        )))
+        Ok(Lin {
+            w: self.t(&format!("{name}.weight"), &[out, inp])?,
+            b: self.t(&format!("{name}.bias"), &[out])?,
+        })
     }
     /// Rows `[at, at + out)` of a stored linear layer: one of q, k, v out of a fused qkv.
     fn lin_rows(
@@ -187,16 +190,14 @@ impl Loader<'_> {
         let bad = |e: candle_core::Error| WeightsError::Metadata(format!("{name}: {e}"));
         let w = self.t(&format!("{name}.weight"), &[rows, inp])?;
         let b = self.t(&format!("{name}.bias"), &[rows])?;
-        Ok(Lin(Linear::new(
-            w.narrow(0, at, out)
+        Ok(Lin {
+            w: w.narrow(0, at, out)
                 .and_then(|t| t.contiguous())
                 .map_err(bad)?,
-            Some(
-                b.narrow(0, at, out)
-                    .and_then(|t| t.contiguous())
-                    .map_err(bad)?,
-            ),
-        )))
+            b: b.narrow(0, at, out)
+                .and_then(|t| t.contiguous())
+                .map_err(bad)?,
+        })
     }
     fn ln(&self, name: &str, d: usize) -> Result<LayerNorm, WeightsError> {
         Ok(LayerNorm::new(

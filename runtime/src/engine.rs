@@ -439,8 +439,9 @@ struct Track {
 enum Executor {
     /// In the coordinator's own thread.
     InProcess,
-    /// In worker processes; `busy[w]` holds the tag and dispatch time of worker w's monotask.
-    Processes {
+    /// In worker threads or processes; `busy[w]` holds the tag and dispatch time of worker
+    /// w's monotask.
+    Workers {
         pool: Pool,
         busy: Vec<Option<(Tag, Instant)>>,
         replacements: u32,
@@ -470,6 +471,17 @@ impl fmt::Debug for Engine {
     }
 }
 
+/// Where request state files go: `/dev/shm` (memory) when it exists, else the temporary
+/// directory.
+pub fn state_dir() -> PathBuf {
+    let shm = Path::new("/dev/shm");
+    if shm.is_dir() {
+        shm.into()
+    } else {
+        std::env::temp_dir()
+    }
+}
+
 /// The shipped weights: `$FLASHDIFF_WEIGHTS`, or `models/tinydit/tinydit.safetensors` of the
 /// source tree this binary was built from.
 pub fn default_weights() -> PathBuf {
@@ -481,9 +493,33 @@ pub fn default_weights() -> PathBuf {
 }
 
 impl Engine {
-    /// An engine over the model at `weights` with `workers` virtual workers in this process.
+    /// An engine over the model at `weights` with `workers` workers in this process: with
+    /// one, monotasks run on the coordinator's thread; with more, on that many worker
+    /// threads sharing the model (request state in files under [`state_dir`]).
     pub fn new(weights: &Path, workers: u32) -> Result<Self, EngineError> {
-        Self::build(weights, workers, None)
+        flashdiff_kernels::flush_denormals_to_zero();
+        let model: Arc<dyn Denoiser> = Arc::new(TinyDit::load(weights, &Device::Cpu)?);
+        if workers <= 1 {
+            return Self::with_model(model, workers, None);
+        }
+        Self::with_threads(model, workers, &state_dir())
+    }
+
+    /// An engine whose `workers` are threads of this process sharing `model`, with request
+    /// state in memory-mapped files under `shm_dir` that every thread maps.
+    pub fn with_threads(
+        model: Arc<dyn Denoiser>,
+        workers: u32,
+        shm_dir: &Path,
+    ) -> Result<Self, EngineError> {
+        let mut e = Self::with_model(model.clone(), workers, Some(shm_dir.to_path_buf()))?;
+        let pool = Pool::threads(model, workers).map_err(EngineError::Config)?;
+        e.exec = Executor::Workers {
+            pool,
+            busy: vec![None; workers as usize],
+            replacements: 0,
+        };
+        Ok(e)
     }
 
     /// An engine whose `workers` run as child processes of `exe` (`exe worker ...`), with
@@ -496,7 +532,7 @@ impl Engine {
     ) -> Result<Self, EngineError> {
         let mut e = Self::build(weights, workers, Some(shm_dir.to_path_buf()))?;
         let pool = Pool::new(exe, weights, workers).map_err(EngineError::Config)?;
-        e.exec = Executor::Processes {
+        e.exec = Executor::Workers {
             pool,
             busy: vec![None; workers as usize],
             replacements: 0,
@@ -504,19 +540,19 @@ impl Engine {
         Ok(e)
     }
 
-    /// Process ids of the worker processes (empty in single-process mode).
+    /// Process ids of the worker processes (empty without workers; `None` for threads).
     pub fn worker_pids(&self) -> Vec<Option<u32>> {
         match &self.exec {
             Executor::InProcess => Vec::new(),
-            Executor::Processes { pool, .. } => pool.pids(),
+            Executor::Workers { pool, .. } => pool.pids(),
         }
     }
 
-    /// Worker processes started to replace lost ones.
+    /// Workers started to replace lost ones.
     pub fn replacements(&self) -> u32 {
         match &self.exec {
             Executor::InProcess => 0,
-            Executor::Processes { replacements, .. } => *replacements,
+            Executor::Workers { replacements, .. } => *replacements,
         }
     }
 
@@ -729,7 +765,7 @@ impl Engine {
         }
         let mut dispatched = false;
         for w in 0..self.sched.workers() {
-            if let Executor::Processes { busy, .. } = &self.exec {
+            if let Executor::Workers { busy, .. } = &self.exec {
                 if busy.get(w as usize).is_none_or(|b| b.is_some()) {
                     continue;
                 }
@@ -760,7 +796,7 @@ impl Engine {
                         Err(e) => self.failed(w, tag, e),
                     }
                 }
-                Executor::Processes { pool, busy, .. } => {
+                Executor::Workers { pool, busy, .. } => {
                     let Some(r) = self.requests.get(&tag.request) else {
                         continue;
                     };
@@ -783,8 +819,8 @@ impl Engine {
                 }
             }
         }
-        if let Executor::Processes { .. } = self.exec {
-            let any_busy = matches!(&self.exec, Executor::Processes { busy, .. } if busy.iter().any(Option::is_some));
+        if let Executor::Workers { .. } = self.exec {
+            let any_busy = matches!(&self.exec, Executor::Workers { busy, .. } if busy.iter().any(Option::is_some));
             if any_busy {
                 self.wait_worker(progress, timeout);
                 return;
@@ -800,7 +836,7 @@ impl Engine {
 
     /// Handles one event from the worker processes.
     fn wait_worker(&mut self, progress: &mut dyn FnMut(u64, u32, u32), timeout: Duration) {
-        let Executor::Processes { pool, .. } = &mut self.exec else {
+        let Executor::Workers { pool, .. } = &mut self.exec else {
             return;
         };
         let Some((w, ev)) = (match pool.recv_timeout(timeout) {
@@ -840,7 +876,7 @@ impl Engine {
                     ),
                 };
                 let started = match &mut self.exec {
-                    Executor::Processes { busy, .. } => {
+                    Executor::Workers { busy, .. } => {
                         busy.get_mut(w as usize).and_then(Option::take)
                     }
                     Executor::InProcess => None,
@@ -854,7 +890,7 @@ impl Engine {
                 }
             }
             Event::Lost(why) => {
-                let Executor::Processes {
+                let Executor::Workers {
                     pool,
                     busy,
                     replacements,
@@ -943,7 +979,7 @@ impl Engine {
     }
 
     fn forget(&mut self, id: u64) {
-        if let Executor::Processes { pool, .. } = &mut self.exec {
+        if let Executor::Workers { pool, .. } = &mut self.exec {
             pool.broadcast(&Order::Forget { request: id });
         }
     }

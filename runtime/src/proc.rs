@@ -1,13 +1,17 @@
-//! Worker processes: the coordinator starts `flashdiff worker` children, sends them monotasks
-//! and reads completions over their stdin/stdout as framed rkyv records (header: magic
-//! "FDRC", format version, payload length; payload validated by bytecheck on read). A worker
-//! that exits or breaks its pipe is reported, so the scheduler can re-run its monotasks.
+//! Workers: threads of this process sharing the model, or `flashdiff worker` child
+//! processes. The coordinator sends both the same orders and reads the same reports; threads
+//! over channels, processes over their stdin/stdout as framed rkyv records (header: magic
+//! "FDRC", format version, payload length; payload validated by bytecheck on read). Both open
+//! a request's state file by path and follow the ownership protocol of [`crate::state`]. A
+//! worker that exits, panics or breaks its pipe is reported lost, so the scheduler can re-run
+//! its monotasks.
 
 use std::collections::HashMap;
 use std::io::{BufReader, BufWriter, Read, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdin, Command, Stdio};
 use std::sync::mpsc::{channel, Receiver, Sender};
+use std::sync::Arc;
 
 use crate::exec::{self, Task};
 use crate::state::{Layout, SharedState};
@@ -148,6 +152,61 @@ pub fn decode_report(bytes: &[u8]) -> Result<Report, String> {
     rkyv::from_bytes::<Report, RkyvError>(bytes).map_err(|e| format!("invalid report record: {e}"))
 }
 
+/// Runs one order against a worker's open states; a report for `Run`, nothing for `Forget`.
+fn handle(
+    model: &dyn Denoiser,
+    layout: &Layout,
+    states: &mut HashMap<u64, SharedState>,
+    order: Order,
+) -> Option<Report> {
+    match order {
+        Order::Forget { request } => {
+            states.remove(&request);
+            None
+        }
+        Order::Run {
+            request,
+            step,
+            patch,
+            steps,
+            warmup,
+            isolated,
+            state,
+        } => {
+            let res = (|| -> Result<(), String> {
+                let st = match states.entry(request) {
+                    std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
+                    std::collections::hash_map::Entry::Vacant(e) => {
+                        e.insert(SharedState::open(Path::new(&state), layout.clone())?)
+                    }
+                };
+                let task = if patch == u32::MAX {
+                    Task::Warmup { steps, warmup }
+                } else {
+                    Task::Patches {
+                        monotask: patch,
+                        isolated,
+                    }
+                };
+                exec::run(model, st, task)
+            })();
+            Some(match res {
+                Ok(()) => Report::Done {
+                    request,
+                    step,
+                    patch,
+                },
+                Err(error) => Report::Failed {
+                    request,
+                    step,
+                    patch,
+                    error,
+                },
+            })
+        }
+    }
+}
+
 /// The worker process's main loop (`flashdiff worker --weights PATH`).
 pub fn worker_main(weights: &Path) -> Result<(), String> {
     flashdiff_kernels::flush_denormals_to_zero();
@@ -159,55 +218,47 @@ pub fn worker_main(weights: &Path) -> Result<(), String> {
     let mut out = BufWriter::new(stdout.lock());
     let mut states: HashMap<u64, SharedState> = HashMap::new();
     while let Some(frame) = read_frame(&mut input)? {
-        match decode_order(&frame)? {
-            Order::Forget { request } => {
-                states.remove(&request);
-            }
-            Order::Run {
-                request,
-                step,
-                patch,
-                steps,
-                warmup,
-                isolated,
-                state,
-            } => {
-                let res = (|| -> Result<(), String> {
-                    let st = match states.entry(request) {
-                        std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
-                        std::collections::hash_map::Entry::Vacant(e) => {
-                            e.insert(SharedState::open(Path::new(&state), layout.clone())?)
-                        }
-                    };
-                    let task = if patch == u32::MAX {
-                        Task::Warmup { steps, warmup }
-                    } else {
-                        Task::Patches {
-                            monotask: patch,
-                            isolated,
-                        }
-                    };
-                    exec::run(&model, st, task)
-                })();
-                let report = match res {
-                    Ok(()) => Report::Done {
-                        request,
-                        step,
-                        patch,
-                    },
-                    Err(error) => Report::Failed {
-                        request,
-                        step,
-                        patch,
-                        error,
-                    },
-                };
-                write_frame(&mut out, &encode_report(&report))
-                    .map_err(|e| format!("writing report: {e}"))?;
-            }
+        if let Some(report) = handle(&model, &layout, &mut states, decode_order(&frame)?) {
+            write_frame(&mut out, &encode_report(&report))
+                .map_err(|e| format!("writing report: {e}"))?;
         }
     }
     Ok(())
+}
+
+/// A worker thread's loop: orders from `orders` until the pool drops its sender. A panic in
+/// a monotask is reported as the worker's loss (the scheduler re-runs the monotask on a
+/// replacement), never taken across the thread.
+fn thread_main(
+    id: u32,
+    model: Arc<dyn Denoiser>,
+    layout: Layout,
+    orders: Receiver<Order>,
+    events: Sender<(u32, Event)>,
+) {
+    flashdiff_kernels::flush_denormals_to_zero();
+    let mut states: HashMap<u64, SharedState> = HashMap::new();
+    while let Ok(order) = orders.recv() {
+        let res = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            handle(&*model, &layout, &mut states, order)
+        }));
+        let ev = match res {
+            Ok(None) => continue,
+            Ok(Some(report)) => Event::Report(report),
+            Err(p) => {
+                let why = p
+                    .downcast_ref::<&str>()
+                    .map(|s| s.to_string())
+                    .or_else(|| p.downcast_ref::<String>().cloned())
+                    .unwrap_or_else(|| "unknown panic".into());
+                let _ = events.send((id, Event::Lost(format!("worker thread panicked: {why}"))));
+                return;
+            }
+        };
+        if events.send((id, ev)).is_err() {
+            return;
+        }
+    }
 }
 
 /// What the pool observed.
@@ -219,24 +270,46 @@ pub enum Event {
     Lost(String),
 }
 
-struct Slot {
-    child: Child,
-    stdin: Option<ChildStdin>,
+enum Slot {
+    Process {
+        child: Child,
+        stdin: Option<ChildStdin>,
+    },
+    Thread {
+        orders: Sender<Order>,
+    },
 }
 
-/// Worker processes, indexed like the scheduler's workers.
+/// What the pool's workers are.
+enum Kind {
+    /// Child processes running `exe worker --weights weights`.
+    Processes { exe: PathBuf, weights: PathBuf },
+    /// Threads of this process sharing one model.
+    Threads {
+        model: Arc<dyn Denoiser>,
+        layout: Layout,
+    },
+}
+
+/// Workers, indexed like the scheduler's workers.
 pub struct Pool {
     slots: Vec<Option<Slot>>,
     tx: Sender<(u32, Event)>,
     rx: Receiver<(u32, Event)>,
-    exe: PathBuf,
-    weights: PathBuf,
+    kind: Kind,
 }
 
 impl std::fmt::Debug for Pool {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Pool")
             .field("workers", &self.slots.len())
+            .field(
+                "kind",
+                &match self.kind {
+                    Kind::Processes { .. } => "processes",
+                    Kind::Threads { .. } => "threads",
+                },
+            )
             .finish()
     }
 }
@@ -244,13 +317,28 @@ impl std::fmt::Debug for Pool {
 impl Pool {
     /// Starts `n` workers running `exe worker --weights weights`.
     pub fn new(exe: &Path, weights: &Path, n: u32) -> Result<Self, String> {
+        Self::start(
+            Kind::Processes {
+                exe: exe.into(),
+                weights: weights.into(),
+            },
+            n,
+        )
+    }
+
+    /// Starts `n` worker threads sharing `model`.
+    pub fn threads(model: Arc<dyn Denoiser>, n: u32) -> Result<Self, String> {
+        let layout = Layout::new(model.dims());
+        Self::start(Kind::Threads { model, layout }, n)
+    }
+
+    fn start(kind: Kind, n: u32) -> Result<Self, String> {
         let (tx, rx) = channel();
         let mut p = Self {
             slots: Vec::new(),
             tx,
             rx,
-            exe: exe.into(),
-            weights: weights.into(),
+            kind,
         };
         for id in 0..n {
             p.spawn(id)?;
@@ -260,52 +348,68 @@ impl Pool {
 
     /// Starts worker `id` (a new one, or a replacement in a lost one's place).
     pub fn spawn(&mut self, id: u32) -> Result<(), String> {
-        let mut child = Command::new(&self.exe)
-            .arg("worker")
-            .arg("--weights")
-            .arg(&self.weights)
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .map_err(|e| format!("cannot start worker process {}: {e}", self.exe.display()))?;
-        let stdout = child.stdout.take().expect("piped");
-        let tx = self.tx.clone();
-        std::thread::spawn(move || {
-            let mut r = BufReader::new(stdout);
-            loop {
-                let ev = match read_frame(&mut r) {
-                    Ok(Some(f)) => match decode_report(&f) {
-                        Ok(rep) => Event::Report(rep),
-                        Err(e) => Event::Lost(e),
-                    },
-                    Ok(None) => Event::Lost("worker closed its output (exited or killed)".into()),
-                    Err(e) => Event::Lost(e),
-                };
-                let lost = matches!(ev, Event::Lost(_));
-                if tx.send((id, ev)).is_err() || lost {
-                    break;
-                }
+        let slot = match &self.kind {
+            Kind::Threads { model, layout } => {
+                let (orders, rx) = channel();
+                let (model, layout, events) = (model.clone(), layout.clone(), self.tx.clone());
+                std::thread::Builder::new()
+                    .name(format!("flashdiff-worker-{id}"))
+                    .spawn(move || thread_main(id, model, layout, rx, events))
+                    .map_err(|e| format!("cannot start worker thread {id}: {e}"))?;
+                Slot::Thread { orders }
             }
-        });
-        let stdin = child.stdin.take();
+            Kind::Processes { exe, weights } => {
+                let mut child = Command::new(exe)
+                    .arg("worker")
+                    .arg("--weights")
+                    .arg(weights)
+                    .stdin(Stdio::piped())
+                    .stdout(Stdio::piped())
+                    .stderr(Stdio::inherit())
+                    .spawn()
+                    .map_err(|e| format!("cannot start worker process {}: {e}", exe.display()))?;
+                let stdout = child.stdout.take().expect("piped");
+                let tx = self.tx.clone();
+                std::thread::spawn(move || {
+                    let mut r = BufReader::new(stdout);
+                    loop {
+                        let ev = match read_frame(&mut r) {
+                            Ok(Some(f)) => match decode_report(&f) {
+                                Ok(rep) => Event::Report(rep),
+                                Err(e) => Event::Lost(e),
+                            },
+                            Ok(None) => {
+                                Event::Lost("worker closed its output (exited or killed)".into())
+                            }
+                            Err(e) => Event::Lost(e),
+                        };
+                        let lost = matches!(ev, Event::Lost(_));
+                        if tx.send((id, ev)).is_err() || lost {
+                            break;
+                        }
+                    }
+                });
+                let stdin = child.stdin.take();
+                Slot::Process { child, stdin }
+            }
+        };
         let idx = id as usize;
         if self.slots.len() <= idx {
             self.slots.resize_with(idx + 1, || None);
         }
-        self.slots[idx] = Some(Slot { child, stdin });
+        self.slots[idx] = Some(slot);
         Ok(())
     }
 
-    /// Sends an order; `false` when the worker's pipe is broken (it will be reported lost).
+    /// Sends an order; `false` when the worker is gone (it will be reported lost).
     pub fn send(&mut self, id: u32, o: &Order) -> bool {
-        let Some(Some(slot)) = self.slots.get_mut(id as usize) else {
-            return false;
-        };
-        let Some(stdin) = slot.stdin.as_mut() else {
-            return false;
-        };
-        write_frame(stdin, &encode_order(o)).is_ok()
+        match self.slots.get_mut(id as usize) {
+            Some(Some(Slot::Process {
+                stdin: Some(stdin), ..
+            })) => write_frame(stdin, &encode_order(o)).is_ok(),
+            Some(Some(Slot::Thread { orders })) => orders.send(o.clone()).is_ok(),
+            _ => false,
+        }
     }
 
     /// Sends an order to every live worker (best effort).
@@ -328,21 +432,25 @@ impl Pool {
         self.rx.recv_timeout(timeout)
     }
 
-    /// Reaps a lost worker.
+    /// Reaps a lost worker (a thread ends once its order channel is dropped).
     pub fn reap(&mut self, id: u32) {
-        if let Some(slot) = self.slots.get_mut(id as usize).and_then(Option::take) {
-            let mut child = slot.child;
-            drop(slot.stdin);
+        if let Some(Slot::Process { mut child, stdin }) =
+            self.slots.get_mut(id as usize).and_then(Option::take)
+        {
+            drop(stdin);
             let _ = child.kill();
             let _ = child.wait();
         }
     }
 
-    /// Process ids of the workers (None for lost ones).
+    /// Process ids of the workers (None for lost ones and for threads).
     pub fn pids(&self) -> Vec<Option<u32>> {
         self.slots
             .iter()
-            .map(|s| s.as_ref().map(|s| s.child.id()))
+            .map(|s| match s {
+                Some(Slot::Process { child, .. }) => Some(child.id()),
+                _ => None,
+            })
             .collect()
     }
 }
