@@ -291,6 +291,24 @@ fn json_str(s: &str) -> String {
     serde_json::Value::String(s.to_string()).to_string()
 }
 
+/// CPU time of this process and its finished children, in seconds.
+fn cpu_time() -> f64 {
+    let mut total = 0.0;
+    for who in [libc::RUSAGE_SELF, libc::RUSAGE_CHILDREN] {
+        // SAFETY: getrusage writes one rusage into the zeroed struct we own; `who` is one of
+        // the two constants it accepts.
+        let u = unsafe {
+            let mut u: libc::rusage = std::mem::zeroed();
+            libc::getrusage(who, &mut u);
+            u
+        };
+        for t in [u.ru_utime, u.ru_stime] {
+            total += t.tv_sec as f64 + t.tv_usec as f64 * 1e-6;
+        }
+    }
+    total
+}
+
 fn serve(args: &[String]) -> Result<(), String> {
     let o = parse(args, false)?;
     let input: Box<dyn BufRead> = match o.input.as_deref() {
@@ -339,6 +357,7 @@ fn serve(args: &[String]) -> Result<(), String> {
         }
     }
     eprintln!("serving {} requests", engine.in_flight());
+    let (wall0, cpu0) = (std::time::Instant::now(), cpu_time());
     let mut done = 0u32;
     let total = engine.in_flight();
     let results = engine.run(&mut |_, step, steps| {
@@ -347,6 +366,12 @@ fn serve(args: &[String]) -> Result<(), String> {
             eprintln!("finished {done}/{total}");
         }
     });
+    let (wall, cpu) = (wall0.elapsed().as_secs_f64(), cpu_time() - cpu0);
+    eprintln!(
+        "served {total} requests on {} worker(s) in {wall:.2} s wall, {cpu:.2} s CPU (CPU/wall {:.2})",
+        engine.workers(),
+        cpu / wall.max(1e-9)
+    );
     for r in results {
         let line = match r {
             Ok(o2) => {

@@ -46,6 +46,42 @@ fn output_is_bit_identical_for_any_number_of_workers() {
     }
 }
 
+/// Worker threads under load: many requests of every mode at once, on three threads, each
+/// output bit-identical to the same request served alone on the coordinator thread.
+#[test]
+fn worker_threads_under_concurrent_load_change_nothing() {
+    let modes = [Mode::FlashDiff, Mode::NoSkip, Mode::Full, Mode::NaivePatch];
+    let mut threaded = Engine::new(&default_weights(), 3).unwrap();
+    for i in 0..12u64 {
+        let c = RequestConfig {
+            seed: i,
+            mode: modes[i as usize % modes.len()],
+            ..cfg(Mode::FlashDiff)
+        };
+        threaded.submit(i, PROMPT, c).unwrap();
+    }
+    let mut got: Vec<_> = threaded
+        .run(&mut |_, _, _| {})
+        .into_iter()
+        .map(|r| r.unwrap())
+        .collect();
+    assert_eq!(got.len(), 12);
+    got.sort_by_key(|o| o.report.id);
+    let mut alone = Engine::new(&default_weights(), 1).unwrap();
+    for (i, o) in got.iter().enumerate() {
+        let c = RequestConfig {
+            seed: i as u64,
+            mode: modes[i % modes.len()],
+            ..cfg(Mode::FlashDiff)
+        };
+        let want = alone.generate(PROMPT, c, &mut |_, _, _| {}).unwrap();
+        assert_eq!(
+            o.latent, want.latent,
+            "request {i} differs on worker threads"
+        );
+    }
+}
+
 #[test]
 fn by_default_the_output_does_not_depend_on_the_workers() {
     let defaults = RequestConfig {
