@@ -442,7 +442,7 @@ enum Executor {
     /// In worker threads or processes; `busy[w]` holds the tag and dispatch time of worker
     /// w's monotask.
     Workers {
-        pool: Pool,
+        pool: Box<Pool>,
         busy: Vec<Option<(Tag, Instant)>>,
         replacements: u32,
     },
@@ -513,7 +513,7 @@ impl Engine {
         shm_dir: &Path,
     ) -> Result<Self, EngineError> {
         let mut e = Self::with_model(model.clone(), workers, Some(shm_dir.to_path_buf()))?;
-        let pool = Pool::threads(model, workers).map_err(EngineError::Config)?;
+        let pool = Box::new(Pool::threads(model, workers).map_err(EngineError::Config)?);
         e.exec = Executor::Workers {
             pool,
             busy: vec![None; workers as usize],
@@ -531,7 +531,7 @@ impl Engine {
         shm_dir: &Path,
     ) -> Result<Self, EngineError> {
         let mut e = Self::build(weights, workers, Some(shm_dir.to_path_buf()))?;
-        let pool = Pool::new(exe, weights, workers).map_err(EngineError::Config)?;
+        let pool = Box::new(Pool::new(exe, weights, workers).map_err(EngineError::Config)?);
         e.exec = Executor::Workers {
             pool,
             busy: vec![None; workers as usize],

@@ -9,9 +9,9 @@
 //!   [`state`]: the request state as named regions of one mapping (/dev/shm or anonymous).
 //! - [`image`]: PNG, PSNR, SSIM. Models (the `Denoiser` contract, TinyDiT, the prompt
 //!   language and checker) live in `flashdiff-models`, re-exported as [`models`].
-//! - [`mod@bench`]: `flashdiff bench`, FlashDiff against the other ways to serve the model.
+//!
+//! The `flashdiff` command lives in `server/`, the evaluation in `bench/`.
 
-pub mod bench;
 pub mod engine;
 pub mod exec;
 #[cfg(feature = "fuzzing")]

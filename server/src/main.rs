@@ -1,65 +1,255 @@
-//! `flashdiff`: generate with the built-in model, serve a request stream.
+//! `flashdiff`: generate with the built-in model, serve a request stream, run the bench.
 
 use std::io::{BufRead, IsTerminal, Write};
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use flashdiff_runtime::engine::{default_weights, Engine, LayoutKind, Mode, Output, RequestConfig};
+use clap::{Args, Parser, Subcommand};
+use flashdiff_runtime::engine::{
+    default_weights, Engine, LayoutKind, Mode, Output, RequestConfig, DEFAULT_CACHE_THRESHOLD,
+    DEFAULT_STEPS, DEFAULT_WARMUP, ENGINE_DEFAULT_EPSILON, ENGINE_DEFAULT_MAX_SKIP,
+};
 use flashdiff_runtime::image;
 use flashdiff_runtime::models::scene::{self, Verdict, IMAGE};
 
-const USAGE: &str = "\
-flashdiff: diffusion serving with semantic patches and selective refinement (CPU, built-in model)
+/// flashdiff: diffusion serving with semantic patches and selective refinement (CPU,
+/// built-in model).
+#[derive(Parser, Debug)]
+#[command(name = "flashdiff", version, about, max_term_width = 100)]
+struct Cli {
+    #[command(subcommand)]
+    cmd: Cmd,
+}
 
-usage:
-  flashdiff generate PROMPT [-o out.png] [options]   one image, with a report
-  flashdiff serve [--input FILE] [--out-dir DIR]     JSON-lines requests in, JSON-lines results out
-  flashdiff bench [--quick] [--out-dir DIR]          FlashDiff against the other ways to serve the model
+#[derive(Subcommand, Debug)]
+enum Cmd {
+    /// One image, with a report.
+    Generate(GenerateArgs),
+    /// JSON-lines requests in, JSON-lines results out. Each line is an object such as
+    /// {"id": 1, "prompt": "...", "seed": 0, "priority": 0, "steps": 50, "warmup": 5,
+    /// "patches": 8, "epsilon": 0.1, "max_skip": 3, "mode": "flashdiff", "reuse":
+    /// "extrapolate", "monotasks": 1}; only "prompt" is required.
+    Serve(ServeArgs),
+    /// FlashDiff against the other ways to serve the model.
+    Bench(BenchArgs),
+    /// A worker process (started by the engine, not by hand).
+    #[command(hide = true)]
+    Worker {
+        /// Model file.
+        #[arg(long)]
+        weights: PathBuf,
+    },
+}
 
-generate options:
-  --steps N        total Euler steps (default 50)
-  --warmup N       warm-up steps before partitioning (default 5)
-  --patches N|auto patch count R (default auto: the adaptive controller)
-  --epsilon E      gate threshold in [0, 1] (default 0.1)
-  --max-skip K     longest run of skips per patch (default 3)
-  --seed S         noise seed (default 0)
-  --mode M         flashdiff | no-skip | full | naive-patch | teacache | ras (default flashdiff)
-  --layout L       saliency | uniform (default saliency)
-  --reuse R        extrapolate | stale: other patches' K/V and skipped patches' velocity
-                   extrapolated along their slope, or reused as last computed (the paper's
-                   rule) (default extrapolate)
-  --monotasks N|workers|per-patch
-                   a step's active patches run packed into at most N forwards (neighbouring
-                   patches together, balanced by tokens); patches in one forward see each
-                   other's fresh K/V, the others' cached K/V (default 1: the output is the
-                   same for any --workers; workers: one per worker; per-patch: every patch its
-                   own, DistriFusion's displaced patches)
-  --cache-threshold T  teacache: skip a step while the accumulated change stays under T (0.1)
-  --workers W      workers (default 1)
-  --processes      run the workers as separate processes sharing request state in /dev/shm
-                   (default: in this process; outputs are bit-identical either way)
-  --compare        also run full computation from the same seed: PSNR, SSIM, checker for both
-  --weights PATH   model file (default: the shipped models/tinydit/tinydit.safetensors)
-  -o, --output P   PNG path (default flashdiff.png)
+#[derive(Args, Debug)]
+struct GenerateArgs {
+    /// The prompt, quoted as one argument.
+    prompt: String,
+    /// PNG path.
+    #[arg(short, long, default_value = "flashdiff.png")]
+    output: PathBuf,
+    /// Also run full computation from the same seed: PSNR, SSIM, checker for both.
+    #[arg(long)]
+    compare: bool,
+    /// Total Euler steps.
+    #[arg(long, default_value_t = DEFAULT_STEPS, value_parser = clap::value_parser!(u32).range(2..=1000))]
+    steps: u32,
+    /// Patch count R: auto (the adaptive controller) or an integer in 1..=64.
+    #[arg(long, default_value = "auto", value_parser = parse_patches)]
+    patches: Patches,
+    /// Noise seed.
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+    #[command(flatten)]
+    knobs: Knobs,
+    #[command(flatten)]
+    run: RunArgs,
+}
 
-serve reads one JSON object per line: {\"id\": 1, \"prompt\": \"...\", \"seed\": 0, \"priority\": 0,
-\"steps\": 50, \"warmup\": 5, \"patches\": 8, \"epsilon\": 0.1, \"max_skip\": 3, \"mode\": \"flashdiff\",
-\"reuse\": \"extrapolate\", \"monotasks\": 1}
-(only \"prompt\" is required) and writes one JSON result per request.";
+#[derive(Args, Debug)]
+struct ServeArgs {
+    /// Requests file (JSON lines); standard input when absent or "-".
+    #[arg(long)]
+    input: Option<PathBuf>,
+    /// Where to write each request's PNG.
+    #[arg(long)]
+    out_dir: Option<PathBuf>,
+    /// Default total steps for requests that do not say.
+    #[arg(long, default_value_t = DEFAULT_STEPS, value_parser = clap::value_parser!(u32).range(2..=1000))]
+    steps: u32,
+    /// Default patch count: auto or an integer in 1..=64.
+    #[arg(long, default_value = "auto", value_parser = parse_patches)]
+    patches: Patches,
+    /// Default noise seed.
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+    #[command(flatten)]
+    knobs: Knobs,
+    #[command(flatten)]
+    run: RunArgs,
+}
+
+#[derive(Args, Debug)]
+struct BenchArgs {
+    /// 8 prompts instead of 64.
+    #[arg(long)]
+    quick: bool,
+    /// Held-out prompts.
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..=10_000))]
+    prompts: Option<u32>,
+    /// Seed of the first prompt (prompts and noise).
+    #[arg(long, default_value_t = 10_000)]
+    seed: u64,
+    /// Total Euler steps.
+    #[arg(long, default_value_t = DEFAULT_STEPS, value_parser = clap::value_parser!(u32).range(2..=1000))]
+    steps: u32,
+    /// Patch count R for FlashDiff and the patch baselines.
+    #[arg(long, default_value_t = 16, value_parser = clap::value_parser!(u32).range(1..=64))]
+    patches: u32,
+    /// Where bench.json, report.md and the plots go.
+    #[arg(long, default_value = "bench-out")]
+    out_dir: PathBuf,
+    #[command(flatten)]
+    knobs: Knobs,
+    #[command(flatten)]
+    run: RunArgs,
+}
+
+/// FlashDiff's knobs, shared by every subcommand.
+#[derive(Args, Debug, Clone)]
+struct Knobs {
+    /// Warm-up steps before partitioning (at least 1, below --steps).
+    #[arg(long, default_value_t = DEFAULT_WARMUP)]
+    warmup: u32,
+    /// Gate threshold in [0, 1].
+    #[arg(long, default_value_t = ENGINE_DEFAULT_EPSILON, value_parser = parse_unit)]
+    epsilon: f32,
+    /// Longest run of skips per patch, in 0..=1000.
+    #[arg(long, default_value_t = ENGINE_DEFAULT_MAX_SKIP, value_parser = clap::value_parser!(u32).range(0..=1000))]
+    max_skip: u32,
+    /// Scheduling priority, in 0..8 (0 first).
+    #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u8).range(0..8))]
+    priority: u8,
+    /// flashdiff | no-skip | full | naive-patch | teacache | ras.
+    #[arg(long, default_value = "flashdiff", value_parser = parse_mode)]
+    mode: Mode,
+    /// saliency | uniform.
+    #[arg(long, default_value = "saliency", value_parser = ["saliency", "uniform"])]
+    layout: String,
+    /// extrapolate | stale: other patches' K/V and skipped patches' velocity extrapolated
+    /// along their slope, or reused as last computed (the paper's rule).
+    #[arg(long, default_value = "extrapolate", value_parser = parse_reuse_flag)]
+    reuse: Reuse,
+    /// N | workers | per-patch: a step's active patches run packed into at most N forwards
+    /// (neighbours together, balanced by tokens); patches in one forward see each other's
+    /// fresh K/V, the others' cached K/V. 1 (the default) gives the same output for any
+    /// --workers; workers: one per worker; per-patch: DistriFusion's displaced patches.
+    #[arg(long, default_value = "1", value_parser = parse_monotasks)]
+    monotasks: Monotasks,
+    /// teacache: skip a step while the accumulated change stays under T (>= 0).
+    #[arg(long, default_value_t = DEFAULT_CACHE_THRESHOLD, value_parser = parse_nonneg)]
+    cache_threshold: f32,
+}
+
+/// Where and on what the engine runs.
+#[derive(Args, Debug, Clone)]
+struct RunArgs {
+    /// Workers, in 1..=1024: with more than one, worker threads (or processes).
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=1024))]
+    workers: u32,
+    /// Run the workers as separate processes sharing request state in /dev/shm (outputs are
+    /// bit-identical either way).
+    #[arg(long)]
+    processes: bool,
+    /// Model file (default: the shipped models/tinydit/tinydit.safetensors).
+    #[arg(long)]
+    weights: Option<PathBuf>,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Patches(Option<u32>);
+
+fn parse_patches(v: &str) -> Result<Patches, String> {
+    match v {
+        "auto" => Ok(Patches(None)),
+        _ => match v.parse::<u32>() {
+            Ok(n) if (1..=64).contains(&n) => Ok(Patches(Some(n))),
+            _ => Err("expected auto or an integer in 1..=64".into()),
+        },
+    }
+}
+
+fn parse_unit(v: &str) -> Result<f32, String> {
+    match v.parse::<f32>() {
+        Ok(x) if (0.0..=1.0).contains(&x) => Ok(x),
+        _ => Err("must be a number in [0, 1]".into()),
+    }
+}
+
+fn parse_nonneg(v: &str) -> Result<f32, String> {
+    match v.parse::<f32>() {
+        Ok(x) if x.is_finite() && x >= 0.0 => Ok(x),
+        _ => Err("must be a finite number >= 0".into()),
+    }
+}
+
+fn parse_mode(v: &str) -> Result<Mode, String> {
+    v.parse()
+}
+
+/// Whether reused values are extrapolated (`--reuse extrapolate`) or stale.
+#[derive(Debug, Clone, Copy)]
+struct Reuse(bool);
+
+fn parse_reuse_flag(v: &str) -> Result<Reuse, String> {
+    parse_reuse(v).map(Reuse)
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Monotasks(Option<u32>);
+
+fn parse_monotasks(v: &str) -> Result<Monotasks, String> {
+    match v {
+        "workers" => Ok(Monotasks(None)),
+        "per-patch" => Ok(Monotasks(Some(u32::MAX))),
+        _ => match v.parse::<u32>() {
+            Ok(0) => Err("must be at least 1".into()),
+            Ok(n) => Ok(Monotasks(Some(n))),
+            Err(_) => Err("expected workers, per-patch or an integer >= 1".into()),
+        },
+    }
+}
+
+impl Knobs {
+    fn request(&self, steps: u32, patches: Option<u32>, seed: u64) -> RequestConfig {
+        RequestConfig {
+            steps,
+            warmup: self.warmup,
+            patches,
+            epsilon: self.epsilon,
+            max_skip: self.max_skip,
+            seed,
+            priority: self.priority,
+            mode: self.mode,
+            layout: match self.layout.as_str() {
+                "uniform" => LayoutKind::Uniform,
+                _ => LayoutKind::Saliency,
+            },
+            extrapolate: self.reuse.0,
+            monotasks: self.monotasks.0,
+            cache_threshold: self.cache_threshold,
+            ..RequestConfig::default()
+        }
+    }
+}
 
 fn main() -> ExitCode {
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    let result = match args.first().map(String::as_str) {
-        Some("generate") => generate(&args[1..]),
-        Some("serve") => serve(&args[1..]),
-        Some("worker") => worker(&args[1..]),
-        Some("bench") => bench(&args[1..]),
-        Some("-h") | Some("--help") | Some("help") => {
-            println!("{USAGE}");
-            Ok(())
-        }
-        Some(other) => Err(format!("unknown command {other:?}\n\n{USAGE}")),
-        None => Err(USAGE.to_string()),
+    let cli = Cli::parse();
+    let result = match cli.cmd {
+        Cmd::Generate(a) => generate(a),
+        Cmd::Serve(a) => serve(a),
+        Cmd::Bench(a) => bench(a),
+        Cmd::Worker { weights } => flashdiff_runtime::proc::worker_main(&weights),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -68,104 +258,6 @@ fn main() -> ExitCode {
             ExitCode::from(2)
         }
     }
-}
-
-fn num<T: std::str::FromStr>(flag: &str, v: Option<&String>, range: &str) -> Result<T, String> {
-    let v = v.ok_or_else(|| format!("{flag} needs a value ({range})"))?;
-    v.parse()
-        .map_err(|_| format!("{flag} {v:?}: expected {range}"))
-}
-
-struct Opts {
-    prompt: Option<String>,
-    cfg: RequestConfig,
-    workers: u32,
-    compare: bool,
-    weights: PathBuf,
-    output: PathBuf,
-    input: Option<PathBuf>,
-    out_dir: Option<PathBuf>,
-    processes: bool,
-}
-
-fn parse(args: &[String], positional: bool) -> Result<Opts, String> {
-    let mut o = Opts {
-        prompt: None,
-        cfg: RequestConfig::default(),
-        workers: 1,
-        compare: false,
-        weights: default_weights(),
-        output: PathBuf::from("flashdiff.png"),
-        input: None,
-        out_dir: None,
-        processes: false,
-    };
-    let mut i = 0;
-    while i < args.len() {
-        let a = args[i].as_str();
-        let v = args.get(i + 1);
-        let mut took = true;
-        match a {
-            "--steps" => o.cfg.steps = num(a, v, "an integer in 2..=1000")?,
-            "--warmup" => o.cfg.warmup = num(a, v, "an integer >= 1 below --steps")?,
-            "--patches" => {
-                o.cfg.patches = match v.map(String::as_str) {
-                    Some("auto") => None,
-                    _ => Some(num(a, v, "auto or an integer in 1..=64")?),
-                }
-            }
-            "--epsilon" => o.cfg.epsilon = num(a, v, "a number in [0, 1]")?,
-            "--max-skip" => o.cfg.max_skip = num(a, v, "an integer in 0..=1000")?,
-            "--seed" => o.cfg.seed = num(a, v, "an unsigned integer")?,
-            "--priority" => o.cfg.priority = num(a, v, "an integer in 0..8")?,
-            "--mode" => {
-                o.cfg.mode = v
-                    .ok_or("--mode needs a value (flashdiff, no-skip or full)")?
-                    .parse::<Mode>()?
-            }
-            "--workers" => o.workers = num(a, v, "an integer in 1..=1024")?,
-            "--layout" => {
-                o.cfg.layout = match v.map(String::as_str) {
-                    Some("saliency") => LayoutKind::Saliency,
-                    Some("uniform") => LayoutKind::Uniform,
-                    _ => return Err("--layout needs saliency or uniform".into()),
-                }
-            }
-            "--reuse" => o.cfg.extrapolate = parse_reuse(v.map(String::as_str))?,
-            "--monotasks" => {
-                o.cfg.monotasks = match v.map(String::as_str) {
-                    Some("workers") => None,
-                    Some("per-patch") => Some(u32::MAX),
-                    _ => Some(num(a, v, "workers, per-patch or an integer >= 1")?),
-                }
-            }
-            "--cache-threshold" => o.cfg.cache_threshold = num(a, v, "a number >= 0")?,
-            "--weights" => o.weights = PathBuf::from(v.ok_or("--weights needs a path")?),
-            "-o" | "--output" => o.output = PathBuf::from(v.ok_or("--output needs a path")?),
-            "--input" => o.input = Some(PathBuf::from(v.ok_or("--input needs a path (or -)")?)),
-            "--out-dir" => o.out_dir = Some(PathBuf::from(v.ok_or("--out-dir needs a path")?)),
-            "--compare" => {
-                o.compare = true;
-                took = false;
-            }
-            "--processes" => {
-                o.processes = true;
-                took = false;
-            }
-            _ if a.starts_with('-') => return Err(format!("unknown option {a}\n\n{USAGE}")),
-            _ if positional && o.prompt.is_none() => {
-                o.prompt = Some(a.to_string());
-                took = false;
-            }
-            _ => {
-                return Err(format!(
-                    "unexpected argument {a:?} (quote the prompt as one argument)"
-                ))
-            }
-        }
-        i += if took { 2 } else { 1 };
-    }
-    Ok(o)
 }
 
 fn verdict_text(v: Verdict) -> String {
@@ -213,29 +305,26 @@ fn ms(d: std::time::Duration) -> f64 {
     d.as_secs_f64() * 1e3
 }
 
-fn generate(args: &[String]) -> Result<(), String> {
-    let o = parse(args, true)?;
-    let prompt = o
-        .prompt
-        .clone()
-        .ok_or_else(|| format!("generate needs a prompt\n\n{USAGE}"))?;
+fn generate(a: GenerateArgs) -> Result<(), String> {
+    let cfg = a.knobs.request(a.steps, a.patches.0, a.seed);
+    let prompt = a.prompt.clone();
     let scene = scene::parse(&prompt).map_err(|e| e.to_string());
-    let mut engine = Engine::new(&o.weights, o.workers).map_err(|e| e.to_string())?;
+    let mut engine = make_engine(&a.run)?;
     let out = engine
-        .generate(&prompt, o.cfg.clone(), &mut progress_bar())
+        .generate(&prompt, cfg.clone(), &mut progress_bar())
         .map_err(|e| e.to_string())?;
-    std::fs::write(&o.output, image::png(&out.rgb, IMAGE, IMAGE, 8))
-        .map_err(|e| format!("cannot write {}: {e}", o.output.display()))?;
+    std::fs::write(&a.output, image::png(&out.rgb, IMAGE, IMAGE, 8))
+        .map_err(|e| format!("cannot write {}: {e}", a.output.display()))?;
     let r = &out.report;
     println!(
         "wrote {} ({}x{} pixels, shown 8x)",
-        o.output.display(),
+        a.output.display(),
         IMAGE,
         IMAGE
     );
     println!(
         "mode {:?}, {} steps ({} warm-up), {} patches, seed {}",
-        o.cfg.mode, r.steps, r.warmup, r.patches, o.cfg.seed
+        cfg.mode, r.steps, r.warmup, r.patches, cfg.seed
     );
     println!(
         "patch-steps computed {} of {} ({:.1}% skipped); model work skipped incl. warm-up {:.1}%",
@@ -266,11 +355,11 @@ fn generate(args: &[String]) -> Result<(), String> {
         100.0 * control.as_secs_f64() / (t.warmup + t.compute).as_secs_f64().max(1e-9)
     );
     println!("checker: {}", grammar_note(&out));
-    if o.compare {
+    if a.compare {
         let full_cfg = RequestConfig {
             mode: Mode::Full,
             patches: None,
-            ..o.cfg.clone()
+            ..cfg.clone()
         };
         let full = engine
             .generate(&prompt, full_cfg, &mut |_, _, _| {})
@@ -309,8 +398,8 @@ fn cpu_time() -> f64 {
     total
 }
 
-fn serve(args: &[String]) -> Result<(), String> {
-    let o = parse(args, false)?;
+fn serve(o: ServeArgs) -> Result<(), String> {
+    let base = o.knobs.request(o.steps, o.patches.0, o.seed);
     let input: Box<dyn BufRead> = match o.input.as_deref() {
         None => Box::new(std::io::stdin().lock()),
         Some(p) if p.as_os_str() == "-" => Box::new(std::io::stdin().lock()),
@@ -321,7 +410,7 @@ fn serve(args: &[String]) -> Result<(), String> {
     if let Some(d) = &o.out_dir {
         std::fs::create_dir_all(d).map_err(|e| format!("cannot create {}: {e}", d.display()))?;
     }
-    let mut engine = make_engine(&o)?;
+    let mut engine = make_engine(&o.run)?;
     let stdout = std::io::stdout();
     let mut out = stdout.lock();
     let mut prompts = std::collections::HashMap::new();
@@ -331,7 +420,7 @@ fn serve(args: &[String]) -> Result<(), String> {
             continue;
         }
         let fallback_id = n as u64 + 1;
-        let req = match parse_request(&line, &o.cfg, fallback_id) {
+        let req = match parse_request(&line, &base, fallback_id) {
             Ok(r) => r,
             Err(e) => {
                 writeln!(
@@ -493,88 +582,52 @@ fn parse_request(
         cfg.monotasks = Some(m);
     }
     if let Some(k) = obj.get("reuse") {
-        cfg.extrapolate = parse_reuse(k.as_str())
+        cfg.extrapolate = k
+            .as_str()
+            .ok_or(())
+            .and_then(|k| parse_reuse(k).map_err(|_| ()))
             .map_err(|_| "\"reuse\" must be \"extrapolate\" or \"stale\"")?;
     }
     Ok((id, prompt, cfg))
 }
 
 /// `extrapolate` or `stale` (the `--reuse` flag and the `reuse` request field).
-fn parse_reuse(v: Option<&str>) -> Result<bool, String> {
+fn parse_reuse(v: &str) -> Result<bool, String> {
     match v {
-        Some("extrapolate") => Ok(true),
-        Some("stale") => Ok(false),
-        _ => Err("--reuse needs extrapolate or stale".into()),
+        "extrapolate" => Ok(true),
+        "stale" => Ok(false),
+        _ => Err("expected extrapolate or stale".into()),
     }
 }
 
-fn make_engine(o: &Opts) -> Result<Engine, String> {
+fn make_engine(o: &RunArgs) -> Result<Engine, String> {
+    let weights = o.weights.clone().unwrap_or_else(default_weights);
     if !o.processes {
-        return Engine::new(&o.weights, o.workers).map_err(|e| e.to_string());
+        return Engine::new(&weights, o.workers).map_err(|e| e.to_string());
     }
     let exe = std::env::current_exe()
         .map_err(|e| format!("cannot find the flashdiff executable: {e}"))?;
-    let shm = PathBuf::from("/dev/shm");
-    let dir = if shm.is_dir() {
-        shm
-    } else {
-        std::env::temp_dir()
-    };
-    Engine::with_processes(&o.weights, o.workers, &exe, &dir).map_err(|e| e.to_string())
+    Engine::with_processes(
+        &weights,
+        o.workers,
+        &exe,
+        &flashdiff_runtime::engine::state_dir(),
+    )
+    .map_err(|e| e.to_string())
 }
 
-/// `flashdiff worker --weights PATH`: a worker process (started by the engine, not by hand).
-fn worker(args: &[String]) -> Result<(), String> {
-    let weights = match args {
-        [flag, path] if flag == "--weights" => PathBuf::from(path),
-        _ => {
-            return Err(
-                "worker is started by the engine as: flashdiff worker --weights PATH".into(),
-            )
-        }
+/// `flashdiff bench`.
+fn bench(a: BenchArgs) -> Result<(), String> {
+    let base = a.knobs.request(a.steps, None, 0);
+    let cfg = flashdiff_bench::BenchConfig {
+        prompts: a.prompts.unwrap_or(if a.quick { 8 } else { 64 }),
+        seed: a.seed,
+        steps: a.steps,
+        patches: a.patches,
+        base,
     };
-    flashdiff_runtime::proc::worker_main(&weights)
-}
-
-/// `flashdiff bench [--quick] [--prompts N] [--seed S] [--steps N] [--patches R] [--out-dir DIR]`.
-fn bench(args: &[String]) -> Result<(), String> {
-    let mut cfg = flashdiff_runtime::bench::BenchConfig {
-        prompts: 64,
-        seed: 10_000,
-        steps: 50,
-        patches: 16,
-        base: RequestConfig::default(),
-    };
-    let mut out = PathBuf::from("bench-out");
-    let mut rest = Vec::new();
-    let mut i = 0;
-    while i < args.len() {
-        let v = args.get(i + 1);
-        match args[i].as_str() {
-            "--quick" => {
-                cfg.prompts = 8;
-                i += 1;
-                continue;
-            }
-            "--prompts" => cfg.prompts = num("--prompts", v, "an integer in 1..=10000")?,
-            "--seed" => cfg.seed = num("--seed", v, "an unsigned integer")?,
-            "--steps" => cfg.steps = num("--steps", v, "an integer in 2..=1000")?,
-            "--patches" => cfg.patches = num("--patches", v, "an integer in 1..=64")?,
-            "--out-dir" => out = PathBuf::from(v.ok_or("--out-dir needs a path")?),
-            _ => {
-                rest.push(args[i].clone());
-                i += 1;
-                continue;
-            }
-        }
-        i += 2;
-    }
-    if cfg.prompts == 0 || cfg.prompts > 10_000 {
-        return Err(format!("--prompts {}: must be in 1..=10000", cfg.prompts));
-    }
-    let o = parse(&rest, false)?;
-    cfg.base = o.cfg.clone();
-    let mut engine = make_engine(&o)?;
+    let out = a.out_dir;
+    let mut engine = make_engine(&a.run)?;
     engine
         .validate(&RequestConfig {
             steps: cfg.steps,
@@ -583,7 +636,7 @@ fn bench(args: &[String]) -> Result<(), String> {
         })
         .map_err(|e| e.to_string())?;
     let t0 = std::time::Instant::now();
-    let report = flashdiff_runtime::bench::run(&mut engine, &cfg, &out, &mut |m| {
+    let report = flashdiff_bench::run(&mut engine, &cfg, &out, &mut |m| {
         eprintln!("[{:>5.0}s] {m}", t0.elapsed().as_secs_f64())
     })
     .map_err(|e| e.to_string())?;

@@ -14,10 +14,10 @@ use serde_json::{json, Value};
 use flashdiff_scheduler::sim::{bursty_arrivals, simulate, ActiveModel, SimRequest};
 use flashdiff_scheduler::SchedulerConfig;
 
-use crate::engine::{Engine, EngineError, LayoutKind, Mode, Output, RequestConfig};
-use crate::image;
 use flashdiff_models::scene::{self, IMAGE};
 use flashdiff_models::{euler_full_step, ModelError, Tensor};
+use flashdiff_runtime::engine::{Engine, EngineError, LayoutKind, Mode, Output, RequestConfig};
+use flashdiff_runtime::image;
 
 /// Benchmark settings.
 #[derive(Debug, Clone)]
@@ -596,7 +596,7 @@ pub fn run(
     Ok(md)
 }
 
-/// Whether the final step's update jumps (the reason for [`crate::engine::FINAL_FULL_STEPS`]):
+/// Whether the final step's update jumps (the reason for [`flashdiff_runtime::engine::FINAL_FULL_STEPS`]):
 /// full computation of `prompts` held-out prompts, recording each token's relative velocity
 /// change `|v_n - v_{n-1}| / |v_{n-1}|` at every step. Reports the mean over tokens per step
 /// for the last steps, the final step's mean over the median of the steps before it, and the
@@ -618,7 +618,7 @@ fn final_step_profile(
         let c = model.condition(&scene::prompt_text(&scene))?;
         let context = Tensor::from_slice(&c.context, c.context.len(), model.device())
             .map_err(ModelError::from)?;
-        let mut x = crate::engine::noise(seed + i, tokens * pd);
+        let mut x = flashdiff_runtime::engine::noise(seed + i, tokens * pd);
         let mut prev: Option<Vec<f32>> = None;
         let mut per_token: Vec<Vec<f64>> = vec![Vec::new(); tokens];
         for n in 0..steps {

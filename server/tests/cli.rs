@@ -64,7 +64,15 @@ fn bad_arguments_name_the_problem() {
             &["generate", "a red dragon on a blue background"],
             "\"dragon\"",
         ),
-        (&["generate", "x", "--steps", "abc"], "--steps"),
+        (&["generate", "x", "--steps", "abc"], "for '--steps <STEPS>'"),
+        (
+            &["generate", "x", "--steps", "1"],
+            "invalid value '1' for '--steps <STEPS>': 1 is not in 2..=1000",
+        ),
+        (
+            &["generate", "x", "--workers", "0"],
+            "invalid value '0' for '--workers <WORKERS>': 0 is not in 1..=1024",
+        ),
         (
             &[
                 "generate",
@@ -89,7 +97,7 @@ fn bad_arguments_name_the_problem() {
                 "a red circle top on a blue background",
                 "--bogus",
             ],
-            "unknown option --bogus",
+            "unexpected argument '--bogus'",
         ),
         (
             &[
@@ -98,7 +106,7 @@ fn bad_arguments_name_the_problem() {
                 "--reuse",
                 "fresh",
             ],
-            "--reuse needs extrapolate or stale",
+            "for '--reuse <REUSE>': expected extrapolate or stale",
         ),
         (
             &[
@@ -107,7 +115,7 @@ fn bad_arguments_name_the_problem() {
                 "--monotasks",
                 "0",
             ],
-            "--monotasks 0: must be at least 1",
+            "invalid value '0' for '--monotasks <MONOTASKS>': must be at least 1",
         ),
         (
             &[
@@ -116,10 +124,10 @@ fn bad_arguments_name_the_problem() {
                 "--monotasks",
                 "all",
             ],
-            "--monotasks \"all\": expected workers, per-patch or an integer >= 1",
+            "invalid value 'all' for '--monotasks <MONOTASKS>': expected workers, per-patch or an integer >= 1",
         ),
-        (&["generate"], "needs a prompt"),
-        (&["frobnicate"], "unknown command"),
+        (&["generate"], "required arguments were not provided"),
+        (&["frobnicate"], "unrecognized subcommand 'frobnicate'"),
     ];
     for (args, needle) in cases {
         let out = flashdiff().args(*args).output().unwrap();
@@ -279,6 +287,7 @@ fn bench_writes_json_and_a_report() {
         .args(["bench", "--prompts", "0"])
         .output()
         .unwrap();
-    assert!(String::from_utf8_lossy(&bad.stderr).contains("--prompts 0"));
+    assert!(String::from_utf8_lossy(&bad.stderr)
+        .contains("invalid value '0' for '--prompts <PROMPTS>'"));
     std::fs::remove_dir_all(&dir).ok();
 }

@@ -1,0 +1,91 @@
+//! Worker processes (`flashdiff worker`, this package's binary): the same output as in
+//! process, and a killed worker loses nothing.
+
+use flashdiff_runtime::engine::{default_weights, Engine, Mode, RequestConfig};
+
+const PROMPT: &str = "a red circle top left and a blue square bottom right on a white background";
+
+fn cfg(mode: Mode) -> RequestConfig {
+    RequestConfig {
+        steps: 12,
+        warmup: 3,
+        patches: Some(6),
+        epsilon: 0.15,
+        max_skip: 2,
+        seed: 7,
+        mode,
+        priority: 0,
+        // A fixed count, so that tests can compare engines with different worker counts.
+        monotasks: Some(3),
+        ..Default::default()
+    }
+}
+
+fn exe() -> std::path::PathBuf {
+    std::path::PathBuf::from(env!("CARGO_BIN_EXE_flashdiff"))
+}
+
+#[test]
+fn worker_processes_give_the_same_output() {
+    let mut here = Engine::new(&default_weights(), 1).unwrap();
+    let want = here
+        .generate(PROMPT, cfg(Mode::FlashDiff), &mut |_, _, _| {})
+        .unwrap();
+    let shm = std::env::temp_dir();
+    let mut e = Engine::with_processes(&default_weights(), 2, &exe(), &shm).unwrap();
+    assert_eq!(e.worker_pids().len(), 2);
+    let got = e
+        .generate(PROMPT, cfg(Mode::FlashDiff), &mut |_, _, _| {})
+        .unwrap();
+    assert_eq!(
+        got.latent, want.latent,
+        "worker processes changed the output"
+    );
+    assert_eq!(got.report.active_per_step, want.report.active_per_step);
+}
+
+#[test]
+fn a_killed_worker_loses_nothing_and_changes_nothing() {
+    let long = RequestConfig {
+        steps: 30,
+        warmup: 3,
+        ..cfg(Mode::FlashDiff)
+    };
+    let mut here = Engine::new(&default_weights(), 1).unwrap();
+    let want = here
+        .generate(PROMPT, long.clone(), &mut |_, _, _| {})
+        .unwrap();
+    let mut e =
+        Engine::with_processes(&default_weights(), 2, &exe(), &std::env::temp_dir()).unwrap();
+    let victim = e.worker_pids()[1].expect("worker 1 running");
+    e.submit(1, PROMPT, long.clone()).unwrap();
+    e.submit(
+        2,
+        "a green cross center on a black background",
+        long.clone(),
+    )
+    .unwrap();
+    let mut killed = false;
+    let results = e.run(&mut |_, step, _| {
+        if step == 10 && !killed {
+            // SAFETY: kill(2) with a pid we started and have not reaped; SIGKILL ends it.
+            let rc = unsafe { libc::kill(victim as libc::pid_t, libc::SIGKILL) };
+            assert_eq!(rc, 0, "kill failed");
+            killed = true;
+        }
+    });
+    assert!(killed);
+    assert_eq!(results.len(), 2, "a request was lost");
+    let one = results
+        .iter()
+        .flatten()
+        .find(|o| o.report.id == 1)
+        .expect("request 1 finished");
+    assert_eq!(one.latent, want.latent, "the re-run changed the output");
+    assert!(e.replacements() >= 1, "no replacement worker was started");
+    assert_eq!(
+        e.worker_pids().iter().filter(|p| p.is_some()).count(),
+        2,
+        "pool not back to 2 workers"
+    );
+}
