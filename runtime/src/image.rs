@@ -1,29 +1,6 @@
-//! Latent <-> image, PNG output, and the quality metrics (PSNR, SSIM).
+//! PNG output and the quality metrics (PSNR, SSIM).
 
 use std::io::Write;
-
-/// Unpatchifies `grid x grid` tokens of `patch x patch x 3` values (in [-1, 1], the model's
-/// layout: row, column, channel inside a patch) into an RGB image in [0, 1], row-major.
-pub fn to_rgb(latent: &[f32], grid: usize, patch: usize) -> Vec<f32> {
-    let side = grid * patch;
-    let mut img = vec![0.0f32; side * side * 3];
-    for gy in 0..grid {
-        for gx in 0..grid {
-            let tok = &latent
-                [(gy * grid + gx) * patch * patch * 3..(gy * grid + gx + 1) * patch * patch * 3];
-            for py in 0..patch {
-                for px in 0..patch {
-                    for c in 0..3 {
-                        let v = tok[(py * patch + px) * 3 + c];
-                        img[((gy * patch + py) * side + gx * patch + px) * 3 + c] =
-                            ((v + 1.0) / 2.0).clamp(0.0, 1.0);
-                    }
-                }
-            }
-        }
-    }
-    img
-}
 
 fn crc32(data: &[u8]) -> u32 {
     let mut c = 0xFFFF_FFFFu32;

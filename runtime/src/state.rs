@@ -200,6 +200,11 @@ impl SharedState {
         Ok(s)
     }
 
+    /// The header's words as stored (magic, version, dimensions, region count).
+    pub fn header_bytes(&self) -> &[u8] {
+        &self.map[..32]
+    }
+
     fn header_words(&self) -> [u32; 8] {
         let mut h = [0u32; 8];
         for (i, w) in h.iter_mut().enumerate() {

@@ -58,6 +58,7 @@ fn queue(c: &mut Criterion) {
         },
         priority: (i % 8) as u8,
         cost: 1.0,
+        epoch: 0,
         attempt: 0,
     };
     let mut g = c.benchmark_group("ready_queue");

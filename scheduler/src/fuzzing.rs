@@ -5,7 +5,7 @@
 
 use crate::checker::SchedChecker;
 use crate::sim::{simulate, ActiveModel, SimRequest};
-use crate::{SchedError, Scheduler, SchedulerConfig, Tag, PRIORITY_LEVELS};
+use crate::{Scheduler, SchedulerConfig, Tag, PRIORITY_LEVELS};
 
 /// Runs one fuzz case. Panics on any violated property.
 pub fn scheduler(data: &[u8]) {
@@ -55,8 +55,13 @@ pub fn scheduler(data: &[u8]) {
     let again = simulate(cfg, &reqs, data[5] as u64).expect("same input");
     assert_eq!(res, again, "simulation is not deterministic");
 
-    // Misuse never panics and never corrupts: every call answers with an error or works.
-    let mut s = Scheduler::new(cfg).expect("valid config");
+    // Misuse never panics and never corrupts: every call answers with an error or works,
+    // and the event log of whatever worked still satisfies the checker.
+    let mut s = Scheduler::new(SchedulerConfig {
+        record_events: true,
+        ..cfg
+    })
+    .expect("valid config");
     for c in data.chunks(3).take(64) {
         let (a, b) = (c[0], c.get(1).copied().unwrap_or(0));
         let w = (b % 6) as u32;
@@ -65,7 +70,7 @@ pub fn scheduler(data: &[u8]) {
             step: (b % 3) as u32,
             patch: (a >> 4) as u32,
         };
-        let _ = match a % 7 {
+        let res = match a % 7 {
             0 => s.submit(tag.request, b % 10, (a % 5) as f64).map(|_| ()),
             1 => s.submit_step(
                 tag.request,
@@ -79,7 +84,15 @@ pub fn scheduler(data: &[u8]) {
             3 => s.complete(w, tag).map(|_| ()),
             4 => s.fail(w, tag).map(|_| ()),
             5 => s.worker_lost(w).map(|_| ()),
-            _ => s.cancel(tag.request).or(Err(SchedError::UnknownRequest(0))),
+            _ => s.cancel(tag.request).map(|_| ()),
         };
+        // An error is a refusal with a message, never an empty one.
+        if let Err(e) = res {
+            assert!(!e.to_string().is_empty(), "an error without a message");
+        }
     }
+    let mut checker = SchedChecker::new();
+    checker
+        .check_all(&s.take_events())
+        .unwrap_or_else(|e| panic!("checker after misuse: {e}"));
 }

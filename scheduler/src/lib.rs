@@ -90,4 +90,8 @@ pub struct Monotask {
     pub cost: f64,
     /// Executions started before this one (after failures or lost workers).
     pub attempt: u32,
+    /// Incarnation of its request: an id cancelled and submitted again gets a new one, so
+    /// the old incarnation's leftovers in the lock-free queues (which cannot remove
+    /// entries) are dropped instead of running as the new request's work.
+    pub epoch: u64,
 }

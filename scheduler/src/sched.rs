@@ -254,6 +254,8 @@ struct Req {
     /// Patches of the open step still to complete.
     pending: Vec<u32>,
     holders: Vec<WorkerId>,
+    /// This incarnation of the request id ([`Monotask::epoch`]).
+    epoch: u64,
 }
 
 /// Queue/worker load snapshot.
@@ -288,6 +290,8 @@ pub struct Scheduler {
     queued: usize,
     orphans: Vec<Monotask>,
     events: Vec<Event>,
+    /// The next request incarnation ([`Monotask::epoch`]).
+    next_epoch: u64,
 }
 
 fn check_cost(c: f64) -> Result<(), SchedError> {
@@ -320,6 +324,7 @@ impl Scheduler {
             requests: HashMap::new(),
             queued: 0,
             orphans: Vec::new(),
+            next_epoch: 0,
             events: Vec::new(),
         })
     }
@@ -371,6 +376,8 @@ impl Scheduler {
                 limit: self.cfg.max_queued,
             });
         }
+        let epoch = self.next_epoch;
+        self.next_epoch += 1;
         self.requests.insert(
             request,
             Req {
@@ -380,6 +387,7 @@ impl Scheduler {
                 outstanding: 1,
                 pending: vec![WARMUP_PATCH],
                 holders: Vec::new(),
+                epoch,
             },
         );
         self.log(|| Event::StepOpened {
@@ -396,6 +404,7 @@ impl Scheduler {
             priority,
             cost: warmup_cost,
             attempt: 0,
+            epoch,
         };
         self.place(m);
         Ok(())
@@ -450,6 +459,7 @@ impl Scheduler {
         }
         let priority = req.priority;
         let req = self.requests.get_mut(&request).expect("checked above");
+        let req_epoch = req.epoch;
         req.open = Some(step);
         req.outstanding = patches.len() as u32;
         req.pending = ids;
@@ -471,6 +481,7 @@ impl Scheduler {
                 priority,
                 cost,
                 attempt: 0,
+                epoch: req_epoch,
             });
         }
         Ok(())
@@ -560,13 +571,21 @@ impl Scheduler {
                 slot.front[level] = slot.queue.pop_level(level);
             }
             let Some(m) = slot.front[level] else { continue };
-            if self.requests.contains_key(&m.tag.request) {
+            if self.is_live(&m) {
                 return Some(level);
             }
+            let slot = &mut self.workers[g];
             slot.front[level] = None;
             slot.load = (slot.load - m.cost).max(0.0);
             self.queued -= 1;
         }
+    }
+
+    /// Whether `m` belongs to the current incarnation of an admitted request.
+    fn is_live(&self, m: &Monotask) -> bool {
+        self.requests
+            .get(&m.tag.request)
+            .is_some_and(|r| r.epoch == m.epoch)
     }
 
     fn take_head(&mut self, g: usize, level: usize) -> Monotask {
@@ -709,7 +728,11 @@ impl Scheduler {
         let slot = &mut self.workers[w as usize];
         slot.running = None;
         slot.load = (slot.load - m.cost).max(0.0);
-        let Some(req) = self.requests.get_mut(&tag.request) else {
+        let Some(req) = self
+            .requests
+            .get_mut(&tag.request)
+            .filter(|r| r.epoch == m.epoch)
+        else {
             return Ok(Completion::Stale);
         };
         let Some(pos) = req

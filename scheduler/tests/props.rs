@@ -294,6 +294,32 @@ fn failures_retry_then_fail_the_request() {
     assert_eq!(s.load().requests, 0);
 }
 
+/// Found by the fuzz harness once it checked the event log after misuse: a request
+/// cancelled and submitted again under the same id left its old warm-up in a worker's
+/// lock-free queue (which cannot remove entries), and that leftover was later dispatched
+/// (stolen) as if it were the new request's work.
+#[test]
+fn a_resubmitted_id_never_runs_its_cancelled_incarnations_work() {
+    let mut s = Scheduler::new(cfg(2)).unwrap();
+    s.submit(2, 0, 1.0).unwrap();
+    s.cancel(2).unwrap();
+    s.submit(2, 0, 3.0).unwrap();
+    let mut dispatched = Vec::new();
+    for w in 0..2 {
+        if let Some(a) = s.next(w).unwrap() {
+            dispatched.push(a.task);
+        }
+    }
+    assert_eq!(
+        dispatched.len(),
+        1,
+        "one warm-up for one live request: {dispatched:?}"
+    );
+    assert_eq!(dispatched[0].cost, 3.0, "the old incarnation's warm-up ran");
+    let mut c = SchedChecker::new();
+    c.check_all(&s.take_events()).unwrap();
+}
+
 #[test]
 fn misuse_is_refused_by_name() {
     assert!(matches!(
