@@ -10,7 +10,7 @@
 //! `.contiguous()`, which is free when they already are).
 
 use candle_core::{
-    CpuStorage, CustomOp1, CustomOp2, CustomOp3, DType, Layout, Result, Shape, Tensor,
+    CpuStorage, CustomOp1, CustomOp2, CustomOp3, DType, InplaceOp1, Layout, Result, Shape, Tensor,
 };
 
 use crate::{
@@ -90,9 +90,36 @@ impl CustomOp1 for Gelu {
         "gelu_tanh_f32"
     }
     fn cpu_fwd(&self, s: &CpuStorage, l: &Layout) -> Result<(CpuStorage, Shape)> {
-        let mut y = slice(s, l, self.name())?.to_vec();
+        let mut y = slice(s, l, "gelu_tanh_f32")?.to_vec();
         gelu_tanh_f32(&mut y);
         Ok((CpuStorage::F32(y), l.shape().clone()))
+    }
+}
+
+impl InplaceOp1 for Gelu {
+    fn name(&self) -> &'static str {
+        "gelu_tanh_f32_inplace"
+    }
+    fn cpu_fwd(&self, s: &mut CpuStorage, l: &Layout) -> Result<()> {
+        let CpuStorage::F32(v) = s else {
+            candle_core::bail!("gelu_tanh_inplace: expects f32 storage");
+        };
+        match l.contiguous_offsets() {
+            Some((a, b)) => gelu_tanh_f32(&mut v[a..b]),
+            None => candle_core::bail!("gelu_tanh_inplace: input is not contiguous"),
+        }
+        Ok(())
+    }
+}
+
+/// [`gelu_tanh`] written over `x` itself, without a copy: for a fresh op output that no
+/// other tensor shares (a layer's hidden activations). Returns `x`.
+pub fn gelu_tanh_inplace(x: Tensor) -> Result<Tensor> {
+    if x.device().is_cpu() && x.is_contiguous() {
+        x.inplace_op1(&Gelu)?;
+        Ok(x)
+    } else {
+        gelu_tanh(&x)
     }
 }
 
@@ -277,6 +304,9 @@ impl CustomOp3 for Attention<'_> {
             }),
         };
         attention_f32(q, nq, k, v, nk, d, self.heads, &mut out, &mut st);
+        if width == d {
+            return Ok((CpuStorage::F32(out), Shape::from((nq, d))));
+        }
         // One output tensor: [out | group mass | probs] per query row.
         let mut y = Vec::with_capacity(nq * width);
         for i in 0..nq {
@@ -340,7 +370,11 @@ pub fn attention(
     )?;
     let groups = wants.key_groups.map_or(0, |g| g.1);
     Ok(AttnOut {
-        out: y.narrow(1, 0, d)?,
+        out: if y.dim(1)? == d {
+            y.clone()
+        } else {
+            y.narrow(1, 0, d)?
+        },
         group_mass: match wants.key_groups {
             Some(_) => Some(y.narrow(1, d, groups)?),
             None => None,

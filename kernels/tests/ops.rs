@@ -4,8 +4,8 @@
 
 use candle_core::{Device, Tensor};
 use flashdiff_kernels::ops::{
-    attention, attention_composed, gelu_tanh, layer_norm_plain, linear, norm_modulate,
-    scatter_rows, AttnWants,
+    attention, attention_composed, gelu_tanh, gelu_tanh_inplace, layer_norm_plain, linear,
+    norm_modulate, scatter_rows, AttnWants,
 };
 
 fn close(op: &str, got: &Tensor, want: &Tensor, tol: f32) {
@@ -165,4 +165,17 @@ fn linear_matches_candles_matmul_and_is_row_independent() {
     );
     let e = linear(&x, &w.t().unwrap(), &b).unwrap_err().to_string();
     assert!(e.contains("weight"), "{e}");
+}
+
+#[test]
+fn gelu_in_place_equals_gelu() {
+    let x = randn(&[5, 12], 14);
+    let want = gelu_tanh(&x).unwrap();
+    let fresh = (&x * 1.0).unwrap();
+    close(
+        "gelu_tanh_inplace",
+        &gelu_tanh_inplace(fresh).unwrap(),
+        &want,
+        0.0,
+    );
 }

@@ -353,7 +353,7 @@ impl TinyDit {
             )?;
             x = (x + l.proj.forward(&o.out)?)?;
             let a = l.ln2.forward(&x)?;
-            let hdn = ops::gelu_tanh(&l.fc1.forward(&a)?)?;
+            let hdn = ops::gelu_tanh_inplace(l.fc1.forward(&a)?)?;
             x = (x + l.fc2.forward(&hdn)?)?;
         }
         let x = self.txt_ln.forward(&x)?;
@@ -481,7 +481,7 @@ impl TinyDit {
             }
             x = (x + b.cproj.forward(&att.out)?)?;
             let a = ops::norm_modulate(&x, &m(li, 3)?, &m(li, 4)?, EPS)?;
-            let hdn = ops::gelu_tanh(&b.fc1.forward(&a)?)?;
+            let hdn = ops::gelu_tanh_inplace(b.fc1.forward(&a)?)?;
             x = (x + b.fc2.forward(&hdn)?.broadcast_mul(&m(li, 5)?)?)?;
         }
         let fm = |j: usize| step.cond.narrow(0, (cfg.depth * 6 + j) * d, d);
