@@ -208,13 +208,12 @@ pub unsafe extern "C" fn fd_engine_new(
                     "worker_exe is NULL but processes is true",
                 )
             })?;
-            let shm = PathBuf::from("/dev/shm");
-            let dir = if shm.is_dir() {
-                shm
-            } else {
-                std::env::temp_dir()
-            };
-            Engine::with_processes(&weights, c.workers, &PathBuf::from(exe), &dir)
+            Engine::with_processes(
+                &weights,
+                c.workers,
+                &PathBuf::from(exe),
+                &flashdiff_runtime::engine::state_dir(),
+            )
         } else {
             Engine::new(&weights, c.workers)
         }

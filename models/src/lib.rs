@@ -282,3 +282,17 @@ pub fn device(cuda: bool) -> Result<Device, ModelError> {
     }
     Device::new_cuda(0).map_err(|e| ModelError::Input(format!("no usable CUDA device: {e}")))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn device_is_the_cpu_or_a_clear_error() {
+        assert!(device(false).unwrap().is_cpu());
+        if !candle_core::utils::cuda_is_available() {
+            let e = device(true).unwrap_err().to_string();
+            assert!(e.contains("--features cuda"), "{e}");
+        }
+    }
+}

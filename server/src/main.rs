@@ -51,15 +51,8 @@ struct GenerateArgs {
     /// Also run full computation from the same seed: PSNR, SSIM, checker for both.
     #[arg(long)]
     compare: bool,
-    /// Total Euler steps.
-    #[arg(long, default_value_t = DEFAULT_STEPS, value_parser = clap::value_parser!(u32).range(2..=1000))]
-    steps: u32,
-    /// Patch count R: auto (the adaptive controller) or an integer in 1..=64.
-    #[arg(long, default_value = "auto", value_parser = parse_patches)]
-    patches: Patches,
-    /// Noise seed.
-    #[arg(long, default_value_t = 0)]
-    seed: u64,
+    #[command(flatten)]
+    sampling: Sampling,
     #[command(flatten)]
     knobs: Knobs,
     #[command(flatten)]
@@ -74,15 +67,8 @@ struct ServeArgs {
     /// Where to write each request's PNG.
     #[arg(long)]
     out_dir: Option<PathBuf>,
-    /// Default total steps for requests that do not say.
-    #[arg(long, default_value_t = DEFAULT_STEPS, value_parser = clap::value_parser!(u32).range(2..=1000))]
-    steps: u32,
-    /// Default patch count: auto or an integer in 1..=64.
-    #[arg(long, default_value = "auto", value_parser = parse_patches)]
-    patches: Patches,
-    /// Default noise seed.
-    #[arg(long, default_value_t = 0)]
-    seed: u64,
+    #[command(flatten)]
+    sampling: Sampling,
     #[command(flatten)]
     knobs: Knobs,
     #[command(flatten)]
@@ -113,6 +99,20 @@ struct BenchArgs {
     knobs: Knobs,
     #[command(flatten)]
     run: RunArgs,
+}
+
+/// Steps, patches and seed of a request (serve: the defaults for lines that do not say).
+#[derive(Args, Debug, Clone, Copy)]
+struct Sampling {
+    /// Total Euler steps.
+    #[arg(long, default_value_t = DEFAULT_STEPS, value_parser = clap::value_parser!(u32).range(2..=1000))]
+    steps: u32,
+    /// Patch count R: auto (the adaptive controller) or an integer in 1..=64.
+    #[arg(long, default_value = "auto", value_parser = parse_patches)]
+    patches: Patches,
+    /// Noise seed.
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
 }
 
 /// FlashDiff's knobs, shared by every subcommand.
@@ -306,7 +306,9 @@ fn ms(d: std::time::Duration) -> f64 {
 }
 
 fn generate(a: GenerateArgs) -> Result<(), String> {
-    let cfg = a.knobs.request(a.steps, a.patches.0, a.seed);
+    let cfg = a
+        .knobs
+        .request(a.sampling.steps, a.sampling.patches.0, a.sampling.seed);
     let prompt = a.prompt.clone();
     let scene = scene::parse(&prompt).map_err(|e| e.to_string());
     let mut engine = make_engine(&a.run)?;
@@ -399,7 +401,9 @@ fn cpu_time() -> f64 {
 }
 
 fn serve(o: ServeArgs) -> Result<(), String> {
-    let base = o.knobs.request(o.steps, o.patches.0, o.seed);
+    let base = o
+        .knobs
+        .request(o.sampling.steps, o.sampling.patches.0, o.sampling.seed);
     let input: Box<dyn BufRead> = match o.input.as_deref() {
         None => Box::new(std::io::stdin().lock()),
         Some(p) if p.as_os_str() == "-" => Box::new(std::io::stdin().lock()),
