@@ -98,12 +98,16 @@ mod avx2 {
         out_dim: usize,
         y: &mut [f32],
     ) {
-        let mut r0 = 0;
-        while r0 < rows {
-            let rn = (rows - r0).min(RB);
-            let mut o0 = 0;
-            while o0 < out_dim {
-                let on = (out_dim - o0).min(OB);
+        // Outputs outer, rows inner: a block of weight rows is loaded from memory once and
+        // stays in L1 while every input row streams past it, so the weights (the large
+        // operand) cross the memory hierarchy once per call whatever `rows` is, and a call's
+        // cost stays proportional to its rows down to a handful of them.
+        let mut o0 = 0;
+        while o0 < out_dim {
+            let on = (out_dim - o0).min(OB);
+            let mut r0 = 0;
+            while r0 < rows {
+                let rn = (rows - r0).min(RB);
                 // Full blocks and edges use the same per-element arithmetic; edges only share
                 // fewer loads.
                 macro_rules! go {
@@ -117,9 +121,9 @@ mod avx2 {
                     };
                 }
                 go!(4, 3; 4, 2; 4, 1; 3, 3; 3, 2; 3, 1; 2, 3; 2, 2; 2, 1; 1, 3; 1, 2; 1, 1);
-                o0 += OB;
+                r0 += RB;
             }
-            r0 += RB;
+            o0 += OB;
         }
     }
 

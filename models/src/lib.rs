@@ -166,6 +166,20 @@ pub trait Denoiser: Send + Sync + fmt::Debug {
     /// The conditioning of time `t` (1 = noise, 0 = data), shared by every token of a step;
     /// `context` is [`Conditioning::context`] as a tensor. Returns [`Dims::cond_len`] values.
     fn step_cond(&self, context: &Tensor, t: f32) -> Result<Tensor, ModelError>;
+    /// [`Denoiser::step_cond`] of every time in `ts` at once, `ts.len() x cond_len`; row i
+    /// equals `step_cond(context, ts[i])` exactly. The engine asks once per request, so a
+    /// model whose conditioning network is weight-bound reads its weights once, not per
+    /// step. The default stacks single calls.
+    fn step_conds(&self, context: &Tensor, ts: &[f32]) -> Result<Tensor, ModelError> {
+        let rows = ts
+            .iter()
+            .map(|&t| self.step_cond(context, t))
+            .collect::<Result<Vec<_>, _>>()?;
+        if rows.is_empty() {
+            return Err(ModelError::Input("no times to condition on".into()));
+        }
+        Ok(Tensor::stack(&rows, 0)?)
+    }
     /// The ordinary forward of the whole latent `x` (`tokens x channels`): velocity, every
     /// layer's K/V, and with `saliency` the cross-attention map the partitioner needs.
     fn full_forward(

@@ -543,6 +543,10 @@ impl Denoiser for TinyDit {
     }
 
     fn step_cond(&self, context: &Tensor, t: f32) -> Result<Tensor, ModelError> {
+        Ok(self.step_conds(context, &[t])?.flatten_all()?)
+    }
+
+    fn step_conds(&self, context: &Tensor, ts: &[f32]) -> Result<Tensor, ModelError> {
         if context.elem_count() != self.dims.context_len {
             return Err(ModelError::Input(format!(
                 "context of {} values, the model takes {}",
@@ -550,24 +554,33 @@ impl Denoiser for TinyDit {
                 self.dims.context_len
             )));
         }
-        let half = 128;
-        let mut emb = vec![0.0f32; 2 * half];
-        for i in 0..half {
-            let f = (-(10000f32).ln() * i as f32 / half as f32).exp();
-            let a = 1000.0 * t * f;
-            emb[i] = a.cos();
-            emb[half + i] = a.sin();
+        if ts.is_empty() || ts.iter().any(|t| !t.is_finite()) {
+            return Err(ModelError::Input(
+                "step times must be finite and at least one".into(),
+            ));
         }
-        let emb = Tensor::from_vec(emb, (1, 2 * half), &self.device)?;
+        // Sinusoidal embedding of each time, then the conditioning MLP and every block's
+        // modulation, batched over the times (rows are computed independently).
+        let half = 128;
+        let mut emb = vec![0.0f32; ts.len() * 2 * half];
+        for (row, &t) in emb.chunks_exact_mut(2 * half).zip(ts) {
+            for i in 0..half {
+                let f = (-(10000f32).ln() * i as f32 / half as f32).exp();
+                let a = 1000.0 * t * f;
+                row[i] = a.cos();
+                row[half + i] = a.sin();
+            }
+        }
+        let emb = Tensor::from_vec(emb, (ts.len(), 2 * half), &self.device)?;
         let c = self.t1.forward(&emb)?.silu()?;
         let pooled = context.narrow(0, 0, self.cfg.d)?.unsqueeze(0)?;
-        let c = (self.t2.forward(&c)? + pooled)?.silu()?;
+        let c = self.t2.forward(&c)?.broadcast_add(&pooled)?.silu()?;
         let mut parts = Vec::with_capacity(self.blocks.len() + 1);
         for b in &self.blocks {
             parts.push(b.ada.forward(&c)?);
         }
         parts.push(self.final_ada.forward(&c)?);
-        Ok(Tensor::cat(&parts, 1)?.flatten_all()?)
+        Ok(Tensor::cat(&parts, 1)?)
     }
 
     fn full_forward(

@@ -295,3 +295,29 @@ fn bad_weight_files_are_refused_clearly() {
     assert!(e.contains("metadata"), "{e}");
     std::fs::remove_dir_all(&dir).ok();
 }
+
+#[test]
+fn batched_step_conditioning_equals_one_time_at_a_time_bit_for_bit() {
+    let m = model();
+    let c = m
+        .condition("a blue triangle top on a red background")
+        .unwrap();
+    let context = t(&c.context, &[c.context.len()]);
+    let ts: Vec<f32> = (0..50).map(|n| 1.0 - n as f32 / 50.0).collect();
+    let all = m.step_conds(&context, &ts).unwrap();
+    assert_eq!(all.dims(), [ts.len(), m.dims().cond_len]);
+    for (i, &t1) in ts.iter().enumerate() {
+        let one = m.step_cond(&context, t1).unwrap().to_vec1::<f32>().unwrap();
+        let row = all.get(i).unwrap().to_vec1::<f32>().unwrap();
+        assert!(
+            one.iter()
+                .zip(&row)
+                .all(|(a, b)| a.to_bits() == b.to_bits()),
+            "row {i} (t = {t1}) differs from its single-time conditioning"
+        );
+    }
+    let e = m.step_conds(&context, &[]).unwrap_err();
+    assert!(e.to_string().contains("at least one"), "{e}");
+    let e = m.step_conds(&context, &[f32::NAN]).unwrap_err();
+    assert!(e.to_string().contains("finite"), "{e}");
+}
