@@ -60,6 +60,7 @@ fn queue(c: &mut Criterion) {
         cost: 1.0,
         epoch: 0,
         attempt: 0,
+        charged: 0.0,
     };
     let mut g = c.benchmark_group("ready_queue");
     g.throughput(Throughput::Elements(1));

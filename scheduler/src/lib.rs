@@ -94,4 +94,9 @@ pub struct Monotask {
     /// the old incarnation's leftovers in the lock-free queues (which cannot remove
     /// entries) are dropped instead of running as the new request's work.
     pub epoch: u64,
+    /// Load it adds to the worker that holds it: `cost` plus the transfer or switch overhead
+    /// it was placed or taken with (set by the scheduler; 0 when built elsewhere). Exactly
+    /// this is taken off again when it leaves the worker, so overheads never pile up as
+    /// phantom load.
+    pub charged: f64,
 }

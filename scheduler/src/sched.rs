@@ -405,6 +405,7 @@ impl Scheduler {
             cost: warmup_cost,
             attempt: 0,
             epoch,
+            charged: 0.0,
         };
         self.place(m);
         Ok(())
@@ -482,6 +483,7 @@ impl Scheduler {
                 cost,
                 attempt: 0,
                 epoch: req_epoch,
+                charged: 0.0,
             });
         }
         Ok(())
@@ -491,7 +493,7 @@ impl Scheduler {
     /// where a worker that does not hold the request's state also pays `transfer_cost`;
     /// ties prefer a holder, then the lighter worker, then the lower id. Warm-ups go to the
     /// least-loaded worker (no state exists yet).
-    fn place(&mut self, m: Monotask) {
+    fn place(&mut self, mut m: Monotask) {
         let alive: Vec<usize> = (0..self.workers.len())
             .filter(|&g| self.workers[g].alive)
             .collect();
@@ -541,7 +543,8 @@ impl Scheduler {
         }
         let (_, _, _, g, extra) = best.expect("at least one alive worker");
         let w = &mut self.workers[g];
-        w.load += m.cost + extra;
+        m.charged = m.cost + extra;
+        w.load += m.charged;
         w.queue.push(m);
         self.queued += 1;
         if let Some(r) = self.requests.get_mut(&m.tag.request) {
@@ -576,7 +579,7 @@ impl Scheduler {
             }
             let slot = &mut self.workers[g];
             slot.front[level] = None;
-            slot.load = (slot.load - m.cost).max(0.0);
+            slot.load = (slot.load - m.charged).max(0.0);
             self.queued -= 1;
         }
     }
@@ -665,11 +668,12 @@ impl Scheduler {
             (Some(_), None) => unreachable!("covered by the own-first arm"),
         };
         let (from, level, pick, overhead) = pick;
-        let m = self.take_head(from, level);
+        let mut m = self.take_head(from, level);
         if from != wi {
             let v = &mut self.workers[from];
-            v.load = (v.load - m.cost).max(0.0);
-            self.workers[wi].load += m.cost + overhead;
+            v.load = (v.load - m.charged).max(0.0);
+            m.charged = m.cost + overhead;
+            self.workers[wi].load += m.charged;
             if let Some(r) = self.requests.get_mut(&m.tag.request) {
                 if !r.holders.contains(&w) {
                     r.holders.push(w);
@@ -727,7 +731,7 @@ impl Scheduler {
         };
         let slot = &mut self.workers[w as usize];
         slot.running = None;
-        slot.load = (slot.load - m.cost).max(0.0);
+        slot.load = (slot.load - m.charged).max(0.0);
         let Some(req) = self
             .requests
             .get_mut(&tag.request)
@@ -766,7 +770,7 @@ impl Scheduler {
         let mut m = self.running_on(w, tag)?;
         let slot = &mut self.workers[w as usize];
         slot.running = None;
-        slot.load = (slot.load - m.cost).max(0.0);
+        slot.load = (slot.load - m.charged).max(0.0);
         m.attempt += 1;
         if m.attempt >= self.cfg.max_attempts {
             self.end(tag.request, true);

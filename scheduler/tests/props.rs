@@ -433,3 +433,60 @@ fn checker_catches_violations() {
     ];
     assert!(c.check_all(&kept).unwrap_err().contains("benefit"));
 }
+
+/// Transfer and switch overheads are charged to a worker's load when work is placed or
+/// taken, and taken off again when it leaves: after every request has finished, no load is
+/// left behind (phantom load would steer eq. 1 placement away from that worker forever).
+#[test]
+fn overheads_leave_no_phantom_load_behind() {
+    let mut s = Scheduler::new(SchedulerConfig {
+        workers: 3,
+        transfer_cost: 0.7,
+        switch_cost: 0.05,
+        record_events: true,
+        ..Default::default()
+    })
+    .unwrap();
+    for r in 0..6u64 {
+        s.submit(r, (r % 3) as u8, 1.0 + r as f64).unwrap();
+    }
+    let mut steps = [0u32; 6];
+    let mut moved = 0;
+    let mut guard = 0;
+    while s.load().requests > 0 {
+        guard += 1;
+        assert!(guard < 10_000, "no progress");
+        for w in 0..3 {
+            let Some(a) = s.next(w).unwrap() else {
+                continue;
+            };
+            moved += matches!(a.pick, Pick::Stolen { .. }) as u32;
+            match s.complete(w, a.task.tag).unwrap() {
+                Completion::WarmupDone(r) | Completion::StepDone(r, _) => {
+                    let i = r as usize;
+                    steps[i] += 1;
+                    if steps[i] <= 4 {
+                        let patches: Vec<(u32, f64)> =
+                            (0..5).map(|p| (p, 0.3 + 0.1 * p as f64)).collect();
+                        s.submit_step(r, steps[i], &patches).unwrap();
+                    } else {
+                        s.finish(r).unwrap();
+                    }
+                }
+                _ => {}
+            }
+        }
+    }
+    assert!(
+        moved > 0,
+        "no monotask changed workers: the test exercises nothing"
+    );
+    let load = s.load();
+    assert!(
+        load.per_worker.iter().all(|&l| l.abs() < 1e-9),
+        "load left behind: {:?}",
+        load.per_worker
+    );
+    let mut checker = SchedChecker::new();
+    checker.check_all(&s.take_events()).unwrap();
+}
