@@ -309,6 +309,8 @@ pub unsafe extern "C" fn fd_engine_submit(
             warmup: c.warmup,
             patches: (c.patches > 0).then_some(c.patches),
             epsilon: c.epsilon,
+            // Not in the C request struct yet (adding a field changes its layout).
+            adaptive_epsilon: false,
             max_skip: c.max_skip,
             seed: c.seed,
             mode,

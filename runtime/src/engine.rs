@@ -42,10 +42,10 @@ use std::fmt;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use flashdiff_gate::{Gate, GateConfig, GateError};
+use flashdiff_gate::{Gate, GateConfig, GateError, LoadAdaptiveEpsilon};
 use flashdiff_partitioner::{
-    partition_saliency, partition_uniform, saliency_map, GranularityConfig, GranularityController,
-    Grid, PartitionError, PatchLayout,
+    objective, partition_saliency, partition_uniform, saliency_map, GranularityConfig,
+    GranularityController, Grid, PartitionError, PatchLayout,
 };
 use flashdiff_scheduler::{Completion, SchedError, Scheduler, SchedulerConfig, Tag, WARMUP_PATCH};
 
@@ -135,6 +135,12 @@ pub struct RequestConfig {
     pub patches: Option<u32>,
     /// Gate threshold ε.
     pub epsilon: f32,
+    /// Load-adaptive ε (§4.3): before each step the gate's ε follows the engine's load
+    /// (requests in flight per worker; 1 = every worker has one) through
+    /// [`LoadAdaptiveEpsilon`] with `epsilon` at load 1, `epsilon / 2` at load 0.5 and below
+    /// (quality first when there is slack) and `min(2 epsilon, 1)` at load 1.5 and above
+    /// (throughput first). Off by default: a lone request then runs at `epsilon / 2`.
+    pub adaptive_epsilon: bool,
     /// Longest run of skips K.
     pub max_skip: u32,
     /// Noise seed.
@@ -183,6 +189,19 @@ pub struct RequestConfig {
 /// with the adaptive R, so the default is 0.1 (and the bench runs R = 16).
 pub const ENGINE_DEFAULT_EPSILON: f32 = 0.1;
 
+/// Weight of the adaptive R controller's quality term: a request's cost is its own time x
+/// (1 + QUALITY_WEIGHT x reuse error in percent) ([`Report::reuse_error`],
+/// `flashdiff_partitioner::objective`), so 1% relative error in the extrapolated stand-ins
+/// of skipped steps costs as much as 2% more time. See the README for what it picks.
+pub const QUALITY_WEIGHT: f64 = 0.02;
+
+/// Patch count R of a lone request (`flashdiff generate`), which the adaptive controller
+/// cannot search: with one request per process it would run its first probe (R = 9) every
+/// time. Measured with `flashdiff bench` (64 held-out prompts, ε 0.1, K 3, one monotask per
+/// step): R = 16 did 0.44 of full computation's work at 58.2 dB mean PSNR (worst prompt
+/// 30.2 dB); R = 8 did 0.65 at 63.2 dB. `flashdiff serve` starts from `auto`.
+pub const DEFAULT_PATCHES: u32 = 16;
+
 /// Default monotasks per step ([`RequestConfig::monotasks`]): one forward over a step's
 /// active patches, which then see each other's fresh K/V, and an output that is the same for
 /// any worker count (DESIGN.md step 4). Measured with `flashdiff bench` (64 prompts, R = 16,
@@ -229,6 +248,7 @@ impl Default for RequestConfig {
             warmup: DEFAULT_WARMUP,
             patches: None,
             epsilon: ENGINE_DEFAULT_EPSILON,
+            adaptive_epsilon: false,
             max_skip: ENGINE_DEFAULT_MAX_SKIP,
             seed: 0,
             mode: Mode::FlashDiff,
@@ -325,7 +345,10 @@ pub struct TimeSplit {
     pub compute: Duration,
     /// Scheduler calls made for this request (placement, dispatch, completion).
     pub schedule: Duration,
-    /// Waiting for a worker, moving state, and everything not counted above.
+    /// Encoding the prompt and the initial noise at submission, decoding the final latent.
+    pub io: Duration,
+    /// Waiting for a worker (behind other requests' monotasks), handing monotasks to worker
+    /// threads or processes, and everything not counted above.
     pub queue: Duration,
 }
 
@@ -355,9 +378,37 @@ pub struct Report {
     /// Share of model work skipped, weighting patch-steps by their tokens (warm-up included
     /// as computed).
     pub work_skipped: f64,
+    /// With [`RequestConfig::adaptive_epsilon`]: the sum of the ε the gate used over the
+    /// steps it chose one for, and how many steps that was (mean: [`Report::mean_epsilon`]).
+    pub epsilon_sum: f64,
+    /// See [`Report::epsilon_sum`].
+    pub epsilon_steps: u32,
+    /// Reuse error: over every patch-step that resumed a skipped patch, the squared
+    /// distance between the velocity extrapolation predicted for it and the one computed,
+    /// summed, and the squared norm of the computed ones (see [`Report::reuse_error`]).
+    pub reuse_err2: f64,
+    /// See [`Report::reuse_err2`].
+    pub reuse_norm2: f64,
 }
 
 impl Report {
+    /// Relative RMS error of extrapolated velocities, measured when skipped patches resume
+    /// (0 when nothing resumed): how far the skipped steps' stand-ins were from what the
+    /// model computed. The adaptive R controller's quality signal.
+    pub fn reuse_error(&self) -> f64 {
+        if self.reuse_norm2 > 0.0 {
+            (self.reuse_err2 / self.reuse_norm2).sqrt()
+        } else {
+            0.0
+        }
+    }
+
+    /// Mean load-adaptive ε over the steps after the warm-up; `None` without
+    /// [`RequestConfig::adaptive_epsilon`].
+    pub fn mean_epsilon(&self) -> Option<f64> {
+        (self.epsilon_steps > 0).then(|| self.epsilon_sum / self.epsilon_steps as f64)
+    }
+
     /// Patch-steps skipped, as a share of all patch-steps after the warm-up.
     pub fn skipped_share(&self) -> f64 {
         if self.patch_steps == 0 {
@@ -408,6 +459,9 @@ struct Request {
     salient: Vec<bool>,
     /// The prompt's conditioning on the model's device.
     context: Tensor,
+    /// Every step's time conditioning (`steps x cond_len`), computed in one batched call
+    /// when the first step after the warm-up opens.
+    conds: Vec<f32>,
     state: SharedState,
     layout: Option<PatchLayout>,
     gate: Option<Gate>,
@@ -607,6 +661,11 @@ impl Engine {
         &*self.model
     }
 
+    /// The model, shared (e.g. to check prompts on another thread while this engine runs).
+    pub fn shared_model(&self) -> Arc<dyn Denoiser> {
+        self.model.clone()
+    }
+
     /// Workers the scheduler places monotasks on.
     pub fn workers(&self) -> u32 {
         self.workers
@@ -614,51 +673,7 @@ impl Engine {
 
     /// Checks a request's settings; the error names the setting and its valid range.
     pub fn validate(&self, cfg: &RequestConfig) -> Result<(), EngineError> {
-        let bad = |s: String| Err(EngineError::Config(s));
-        if !(2..=1000).contains(&cfg.steps) {
-            return bad(format!("--steps {}: must be in 2..=1000", cfg.steps));
-        }
-        if cfg.warmup < 1 || cfg.warmup >= cfg.steps {
-            return bad(format!(
-                "--warmup {}: must be in 1..={} (below --steps)",
-                cfg.warmup,
-                cfg.steps - 1
-            ));
-        }
-        let tokens = self.model.dims().grid.tokens() as u32;
-        if let Some(r) = cfg.patches {
-            if r == 0 || r > tokens {
-                return bad(format!(
-                    "--patches {r}: must be in 1..={tokens} (tokens in the latent)"
-                ));
-            }
-        }
-        if !(cfg.epsilon.is_finite() && (0.0..=1.0).contains(&cfg.epsilon)) {
-            return bad(format!("--epsilon {}: must be in [0, 1]", cfg.epsilon));
-        }
-        if !(cfg.ras_ratio > 0.0 && cfg.ras_ratio < 1.0) {
-            return bad(format!("--ras-ratio {}: must be in (0, 1)", cfg.ras_ratio));
-        }
-        if !(cfg.cache_threshold.is_finite() && cfg.cache_threshold >= 0.0) {
-            return bad(format!(
-                "--cache-threshold {}: must be finite and >= 0",
-                cfg.cache_threshold
-            ));
-        }
-        if cfg.monotasks == Some(0) {
-            return bad("--monotasks 0: must be at least 1".into());
-        }
-        if cfg.max_skip > 1000 {
-            return bad(format!("--max-skip {}: must be in 0..=1000", cfg.max_skip));
-        }
-        if cfg.priority as usize >= flashdiff_scheduler::PRIORITY_LEVELS {
-            return bad(format!(
-                "--priority {}: must be in 0..{}",
-                cfg.priority,
-                flashdiff_scheduler::PRIORITY_LEVELS
-            ));
-        }
-        Ok(())
+        check_request(&*self.model, cfg)
     }
 
     /// Admits a request. Prompt and settings are checked here, so a bad request fails alone.
@@ -669,6 +684,7 @@ impl Engine {
                 "request id {id} is already in flight"
             )));
         }
+        let submitted = Instant::now();
         let dims = self.model.dims().clone();
         let c = self.model.condition(prompt)?;
         let context = Tensor::from_slice(&c.context, c.context.len(), self.model.device())
@@ -685,6 +701,7 @@ impl Engine {
         let req = Request {
             salient: c.salient,
             context,
+            conds: Vec::new(),
             state,
             layout: None,
             gate: None,
@@ -699,12 +716,19 @@ impl Engine {
                 computed: 0,
                 computed_tokens: 0,
                 active_per_step: Vec::new(),
-                time: TimeSplit::default(),
+                time: TimeSplit {
+                    io: submitted.elapsed(),
+                    ..TimeSplit::default()
+                },
                 latency: Duration::ZERO,
                 work_skipped: 0.0,
+                epsilon_sum: 0.0,
+                epsilon_steps: 0,
+                reuse_err2: 0.0,
+                reuse_norm2: 0.0,
             },
             cfg,
-            submitted: Instant::now(),
+            submitted,
             tea: None,
             ras_prev: None,
             track: None,
@@ -731,6 +755,12 @@ impl Engine {
     /// running anything.
     pub fn take_finished(&mut self) -> Vec<Result<Output, (u64, EngineError)>> {
         std::mem::take(&mut self.finished)
+    }
+
+    /// The active patches of a request's current step (after the gate decided it; empty
+    /// before the first step after the warm-up), `None` when it is not in flight.
+    pub fn active_patches(&self, id: u64) -> Option<&[bool]> {
+        self.requests.get(&id).map(|r| r.active.as_slice())
     }
 
     /// Whether a request is in flight.
@@ -1090,6 +1120,7 @@ impl Engine {
     }
 
     fn open_step(&mut self, id: u64, progress: &mut dyn FnMut(u64, u32, u32)) {
+        let load = self.requests.len() as f32 / self.sched.load().alive.max(1) as f32;
         let Some(r) = self.requests.get_mut(&id) else {
             return;
         };
@@ -1097,6 +1128,20 @@ impl Engine {
         if r.step >= r.cfg.steps {
             return self.finish(id);
         }
+        let t0 = Instant::now();
+        if r.conds.is_empty() {
+            let h = 1.0 / r.cfg.steps as f32;
+            let ts: Vec<f32> = (0..r.cfg.steps).map(|n| 1.0 - n as f32 * h).collect();
+            match self
+                .model
+                .step_conds(&r.context, &ts)
+                .and_then(|c| Ok(c.flatten_all()?.to_vec1::<f32>()?))
+            {
+                Ok(c) => r.conds = c,
+                Err(e) => return self.fail(id, e.into()),
+            }
+        }
+        r.report.time.compute += t0.elapsed();
         if r.cfg.mode == Mode::TeaCache {
             match Self::tea_skip(&*self.model, r) {
                 Ok(true) => return self.open_step(id, progress),
@@ -1112,9 +1157,19 @@ impl Engine {
             }
         } else {
             let gate = r.gate.as_mut().expect("partitioned");
-            if final_full {
+            let eps = if final_full {
                 // ε = 0 never skips: the gate itself records every patch as run.
-                if let Err(e) = gate.set_epsilon(0.0) {
+                Some(0.0)
+            } else if r.cfg.adaptive_epsilon && r.cfg.mode == Mode::FlashDiff {
+                let e = adaptive_epsilon(r.cfg.epsilon).epsilon(load);
+                r.report.epsilon_sum += e as f64;
+                r.report.epsilon_steps += 1;
+                Some(e)
+            } else {
+                None
+            };
+            if let Some(e) = eps {
+                if let Err(e) = gate.set_epsilon(e) {
                     return self.fail(id, e.into());
                 }
             }
@@ -1123,6 +1178,7 @@ impl Engine {
             }
         }
         r.report.time.gate += t0.elapsed();
+        let t0 = Instant::now();
         let layout = r.layout.as_ref().expect("partitioned");
         let active: Vec<(u32, usize)> = (0..layout.patches())
             .filter(|&p| r.active[p as usize])
@@ -1159,16 +1215,13 @@ impl Engine {
         r.report.patch_steps += layout.patches() as u64;
         r.report.computed += active.len() as u64;
         r.report.computed_tokens += active.iter().map(|p| p.1 as u64).sum::<u64>();
-        let h = 1.0 / r.cfg.steps as f32;
-        let cond = match self
-            .model
-            .step_cond(&r.context, 1.0 - r.step as f32 * h)
-            .and_then(|c| Ok(c.to_vec1::<f32>()?))
-        {
-            Ok(c) => c,
-            Err(e) => return self.fail(id, e.into()),
-        };
-        r.state.get_mut(Region::Cond).copy_from_slice(&cond);
+        let len = self.model.dims().cond_len;
+        let at = r.step as usize * len;
+        let (conds, state) = (&r.conds, &mut r.state);
+        state
+            .get_mut(Region::Cond)
+            .copy_from_slice(&conds[at..at + len]);
+        r.report.time.compute += t0.elapsed();
         let step = r.step;
         let t0 = Instant::now();
         let submitted = self.sched.submit_step(id, step, &list);
@@ -1185,8 +1238,13 @@ impl Engine {
     fn tea_skip(model: &dyn Denoiser, r: &mut Request) -> Result<bool, ModelError> {
         let t0 = Instant::now();
         let h = 1.0 / r.cfg.steps as f32;
-        let cond = model.step_cond(&r.context, 1.0 - r.step as f32 * h)?;
         let dims = model.dims();
+        let at = r.step as usize * dims.cond_len;
+        let cond = Tensor::from_slice(
+            &r.conds[at..at + dims.cond_len],
+            dims.cond_len,
+            model.device(),
+        )?;
         let x = Tensor::from_slice(
             r.state.get(Region::X),
             (dims.grid.tokens(), dims.channels),
@@ -1341,7 +1399,9 @@ impl Engine {
             }
         }
         if let Some(tr) = r.track.as_mut() {
-            extrapolate(&mut r.state, tr, layout, &r.active, r.step, cfg);
+            let (e2, n2) = extrapolate(&mut r.state, tr, layout, &r.active, r.step, cfg);
+            r.report.reuse_err2 += e2;
+            r.report.reuse_norm2 += n2;
         }
         let h = 1.0 / r.cfg.steps as f32;
         let (v, x) = r.state.get_pair(Region::V, Region::X);
@@ -1359,23 +1419,7 @@ impl Engine {
         let _ = self.sched.finish(id);
         self.forget(id);
         let cfg = self.model.dims();
-        r.report.latency = r.submitted.elapsed();
-        let t = &r.report.time;
-        r.report.time.queue = r
-            .report
-            .latency
-            .saturating_sub(t.warmup + t.partition + t.gate + t.compute + t.schedule);
-        let layout = r.layout.take().expect("partitioned");
-        // Work: warm-up steps are full; after that, the tokens actually computed.
-        let tokens = cfg.grid.tokens() as f64;
-        let after = (r.cfg.steps - r.cfg.warmup) as f64 * tokens;
-        let total = r.cfg.steps as f64 * tokens;
-        r.report.work_skipped = ((after - r.report.computed_tokens as f64) / total).max(0.0);
-        if r.cfg.patches.is_none() && r.cfg.mode != Mode::Full {
-            let _ = self
-                .granularity
-                .observe(layout.patches(), r.report.latency.as_secs_f64());
-        }
+        let t0 = Instant::now();
         let latent = r.state.get(Region::X).to_vec();
         let rgb = match self.model.decode(&latent) {
             Ok(s) => s.rgb,
@@ -1384,12 +1428,98 @@ impl Engine {
                 return;
             }
         };
+        r.report.time.io += t0.elapsed();
+        r.report.latency = r.submitted.elapsed();
+        let t = &r.report.time;
+        r.report.time.queue = r
+            .report
+            .latency
+            .saturating_sub(t.warmup + t.partition + t.gate + t.compute + t.schedule + t.io);
+        let layout = r.layout.take().expect("partitioned");
+        // Work: warm-up steps are full; after that, the tokens actually computed.
+        let tokens = cfg.grid.tokens() as f64;
+        let after = (r.cfg.steps - r.cfg.warmup) as f64 * tokens;
+        let total = r.cfg.steps as f64 * tokens;
+        r.report.work_skipped = ((after - r.report.computed_tokens as f64) / total).max(0.0);
+        if r.cfg.patches.is_none() && r.cfg.mode != Mode::Full {
+            // The request's own time (its queueing belongs to the other requests' load) and
+            // the paper's quality term: how wrong the skipped steps' stand-ins were.
+            let own = r.report.latency.saturating_sub(r.report.time.queue);
+            let cost = objective(
+                own.as_secs_f64(),
+                100.0 * r.report.reuse_error(),
+                QUALITY_WEIGHT,
+            );
+            let _ = self.granularity.observe(layout.patches(), cost);
+        }
         self.finished.push(Ok(Output {
             latent,
             rgb,
             report: r.report,
             layout,
         }));
+    }
+}
+
+/// Checks a request's settings against `model`; the error names the setting and its valid
+/// range. What [`Engine::validate`] and [`Engine::submit`] do, for callers without an engine.
+pub fn check_request(model: &dyn Denoiser, cfg: &RequestConfig) -> Result<(), EngineError> {
+    let bad = |s: String| Err(EngineError::Config(s));
+    if !(2..=1000).contains(&cfg.steps) {
+        return bad(format!("--steps {}: must be in 2..=1000", cfg.steps));
+    }
+    if cfg.warmup < 1 || cfg.warmup >= cfg.steps {
+        return bad(format!(
+            "--warmup {}: must be in 1..={} (below --steps)",
+            cfg.warmup,
+            cfg.steps - 1
+        ));
+    }
+    let tokens = model.dims().grid.tokens() as u32;
+    if let Some(r) = cfg.patches {
+        if r == 0 || r > tokens {
+            return bad(format!(
+                "--patches {r}: must be in 1..={tokens} (tokens in the latent)"
+            ));
+        }
+    }
+    if !(cfg.epsilon.is_finite() && (0.0..=1.0).contains(&cfg.epsilon)) {
+        return bad(format!("--epsilon {}: must be in [0, 1]", cfg.epsilon));
+    }
+    if !(cfg.ras_ratio > 0.0 && cfg.ras_ratio < 1.0) {
+        return bad(format!("--ras-ratio {}: must be in (0, 1)", cfg.ras_ratio));
+    }
+    if !(cfg.cache_threshold.is_finite() && cfg.cache_threshold >= 0.0) {
+        return bad(format!(
+            "--cache-threshold {}: must be finite and >= 0",
+            cfg.cache_threshold
+        ));
+    }
+    if cfg.monotasks == Some(0) {
+        return bad("--monotasks 0: must be at least 1".into());
+    }
+    if cfg.max_skip > 1000 {
+        return bad(format!("--max-skip {}: must be in 0..=1000", cfg.max_skip));
+    }
+    if cfg.priority as usize >= flashdiff_scheduler::PRIORITY_LEVELS {
+        return bad(format!(
+            "--priority {}: must be in 0..{}",
+            cfg.priority,
+            flashdiff_scheduler::PRIORITY_LEVELS
+        ));
+    }
+    Ok(())
+}
+
+/// The load-adaptive ε policy of a request whose ε at full load is `base`
+/// ([`RequestConfig::adaptive_epsilon`]).
+pub fn adaptive_epsilon(base: f32) -> LoadAdaptiveEpsilon {
+    LoadAdaptiveEpsilon {
+        eps_min: base / 2.0,
+        eps_base: base,
+        eps_max: (2.0 * base).min(1.0),
+        low: 0.5,
+        high: 1.5,
     }
 }
 
@@ -1452,6 +1582,8 @@ impl Track {
 /// `n` (`V = base + (n - last) * slope`, before the Euler update). The K/V the next step
 /// reads are written by [`write_cache`] once its monotasks are known. Runs on the
 /// coordinator from committed state only, so the result stays independent of the packing.
+/// Returns, over the tokens that resumed after a skip, the squared error of the velocity
+/// extrapolation had predicted for them and the squared norm of the computed velocity.
 fn extrapolate(
     state: &mut SharedState,
     tr: &mut Track,
@@ -1459,7 +1591,8 @@ fn extrapolate(
     active: &[bool],
     n: u32,
     cfg: &Dims,
-) {
+) -> (f64, f64) {
+    let (mut err2, mut norm2) = (0.0f64, 0.0f64);
     let (tokens, d, depth, pd) = (cfg.grid.tokens(), cfg.kv_dim, cfg.kv_layers, cfg.channels);
     let fresh = [state.get(Region::FreshK), state.get(Region::FreshV)];
     let fresh_vel = state.get(Region::FreshVel);
@@ -1483,7 +1616,13 @@ fn extrapolate(
             }
             let r = t * pd..(t + 1) * pd;
             let (base, slope) = (&mut tr.v_base[r.clone()], &mut tr.v_slope[r.clone()]);
+            let resumed = gap > 1.0;
             for ((b, sl), &f) in base.iter_mut().zip(slope).zip(&fresh_vel[r]) {
+                if resumed {
+                    let predicted = *b + gap * *sl;
+                    err2 += ((f - predicted) as f64).powi(2);
+                    norm2 += (f as f64).powi(2);
+                }
                 *sl = (f - *b) / gap;
                 *b = f;
             }
@@ -1502,6 +1641,7 @@ fn extrapolate(
             *o = b + ahead * sl;
         }
     }
+    (err2, norm2)
 }
 
 /// Writes into the K/V cache what the monotasks of step `n` read: the K/V of every token

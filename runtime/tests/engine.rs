@@ -419,3 +419,76 @@ fn ras_recomputes_half_the_regions_and_dense_steps_in_full() {
     let share = o.report.computed_tokens as f64 / (17.0 * 64.0);
     assert!(share > 0.5 && share < 0.7, "computed share {share}");
 }
+
+/// Load-adaptive ε: a lone request on one worker (load 1) runs at the request's ε, four at
+/// once (load 4) at twice it, and with the flag off ε is never chosen per step.
+#[test]
+fn load_adaptive_epsilon_follows_the_requests_in_flight() {
+    let mut e = Engine::new(&default_weights(), 1).unwrap();
+    let c = RequestConfig {
+        adaptive_epsilon: true,
+        ..cfg(Mode::FlashDiff)
+    };
+    let alone = e.generate(PROMPT, c.clone(), &mut |_, _, _| {}).unwrap();
+    let eps = alone.report.mean_epsilon().expect("ε was chosen per step");
+    assert!((eps - 0.15).abs() < 1e-6, "lone request at load 1: ε {eps}");
+    for i in 0..4u64 {
+        e.submit(
+            i,
+            PROMPT,
+            RequestConfig {
+                seed: i,
+                ..c.clone()
+            },
+        )
+        .unwrap();
+    }
+    let busy: Vec<f64> = e
+        .run(&mut |_, _, _| {})
+        .into_iter()
+        .map(|r| r.unwrap().report.mean_epsilon().unwrap())
+        .collect();
+    // The first step of every request opens while all four are in flight (load 4: 2ε).
+    assert!(
+        busy.iter().any(|&x| x > 0.2),
+        "ε did not rise under load: {busy:?}"
+    );
+    let off = e
+        .generate(PROMPT, cfg(Mode::FlashDiff), &mut |_, _, _| {})
+        .unwrap();
+    assert_eq!(off.report.mean_epsilon(), None);
+}
+
+/// The adaptive R controller's quality signal: zero when nothing was skipped, positive and
+/// finite when skipped patches resumed from extrapolated stand-ins.
+#[test]
+fn reuse_error_is_measured_when_skipped_patches_resume() {
+    let mut e = Engine::new(&default_weights(), 1).unwrap();
+    let ns = e
+        .generate(PROMPT, cfg(Mode::NoSkip), &mut |_, _, _| {})
+        .unwrap();
+    assert_eq!(ns.report.reuse_error(), 0.0);
+    let fd = e
+        .generate(PROMPT, cfg(Mode::FlashDiff), &mut |_, _, _| {})
+        .unwrap();
+    let err = fd.report.reuse_error();
+    assert!(err > 0.0 && err < 1.0, "reuse error {err}");
+}
+
+/// Every part of a lone request's time is accounted for: what is left as "queue" (waiting
+/// behind other requests) is a small share of its latency.
+#[test]
+fn a_lone_request_spends_almost_no_time_queued() {
+    let mut e = Engine::new(&default_weights(), 1).unwrap();
+    let o = e
+        .generate(PROMPT, cfg(Mode::FlashDiff), &mut |_, _, _| {})
+        .unwrap();
+    let t = o.report.time;
+    assert!(
+        t.queue.as_secs_f64() <= 0.05 * o.report.latency.as_secs_f64(),
+        "queue {:?} of {:?}: {t:?}",
+        t.queue,
+        o.report.latency
+    );
+    assert!(t.io > std::time::Duration::ZERO);
+}
