@@ -1,5 +1,7 @@
 //! `flashdiff`: generate with the built-in model, serve a request stream, run the bench.
 
+mod http;
+
 use std::io::{BufRead, IsTerminal, Write};
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -7,7 +9,8 @@ use std::process::ExitCode;
 use clap::{Args, Parser, Subcommand};
 use flashdiff_runtime::engine::{
     default_weights, Engine, LayoutKind, Mode, Output, RequestConfig, DEFAULT_CACHE_THRESHOLD,
-    DEFAULT_STEPS, DEFAULT_WARMUP, ENGINE_DEFAULT_EPSILON, ENGINE_DEFAULT_MAX_SKIP,
+    DEFAULT_PATCHES, DEFAULT_STEPS, DEFAULT_WARMUP, ENGINE_DEFAULT_EPSILON,
+    ENGINE_DEFAULT_MAX_SKIP,
 };
 use flashdiff_runtime::image;
 use flashdiff_runtime::models::scene::{self, Verdict, IMAGE};
@@ -27,7 +30,7 @@ enum Cmd {
     Generate(GenerateArgs),
     /// JSON-lines requests in, JSON-lines results out. Each line is an object such as
     /// {"id": 1, "prompt": "...", "seed": 0, "priority": 0, "steps": 50, "warmup": 5,
-    /// "patches": 8, "epsilon": 0.1, "max_skip": 3, "mode": "flashdiff", "reuse":
+    /// "patches": 8, "epsilon": 0.1, "adaptive_epsilon": false, "max_skip": 3, "mode": "flashdiff", "reuse":
     /// "extrapolate", "monotasks": 1}; only "prompt" is required.
     Serve(ServeArgs),
     /// FlashDiff against the other ways to serve the model.
@@ -61,6 +64,19 @@ struct GenerateArgs {
 
 #[derive(Args, Debug)]
 struct ServeArgs {
+    /// Serve HTTP on this port (0: any free port, printed at start) instead of reading JSON
+    /// lines: POST /v1/images/generations, /v1/jobs, GET /healthz, /metrics.
+    #[arg(long, conflicts_with_all = ["input", "out_dir"])]
+    port: Option<u16>,
+    /// Address to bind with --port.
+    #[arg(long, default_value = "127.0.0.1", requires = "port")]
+    host: String,
+    /// With --port: most unfinished jobs before new requests get 429 (1..=100000).
+    #[arg(long, default_value_t = 256, requires = "port", value_parser = clap::value_parser!(u32).range(1..=100_000))]
+    max_queue: u32,
+    /// With --port: largest request body in bytes.
+    #[arg(long, default_value_t = 65_536, requires = "port", value_parser = clap::value_parser!(u32).range(64..=16_777_216))]
+    max_body: u32,
     /// Requests file (JSON lines); standard input when absent or "-".
     #[arg(long)]
     input: Option<PathBuf>,
@@ -107,9 +123,11 @@ struct Sampling {
     /// Total Euler steps.
     #[arg(long, default_value_t = DEFAULT_STEPS, value_parser = clap::value_parser!(u32).range(2..=1000))]
     steps: u32,
-    /// Patch count R: auto (the adaptive controller) or an integer in 1..=64.
-    #[arg(long, default_value = "auto", value_parser = parse_patches)]
-    patches: Patches,
+    /// Patch count R: auto (the adaptive controller, which searches R over a stream of
+    /// requests) or an integer in 1..=64. Default: 16 for generate (a lone request cannot
+    /// search; 16 is the measured default, see the README), auto for serve.
+    #[arg(long, value_parser = parse_patches)]
+    patches: Option<Patches>,
     /// Noise seed.
     #[arg(long, default_value_t = 0)]
     seed: u64,
@@ -124,6 +142,10 @@ struct Knobs {
     /// Gate threshold in [0, 1].
     #[arg(long, default_value_t = ENGINE_DEFAULT_EPSILON, value_parser = parse_unit)]
     epsilon: f32,
+    /// Let ε follow the load: --epsilon at one request per worker, half of it with slack,
+    /// up to twice it under overload (serve and bench; a lone request runs at half).
+    #[arg(long)]
+    adaptive_epsilon: bool,
     /// Longest run of skips per patch, in 0..=1000.
     #[arg(long, default_value_t = ENGINE_DEFAULT_MAX_SKIP, value_parser = clap::value_parser!(u32).range(0..=1000))]
     max_skip: u32,
@@ -154,9 +176,10 @@ struct Knobs {
 /// Where and on what the engine runs.
 #[derive(Args, Debug, Clone)]
 struct RunArgs {
-    /// Workers, in 1..=1024: with more than one, worker threads (or processes).
-    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=1024))]
-    workers: u32,
+    /// Workers, in 1..=1024: with more than one, worker threads (or processes). Default: 1
+    /// for generate, one per CPU core for serve and bench.
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..=1024))]
+    workers: Option<u32>,
     /// Run the workers as separate processes sharing request state in /dev/shm (outputs are
     /// bit-identical either way).
     #[arg(long)]
@@ -227,6 +250,7 @@ impl Knobs {
             warmup: self.warmup,
             patches,
             epsilon: self.epsilon,
+            adaptive_epsilon: self.adaptive_epsilon,
             max_skip: self.max_skip,
             seed,
             priority: self.priority,
@@ -306,12 +330,11 @@ fn ms(d: std::time::Duration) -> f64 {
 }
 
 fn generate(a: GenerateArgs) -> Result<(), String> {
-    let cfg = a
-        .knobs
-        .request(a.sampling.steps, a.sampling.patches.0, a.sampling.seed);
+    let patches = a.sampling.patches.map_or(Some(DEFAULT_PATCHES), |p| p.0);
+    let cfg = a.knobs.request(a.sampling.steps, patches, a.sampling.seed);
     let prompt = a.prompt.clone();
     let scene = scene::parse(&prompt).map_err(|e| e.to_string());
-    let mut engine = make_engine(&a.run)?;
+    let mut engine = make_engine(&a.run, 1)?;
     let out = engine
         .generate(&prompt, cfg.clone(), &mut progress_bar())
         .map_err(|e| e.to_string())?;
@@ -335,10 +358,17 @@ fn generate(a: GenerateArgs) -> Result<(), String> {
         100.0 * r.skipped_share(),
         100.0 * r.work_skipped
     );
+    println!(
+        "reuse error (extrapolated stand-ins of skipped patches vs computed, on resuming): {:.2}%{}",
+        100.0 * r.reuse_error(),
+        r.mean_epsilon()
+            .map_or(String::new(), |e| format!("; mean load-adaptive epsilon {e:.3}"))
+    );
     let t = r.time;
     println!(
-        "time {:.0} ms: warm-up {:.0}, partition {:.2}, gate {:.2}, scheduler {:.2}, compute {:.0}, queue {:.1}",
+        "time {:.0} ms: prompt+decode {:.1}, warm-up {:.0}, partition {:.2}, gate {:.2}, scheduler {:.2}, compute {:.0}, queue {:.1}",
         ms(r.latency),
+        ms(t.io),
         ms(t.warmup),
         ms(t.partition),
         ms(t.gate),
@@ -401,115 +431,175 @@ fn cpu_time() -> f64 {
 }
 
 fn serve(o: ServeArgs) -> Result<(), String> {
-    let base = o
-        .knobs
-        .request(o.sampling.steps, o.sampling.patches.0, o.sampling.seed);
-    let input: Box<dyn BufRead> = match o.input.as_deref() {
-        None => Box::new(std::io::stdin().lock()),
-        Some(p) if p.as_os_str() == "-" => Box::new(std::io::stdin().lock()),
-        Some(p) => Box::new(std::io::BufReader::new(
-            std::fs::File::open(p).map_err(|e| format!("cannot read {}: {e}", p.display()))?,
-        )),
-    };
+    let base = o.knobs.request(
+        o.sampling.steps,
+        o.sampling.patches.and_then(|p| p.0),
+        o.sampling.seed,
+    );
+    if let Some(port) = o.port {
+        let engine = make_engine(&o.run, cores())?;
+        engine.validate(&base).map_err(|e| e.to_string())?;
+        return http::serve(
+            engine,
+            http::HttpConfig {
+                addr: format!("{}:{port}", o.host),
+                max_queue: o.max_queue as usize,
+                body_limit: o.max_body as usize,
+                base,
+            },
+        );
+    }
     if let Some(d) = &o.out_dir {
         std::fs::create_dir_all(d).map_err(|e| format!("cannot create {}: {e}", d.display()))?;
     }
-    let mut engine = make_engine(&o.run)?;
+    let file = match o.input.as_deref() {
+        None => None,
+        Some(p) if p.as_os_str() == "-" => None,
+        Some(p) => {
+            Some(std::fs::File::open(p).map_err(|e| format!("cannot read {}: {e}", p.display()))?)
+        }
+    };
+    let mut engine = make_engine(&o.run, cores())?;
+    // Lines are read on their own thread, so a request starts as soon as its line arrives
+    // and results are written as they finish, while later lines are still being typed.
+    let (tx, rx) = std::sync::mpsc::channel::<Result<String, String>>();
+    std::thread::spawn(move || {
+        let input: Box<dyn BufRead> = match file {
+            Some(f) => Box::new(std::io::BufReader::new(f)),
+            None => Box::new(std::io::BufReader::new(std::io::stdin())),
+        };
+        for line in input.lines() {
+            let stop = line.is_err();
+            if tx
+                .send(line.map_err(|e| format!("reading requests: {e}")))
+                .is_err()
+                || stop
+            {
+                return;
+            }
+        }
+    });
     let stdout = std::io::stdout();
     let mut out = stdout.lock();
     let mut prompts = std::collections::HashMap::new();
-    for (n, line) in input.lines().enumerate() {
-        let line = line.map_err(|e| format!("reading requests: {e}"))?;
-        if line.trim().is_empty() {
-            continue;
-        }
-        let fallback_id = n as u64 + 1;
-        let req = match parse_request(&line, &base, fallback_id) {
-            Ok(r) => r,
-            Err(e) => {
-                writeln!(
-                    out,
-                    "{{\"id\":{fallback_id},\"ok\":false,\"error\":{}}}",
-                    json_str(&format!("line {}: {e}", n + 1))
-                )
-                .map_err(|e| e.to_string())?;
+    let (wall0, cpu0) = (std::time::Instant::now(), cpu_time());
+    let (mut n, mut served, mut open) = (0usize, 0u32, true);
+    loop {
+        // Admit every line that has arrived; wait for one only when nothing runs.
+        loop {
+            let msg = if engine.in_flight() == 0 && open {
+                rx.recv()
+                    .map_err(|_| std::sync::mpsc::TryRecvError::Disconnected)
+            } else {
+                rx.try_recv()
+            };
+            let line = match msg {
+                Ok(l) => l?,
+                Err(std::sync::mpsc::TryRecvError::Empty) => break,
+                Err(std::sync::mpsc::TryRecvError::Disconnected) => {
+                    open = false;
+                    break;
+                }
+            };
+            n += 1;
+            if line.trim().is_empty() {
                 continue;
             }
-        };
-        match engine.submit(req.0, &req.1, req.2) {
-            Ok(()) => {
-                prompts.insert(req.0, req.1);
+            let fallback_id = n as u64;
+            let outcome = match parse_request(&line, &base, fallback_id) {
+                Ok((id, prompt, cfg)) => match engine.submit(id, &prompt, cfg) {
+                    Ok(()) => {
+                        prompts.insert(id, prompt);
+                        None
+                    }
+                    Err(e) => Some((id, e.to_string())),
+                },
+                Err(e) => Some((fallback_id, format!("line {n}: {e}"))),
+            };
+            if let Some((id, e)) = outcome {
+                writeln!(
+                    out,
+                    "{{\"id\":{id},\"ok\":false,\"error\":{}}}",
+                    json_str(&e)
+                )
+                .and_then(|_| out.flush())
+                .map_err(|e| e.to_string())?;
             }
-            Err(e) => writeln!(
-                out,
-                "{{\"id\":{},\"ok\":false,\"error\":{}}}",
-                req.0,
-                json_str(&e.to_string())
-            )
-            .map_err(|e| e.to_string())?,
+        }
+        if engine.in_flight() == 0 {
+            if open {
+                continue;
+            }
+            break;
+        }
+        engine.poll(&mut |_, _, _| {}, std::time::Duration::from_millis(5));
+        for r in engine.take_finished() {
+            served += r.is_ok() as u32;
+            let line = result_line(r, &mut prompts, o.out_dir.as_deref())?;
+            writeln!(out, "{line}")
+                .and_then(|_| out.flush())
+                .map_err(|e| e.to_string())?;
         }
     }
-    eprintln!("serving {} requests", engine.in_flight());
-    let (wall0, cpu0) = (std::time::Instant::now(), cpu_time());
-    let mut done = 0u32;
-    let total = engine.in_flight();
-    let results = engine.run(&mut |_, step, steps| {
-        if step == steps {
-            done += 1;
-            eprintln!("finished {done}/{total}");
-        }
-    });
     let (wall, cpu) = (wall0.elapsed().as_secs_f64(), cpu_time() - cpu0);
     eprintln!(
-        "served {total} requests on {} worker(s) in {wall:.2} s wall, {cpu:.2} s CPU (CPU/wall {:.2})",
+        "served {served} requests on {} worker(s) in {wall:.2} s wall, {cpu:.2} s CPU (CPU/wall {:.2})",
         engine.workers(),
         cpu / wall.max(1e-9)
     );
-    for r in results {
-        let line = match r {
-            Ok(o2) => {
-                let rep = &o2.report;
-                let prompt = prompts.get(&rep.id).cloned().unwrap_or_default();
-                let checker = match scene::parse(&prompt) {
-                    Ok(s) => {
-                        let v = scene::check(&o2.rgb, &s);
-                        format!(
-                            "{{\"background\":{},\"present\":{},\"shape\":{},\"all\":{}}}",
-                            v.background,
-                            v.present,
-                            v.shape,
-                            v.all()
-                        )
-                    }
-                    Err(_) => "null".into(),
-                };
-                let image = match &o.out_dir {
-                    Some(d) => {
-                        let p = d.join(format!("{}.png", rep.id));
-                        std::fs::write(&p, image::png(&o2.rgb, IMAGE, IMAGE, 8))
-                            .map_err(|e| format!("cannot write {}: {e}", p.display()))?;
-                        json_str(&p.display().to_string())
-                    }
-                    None => "null".into(),
-                };
-                format!(
-                    "{{\"id\":{},\"ok\":true,\"image\":{image},\"latency_ms\":{:.1},\"patches\":{},\"patch_steps\":{},\"computed\":{},\"skipped_share\":{:.4},\"checker\":{checker}}}",
-                    rep.id,
-                    ms(rep.latency),
-                    rep.patches,
-                    rep.patch_steps,
-                    rep.computed,
-                    rep.skipped_share()
-                )
-            }
-            Err((id, e)) => format!(
+    Ok(())
+}
+
+/// The JSON line of a finished request (its PNG written into `out_dir` when given).
+fn result_line(
+    r: Result<Output, (u64, flashdiff_runtime::engine::EngineError)>,
+    prompts: &mut std::collections::HashMap<u64, String>,
+    out_dir: Option<&std::path::Path>,
+) -> Result<String, String> {
+    Ok(match r {
+        Ok(o2) => {
+            let rep = &o2.report;
+            let prompt = prompts.remove(&rep.id).unwrap_or_default();
+            let checker = match scene::parse(&prompt) {
+                Ok(s) => {
+                    let v = scene::check(&o2.rgb, &s);
+                    format!(
+                        "{{\"background\":{},\"present\":{},\"shape\":{},\"all\":{}}}",
+                        v.background,
+                        v.present,
+                        v.shape,
+                        v.all()
+                    )
+                }
+                Err(_) => "null".into(),
+            };
+            let image = match out_dir {
+                Some(d) => {
+                    let p = d.join(format!("{}.png", rep.id));
+                    std::fs::write(&p, image::png(&o2.rgb, IMAGE, IMAGE, 8))
+                        .map_err(|e| format!("cannot write {}: {e}", p.display()))?;
+                    json_str(&p.display().to_string())
+                }
+                None => "null".into(),
+            };
+            format!(
+                "{{\"id\":{},\"ok\":true,\"image\":{image},\"latency_ms\":{:.1},\"patches\":{},\"patch_steps\":{},\"computed\":{},\"skipped_share\":{:.4},\"checker\":{checker}}}",
+                rep.id,
+                ms(rep.latency),
+                rep.patches,
+                rep.patch_steps,
+                rep.computed,
+                rep.skipped_share()
+            )
+        }
+        Err((id, e)) => {
+            prompts.remove(&id);
+            format!(
                 "{{\"id\":{id},\"ok\":false,\"error\":{}}}",
                 json_str(&e.to_string())
-            ),
-        };
-        writeln!(out, "{line}").map_err(|e| e.to_string())?;
-    }
-    Ok(())
+            )
+        }
+    })
 }
 
 fn parse_request(
@@ -528,6 +618,7 @@ fn parse_request(
         "warmup",
         "patches",
         "epsilon",
+        "adaptive_epsilon",
         "max_skip",
         "mode",
         "reuse",
@@ -579,6 +670,11 @@ fn parse_request(
     if let Some(e) = obj.get("epsilon") {
         cfg.epsilon = e.as_f64().ok_or("\"epsilon\" must be a number")? as f32;
     }
+    if let Some(a) = obj.get("adaptive_epsilon") {
+        cfg.adaptive_epsilon = a
+            .as_bool()
+            .ok_or("\"adaptive_epsilon\" must be true or false")?;
+    }
     if let Some(m) = obj.get("mode") {
         cfg.mode = m.as_str().ok_or("\"mode\" must be a string")?.parse()?;
     }
@@ -604,16 +700,22 @@ fn parse_reuse(v: &str) -> Result<bool, String> {
     }
 }
 
-fn make_engine(o: &RunArgs) -> Result<Engine, String> {
+/// CPU cores available to this process (the default worker count of serve and bench).
+fn cores() -> u32 {
+    std::thread::available_parallelism().map_or(1, |n| n.get().min(1024) as u32)
+}
+
+fn make_engine(o: &RunArgs, default_workers: u32) -> Result<Engine, String> {
     let weights = o.weights.clone().unwrap_or_else(default_weights);
+    let workers = o.workers.unwrap_or(default_workers);
     if !o.processes {
-        return Engine::new(&weights, o.workers).map_err(|e| e.to_string());
+        return Engine::new(&weights, workers).map_err(|e| e.to_string());
     }
     let exe = std::env::current_exe()
         .map_err(|e| format!("cannot find the flashdiff executable: {e}"))?;
     Engine::with_processes(
         &weights,
-        o.workers,
+        workers,
         &exe,
         &flashdiff_runtime::engine::state_dir(),
     )
@@ -629,9 +731,16 @@ fn bench(a: BenchArgs) -> Result<(), String> {
         steps: a.steps,
         patches: a.patches,
         base,
+        exe: std::env::current_exe().ok().map(|e| {
+            let args = match &a.run.weights {
+                Some(w) => vec!["--weights".to_string(), w.display().to_string()],
+                None => Vec::new(),
+            };
+            (e, args)
+        }),
     };
     let out = a.out_dir;
-    let mut engine = make_engine(&a.run)?;
+    let mut engine = make_engine(&a.run, cores())?;
     engine
         .validate(&RequestConfig {
             steps: cfg.steps,

@@ -291,3 +291,35 @@ fn bench_writes_json_and_a_report() {
         .contains("invalid value '0' for '--prompts <PROMPTS>'"));
     std::fs::remove_dir_all(&dir).ok();
 }
+
+/// `serve` streams: a request starts when its line arrives and its result is written when
+/// it finishes, while the input is still open.
+#[test]
+fn serve_answers_each_line_before_the_input_ends() {
+    use std::io::{BufRead, BufReader, Write};
+    let mut child = flashdiff()
+        .args(["serve", "--workers", "1", "--steps", "8", "--warmup", "2"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut stdin = child.stdin.take().unwrap();
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    writeln!(
+        stdin,
+        r#"{{"id": 7, "prompt": "a red circle left on a white background"}}"#
+    )
+    .unwrap();
+    stdin.flush().unwrap();
+    // Input still open: the answer must come anyway.
+    let first = lines.next().unwrap().unwrap();
+    assert!(first.contains(r#""id":7,"ok":true"#), "{first}");
+    writeln!(stdin, "not json").unwrap();
+    stdin.flush().unwrap();
+    let second = lines.next().unwrap().unwrap();
+    assert!(second.contains("line 2: not JSON"), "{second}");
+    drop(stdin);
+    assert!(lines.next().is_none());
+    assert!(child.wait().unwrap().success());
+}

@@ -1,0 +1,920 @@
+//! `flashdiff serve --port P`: the engine behind HTTP.
+//!
+//! One driver thread owns the [`Engine`] (it is `&mut` and runs the model); HTTP handlers on
+//! the tokio runtime talk to it over a channel and read the job table. A request starts when
+//! it arrives: the driver admits it between scheduling rounds, so new requests join the ones
+//! in flight.
+//!
+//! Endpoints: `POST /v1/images/generations` (OpenAI-compatible, waits for the images),
+//! `POST /v1/jobs`, `GET|DELETE /v1/jobs/{id}`, `GET /v1/jobs/{id}/events` (server-sent
+//! events, one per step with its active patches, then the result), `GET /healthz`,
+//! `GET /metrics` (Prometheus text). Errors are JSON `{"error": {"message", "type"}}` naming
+//! the field. Past `--max-queue` unfinished jobs new work gets 429 with `Retry-After`.
+//! SIGTERM and SIGINT stop accepting, finish what was admitted, then exit.
+
+use std::collections::HashMap;
+use std::convert::Infallible;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::mpsc;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use axum::extract::{DefaultBodyLimit, Path, State};
+use axum::http::{header, HeaderValue, StatusCode};
+use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use base64::Engine as _;
+use serde_json::{json, Map, Value};
+use tokio::sync::{broadcast, watch};
+
+use flashdiff_runtime::engine::{check_request, Engine, Mode, Output, RequestConfig};
+use flashdiff_runtime::image;
+use flashdiff_runtime::models::scene::IMAGE;
+use flashdiff_runtime::models::Denoiser;
+
+/// Server settings.
+#[derive(Debug, Clone)]
+pub struct HttpConfig {
+    /// Address to bind, e.g. `127.0.0.1:8080`.
+    pub addr: String,
+    /// Most unfinished jobs (queued and running) before new ones get 429.
+    pub max_queue: usize,
+    /// Largest request body, bytes.
+    pub body_limit: usize,
+    /// Request defaults (the serve flags).
+    pub base: RequestConfig,
+}
+
+/// Where a job stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Phase {
+    Queued,
+    Running,
+    Succeeded,
+    Failed,
+    Cancelled,
+}
+
+impl Phase {
+    fn name(self) -> &'static str {
+        match self {
+            Phase::Queued => "queued",
+            Phase::Running => "running",
+            Phase::Succeeded => "succeeded",
+            Phase::Failed => "failed",
+            Phase::Cancelled => "cancelled",
+        }
+    }
+    fn done(self) -> bool {
+        matches!(self, Phase::Succeeded | Phase::Failed | Phase::Cancelled)
+    }
+}
+
+struct Job {
+    phase: Phase,
+    created: u64,
+    /// PNG scale factor (the `size` asked for over the model's side).
+    scale: usize,
+    report: Option<Value>,
+    png: Option<Vec<u8>>,
+    error: Option<String>,
+    last_step: Option<Instant>,
+    events: broadcast::Sender<Value>,
+    phase_tx: watch::Sender<Phase>,
+}
+
+/// Counters for `/metrics`.
+#[derive(Default)]
+struct Metrics {
+    admitted: AtomicU64,
+    rejected: AtomicU64,
+    completed: AtomicU64,
+    failed: AtomicU64,
+    cancelled: AtomicU64,
+    patch_steps: AtomicU64,
+    computed: AtomicU64,
+    /// Step latency histogram: counts per bucket of [`STEP_BUCKETS`] (+Inf last), sum in µs.
+    step_buckets: Mutex<([u64; STEP_BUCKETS.len() + 1], f64)>,
+}
+
+/// Upper bounds of the step latency histogram, seconds.
+const STEP_BUCKETS: [f64; 8] = [0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.5];
+
+enum Cmd {
+    Submit {
+        id: u64,
+        prompt: String,
+        cfg: RequestConfig,
+    },
+    Cancel(u64),
+}
+
+struct Hub {
+    jobs: Mutex<HashMap<u64, Job>>,
+    next_id: AtomicU64,
+    cmds: Mutex<mpsc::Sender<Cmd>>,
+    metrics: Metrics,
+    cfg: HttpConfig,
+    workers: u32,
+    model: String,
+    /// The engine's model, to check prompts and settings before admitting them.
+    checker: Arc<dyn Denoiser>,
+    accepting: std::sync::atomic::AtomicBool,
+}
+
+type Shared = Arc<Hub>;
+
+fn now_s() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
+/// An error response: status, JSON body naming what was wrong.
+fn error(status: StatusCode, kind: &str, message: impl Into<String>) -> Response {
+    let body = json!({"error": {"message": message.into(), "type": kind}});
+    (status, Json(body)).into_response()
+}
+
+/// A lock held by a thread that panicked: the job table can no longer be trusted.
+fn poisoned() -> Response {
+    error(
+        StatusCode::INTERNAL_SERVER_ERROR,
+        "internal",
+        "job table poisoned",
+    )
+}
+
+fn bad(message: impl Into<String>) -> Response {
+    error(StatusCode::BAD_REQUEST, "invalid_request_error", message)
+}
+
+/// Runs the server until SIGTERM/SIGINT; returns after draining.
+pub fn serve(engine: Engine, cfg: HttpConfig) -> Result<(), String> {
+    let (tx, rx) = mpsc::channel();
+    let hub = Arc::new(Hub {
+        jobs: Mutex::new(HashMap::new()),
+        next_id: AtomicU64::new(1),
+        cmds: Mutex::new(tx),
+        metrics: Metrics::default(),
+        workers: engine.workers(),
+        model: engine.model().name().to_string(),
+        checker: engine.shared_model(),
+        cfg: cfg.clone(),
+        accepting: std::sync::atomic::AtomicBool::new(true),
+    });
+    let driver = {
+        let hub = hub.clone();
+        std::thread::Builder::new()
+            .name("flashdiff-driver".into())
+            .spawn(move || drive(engine, rx, hub))
+            .map_err(|e| format!("cannot start the engine thread: {e}"))?
+    };
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .map_err(|e| format!("cannot start the HTTP runtime: {e}"))?;
+    let res = rt.block_on(async {
+        let listener = tokio::net::TcpListener::bind(&cfg.addr)
+            .await
+            .map_err(|e| format!("cannot listen on {}: {e}", cfg.addr))?;
+        let local = listener
+            .local_addr()
+            .map_err(|e| format!("cannot read the bound address: {e}"))?;
+        eprintln!(
+            "flashdiff: serving {} on http://{local} ({} worker(s)); SIGTERM or Ctrl-C drains and stops",
+            hub.model, hub.workers
+        );
+        let app = router(hub.clone());
+        axum::serve(listener, app)
+            .with_graceful_shutdown(shutdown(hub.clone()))
+            .await
+            .map_err(|e| format!("HTTP server failed: {e}"))
+    });
+    // Drain: the driver finishes what was admitted, then exits when the sender is dropped.
+    hub.accepting.store(false, Relaxed);
+    if let Ok(mut tx) = hub.cmds.lock() {
+        let (dead, _) = mpsc::channel();
+        *tx = dead;
+    }
+    drop(rt);
+    let _ = driver.join();
+    eprintln!("flashdiff: stopped");
+    res
+}
+
+async fn shutdown(hub: Shared) {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{signal, SignalKind};
+        let mut term = match signal(SignalKind::terminate()) {
+            Ok(s) => s,
+            Err(_) => return std::future::pending().await,
+        };
+        tokio::select! {
+            _ = term.recv() => {}
+            _ = tokio::signal::ctrl_c() => {}
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = tokio::signal::ctrl_c().await;
+    }
+    hub.accepting.store(false, Relaxed);
+    eprintln!("flashdiff: draining (no new requests accepted)");
+    // Let admitted jobs finish before the listener closes their waiting handlers.
+    loop {
+        let open = hub
+            .jobs
+            .lock()
+            .map(|j| j.values().filter(|j| !j.phase.done()).count())
+            .unwrap_or(0);
+        if open == 0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+fn router(hub: Shared) -> Router {
+    let limit = hub.cfg.body_limit;
+    Router::new()
+        .route("/healthz", get(healthz))
+        .route("/metrics", get(metrics))
+        .route("/v1/images/generations", post(generations))
+        .route("/v1/jobs", post(create_job))
+        .route("/v1/jobs/{id}", get(get_job).delete(delete_job))
+        .route("/v1/jobs/{id}/events", get(job_events))
+        .fallback(|| async { error(StatusCode::NOT_FOUND, "not_found", "no such endpoint") })
+        .layer(DefaultBodyLimit::max(limit))
+        .with_state(hub)
+}
+
+/// The engine's thread: admits commands between scheduling rounds, runs monotasks, and
+/// records steps and results in the job table.
+fn drive(mut engine: Engine, rx: mpsc::Receiver<Cmd>, hub: Shared) {
+    let mut open = true;
+    loop {
+        // Block for work only when idle.
+        let first = if engine.in_flight() == 0 {
+            if !open {
+                return;
+            }
+            match rx.recv() {
+                Ok(c) => Some(c),
+                Err(_) => {
+                    open = false;
+                    continue;
+                }
+            }
+        } else {
+            None
+        };
+        for cmd in first
+            .into_iter()
+            .chain(std::iter::from_fn(|| match rx.try_recv() {
+                Ok(c) => Some(c),
+                Err(mpsc::TryRecvError::Empty) => None,
+                Err(mpsc::TryRecvError::Disconnected) => {
+                    open = false;
+                    None
+                }
+            }))
+        {
+            match cmd {
+                Cmd::Submit { id, prompt, cfg } => {
+                    if let Err(e) = engine.submit(id, &prompt, cfg) {
+                        finish_err(&hub, id, Phase::Failed, e.to_string());
+                    }
+                }
+                Cmd::Cancel(id) => {
+                    if engine.cancel(id).is_err() {
+                        // Not in flight (finished meanwhile): nothing to do.
+                    }
+                }
+            }
+        }
+        if engine.in_flight() > 0 {
+            let mut steps: Vec<(u64, u32, u32)> = Vec::new();
+            engine.poll(
+                &mut |id, step, total| steps.push((id, step, total)),
+                Duration::from_millis(5),
+            );
+            for (id, step, total) in steps {
+                let active = engine.active_patches(id).map(<[bool]>::to_vec);
+                step_event(&hub, id, step, total, active);
+            }
+        }
+        // Also after a cancel that emptied the engine: its result is waiting here.
+        for r in engine.take_finished() {
+            match r {
+                Ok(o) => finish_ok(&hub, o),
+                Err((id, e)) => {
+                    let msg = e.to_string();
+                    let phase = if msg.contains("cancelled") {
+                        Phase::Cancelled
+                    } else {
+                        Phase::Failed
+                    };
+                    finish_err(&hub, id, phase, msg);
+                }
+            }
+        }
+    }
+}
+
+fn step_event(hub: &Hub, id: u64, step: u32, total: u32, active: Option<Vec<bool>>) {
+    let Ok(mut jobs) = hub.jobs.lock() else {
+        return;
+    };
+    let Some(j) = jobs.get_mut(&id) else {
+        return;
+    };
+    if j.phase == Phase::Queued {
+        j.phase = Phase::Running;
+        let _ = j.phase_tx.send(Phase::Running);
+    }
+    let now = Instant::now();
+    if let Some(prev) = j.last_step.replace(now) {
+        let s = now.duration_since(prev).as_secs_f64();
+        if let Ok(mut h) = hub.metrics.step_buckets.lock() {
+            let b = STEP_BUCKETS
+                .iter()
+                .position(|&u| s <= u)
+                .unwrap_or(STEP_BUCKETS.len());
+            h.0[b] += 1;
+            h.1 += s;
+        }
+    }
+    if step < total {
+        let _ = j.events.send(json!({
+            "type": "step",
+            "step": step,
+            "steps": total,
+            "active": active,
+        }));
+    }
+}
+
+fn report_json(o: &Output) -> Value {
+    let r = &o.report;
+    json!({
+        "steps": r.steps,
+        "warmup": r.warmup,
+        "patches": r.patches,
+        "patch_steps": r.patch_steps,
+        "computed": r.computed,
+        "skipped_share": r.skipped_share(),
+        "work_skipped": r.work_skipped,
+        "active_per_step": r.active_per_step,
+        "latency_ms": r.latency.as_secs_f64() * 1e3,
+        "reuse_error": r.reuse_error(),
+        "mean_epsilon": r.mean_epsilon(),
+        "patch_of": o.layout.patch_of(),
+    })
+}
+
+fn finish_ok(hub: &Hub, o: Output) {
+    let id = o.report.id;
+    let m = &hub.metrics;
+    m.completed.fetch_add(1, Relaxed);
+    m.patch_steps.fetch_add(o.report.patch_steps, Relaxed);
+    m.computed.fetch_add(o.report.computed, Relaxed);
+    let Ok(mut jobs) = hub.jobs.lock() else {
+        return;
+    };
+    let Some(j) = jobs.get_mut(&id) else {
+        return;
+    };
+    let report = report_json(&o);
+    j.png = Some(image::png(&o.rgb, IMAGE, IMAGE, j.scale));
+    j.report = Some(report.clone());
+    j.phase = Phase::Succeeded;
+    let _ = j
+        .events
+        .send(json!({"type": "done", "state": "succeeded", "report": report}));
+    let _ = j.phase_tx.send(Phase::Succeeded);
+}
+
+fn finish_err(hub: &Hub, id: u64, phase: Phase, msg: String) {
+    let m = &hub.metrics;
+    match phase {
+        Phase::Cancelled => m.cancelled.fetch_add(1, Relaxed),
+        _ => m.failed.fetch_add(1, Relaxed),
+    };
+    let Ok(mut jobs) = hub.jobs.lock() else {
+        return;
+    };
+    let Some(j) = jobs.get_mut(&id) else {
+        return;
+    };
+    j.phase = phase;
+    j.error = Some(msg.clone());
+    let _ = j
+        .events
+        .send(json!({"type": "done", "state": phase.name(), "error": msg}));
+    let _ = j.phase_tx.send(phase);
+}
+
+/// A parsed generation request: prompt, per-image settings, images wanted, PNG scale.
+struct GenRequest {
+    prompt: String,
+    cfg: RequestConfig,
+    n: u32,
+    scale: usize,
+}
+
+const KNOWN: [&str; 16] = [
+    "prompt",
+    "n",
+    "size",
+    "response_format",
+    "output_format",
+    "model",
+    "seed",
+    "steps",
+    "warmup",
+    "patches",
+    "epsilon",
+    "adaptive_epsilon",
+    "max_skip",
+    "priority",
+    "mode",
+    "user",
+];
+
+/// Parses and checks a generation request: every field, the settings together, and the
+/// prompt against the model's vocabulary, so that what is admitted can run.
+fn parse(body: &[u8], base: &RequestConfig, model: &dyn Denoiser) -> Result<GenRequest, String> {
+    let g = parse_fields(body, base, model.name())?;
+    check_request(model, &g.cfg).map_err(|e| e.to_string())?;
+    model
+        .condition(&g.prompt)
+        .map_err(|e| format!("\"prompt\": {e}"))?;
+    Ok(g)
+}
+
+fn parse_fields(body: &[u8], base: &RequestConfig, model: &str) -> Result<GenRequest, String> {
+    let v: Value = serde_json::from_slice(body).map_err(|e| format!("body is not JSON: {e}"))?;
+    let obj: &Map<String, Value> = v.as_object().ok_or("body must be a JSON object")?;
+    if let Some(k) = obj.keys().find(|k| !KNOWN.contains(&k.as_str())) {
+        return Err(format!(
+            "unknown field \"{k}\" (known: {})",
+            KNOWN.join(", ")
+        ));
+    }
+    let prompt = match obj.get("prompt") {
+        Some(Value::String(s)) if !s.trim().is_empty() => s.clone(),
+        Some(Value::String(_)) => return Err("\"prompt\" is empty".into()),
+        Some(_) => return Err("\"prompt\" must be a string".into()),
+        None => return Err("\"prompt\" is required".into()),
+    };
+    let uint = |k: &str, lo: u64, hi: u64| -> Result<Option<u64>, String> {
+        match obj.get(k) {
+            None | Some(Value::Null) => Ok(None),
+            Some(x) => match x.as_u64() {
+                Some(n) if (lo..=hi).contains(&n) => Ok(Some(n)),
+                _ => Err(format!("\"{k}\" must be an integer in {lo}..={hi}")),
+            },
+        }
+    };
+    let string = |k: &str| -> Result<Option<&str>, String> {
+        match obj.get(k) {
+            None | Some(Value::Null) => Ok(None),
+            Some(Value::String(s)) => Ok(Some(s.as_str())),
+            Some(_) => Err(format!("\"{k}\" must be a string")),
+        }
+    };
+    let n = uint("n", 1, 4)?.unwrap_or(1) as u32;
+    let side = IMAGE as u64;
+    let scale = match string("size")? {
+        None => 8,
+        Some(s) => {
+            let parsed = s
+                .split_once('x')
+                .and_then(|(w, h)| Some((w.parse::<u64>().ok()?, h.parse::<u64>().ok()?)));
+            match parsed {
+                Some((w, h)) if w == h && w % side == 0 && (side..=32 * side).contains(&w) => {
+                    (w / side) as usize
+                }
+                _ => {
+                    return Err(format!(
+                        "\"size\" {s:?}: must be WxW with W a multiple of {side} up to {} (the model makes {side}x{side} images, scaled up)",
+                        32 * side
+                    ))
+                }
+            }
+        }
+    };
+    if let Some(f) = string("response_format")? {
+        if f != "b64_json" {
+            return Err(format!(
+                "\"response_format\" {f:?}: only \"b64_json\" is supported (no image hosting)"
+            ));
+        }
+    }
+    if let Some(f) = string("output_format")? {
+        if f != "png" {
+            return Err(format!(
+                "\"output_format\" {f:?}: only \"png\" is supported"
+            ));
+        }
+    }
+    if let Some(m) = string("model")? {
+        if m != model {
+            return Err(format!("\"model\" {m:?}: this server runs {model:?}"));
+        }
+    }
+    string("user")?;
+    let mut cfg = base.clone();
+    if let Some(s) = uint("seed", 0, u64::MAX)? {
+        cfg.seed = s;
+    }
+    if let Some(s) = uint("steps", 2, 1000)? {
+        cfg.steps = s as u32;
+    }
+    if let Some(w) = uint("warmup", 1, 999)? {
+        cfg.warmup = w as u32;
+    }
+    if let Some(p) = uint("patches", 1, 4096)? {
+        cfg.patches = Some(p as u32);
+    }
+    if let Some(k) = uint("max_skip", 0, 1000)? {
+        cfg.max_skip = k as u32;
+    }
+    if let Some(p) = uint("priority", 0, 7)? {
+        cfg.priority = p as u8;
+    }
+    if let Some(e) = obj.get("epsilon") {
+        cfg.epsilon = match e.as_f64() {
+            Some(x) if (0.0..=1.0).contains(&x) => x as f32,
+            _ => return Err("\"epsilon\" must be a number in [0, 1]".into()),
+        };
+    }
+    if let Some(a) = obj.get("adaptive_epsilon") {
+        cfg.adaptive_epsilon = a
+            .as_bool()
+            .ok_or("\"adaptive_epsilon\" must be true or false")?;
+    }
+    if let Some(m) = string("mode")? {
+        cfg.mode = m.parse::<Mode>().map_err(|e| format!("\"mode\": {e}"))?;
+    }
+    Ok(GenRequest {
+        prompt,
+        cfg,
+        n,
+        scale,
+    })
+}
+
+/// Admits `g` as `g.n` jobs (seeds `seed`, `seed + 1`, ...); 429 past the queue bound, 503
+/// while draining.
+fn admit(hub: &Hub, g: &GenRequest) -> Result<Vec<(u64, watch::Receiver<Phase>)>, Box<Response>> {
+    if !hub.accepting.load(Relaxed) {
+        return Err(Box::new(error(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "unavailable",
+            "the server is shutting down",
+        )));
+    }
+    let mut jobs = hub.jobs.lock().map_err(|_| Box::new(poisoned()))?;
+    let open = jobs.values().filter(|j| !j.phase.done()).count();
+    if open + g.n as usize > hub.cfg.max_queue {
+        hub.metrics.rejected.fetch_add(1, Relaxed);
+        let mut r = error(
+            StatusCode::TOO_MANY_REQUESTS,
+            "rate_limit_error",
+            format!(
+                "{open} jobs unfinished, the queue holds {}: retry later",
+                hub.cfg.max_queue
+            ),
+        );
+        r.headers_mut()
+            .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+        return Err(Box::new(r));
+    }
+    // Keep the table bounded: forget the oldest finished jobs beyond 4x the queue bound.
+    let keep = 4 * hub.cfg.max_queue.max(1);
+    if jobs.len() >= keep {
+        let mut done: Vec<(u64, u64)> = jobs
+            .iter()
+            .filter(|(_, j)| j.phase.done())
+            .map(|(&id, j)| (j.created, id))
+            .collect();
+        done.sort_unstable();
+        for (_, id) in done.iter().take(jobs.len() + g.n as usize - keep) {
+            jobs.remove(id);
+        }
+    }
+    let cmds = hub.cmds.lock().map_err(|_| {
+        Box::new(error(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "internal",
+            "queue poisoned",
+        ))
+    })?;
+    let mut out = Vec::new();
+    for i in 0..g.n {
+        let id = hub.next_id.fetch_add(1, Relaxed);
+        let (events, _) = broadcast::channel(1024);
+        let (phase_tx, phase_rx) = watch::channel(Phase::Queued);
+        jobs.insert(
+            id,
+            Job {
+                phase: Phase::Queued,
+                created: now_s(),
+                scale: g.scale,
+                report: None,
+                png: None,
+                error: None,
+                last_step: None,
+                events,
+                phase_tx,
+            },
+        );
+        let cfg = RequestConfig {
+            seed: g.cfg.seed.wrapping_add(i as u64),
+            ..g.cfg.clone()
+        };
+        if cmds
+            .send(Cmd::Submit {
+                id,
+                prompt: g.prompt.clone(),
+                cfg,
+            })
+            .is_err()
+        {
+            jobs.remove(&id);
+            return Err(Box::new(error(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "unavailable",
+                "the engine has stopped",
+            )));
+        }
+        hub.metrics.admitted.fetch_add(1, Relaxed);
+        out.push((id, phase_rx));
+    }
+    Ok(out)
+}
+
+async fn healthz(State(hub): State<Shared>) -> Response {
+    Json(json!({"status": if hub.accepting.load(Relaxed) { "ok" } else { "draining" }, "model": hub.model, "workers": hub.workers})).into_response()
+}
+
+async fn metrics(State(hub): State<Shared>) -> Response {
+    let (queued, running) = hub
+        .jobs
+        .lock()
+        .map(|j| {
+            (
+                j.values().filter(|j| j.phase == Phase::Queued).count(),
+                j.values().filter(|j| j.phase == Phase::Running).count(),
+            )
+        })
+        .unwrap_or((0, 0));
+    let m = &hub.metrics;
+    let mut s = String::new();
+    let mut line = |name: &str, kind: &str, help: &str, v: String| {
+        s.push_str(&format!(
+            "# HELP flashdiff_{name} {help}\n# TYPE flashdiff_{name} {kind}\nflashdiff_{name} {v}\n"
+        ));
+    };
+    line(
+        "queue_depth",
+        "gauge",
+        "Jobs admitted and not started.",
+        queued.to_string(),
+    );
+    line("in_flight", "gauge", "Jobs running.", running.to_string());
+    for (name, c, help) in [
+        ("admitted_total", &m.admitted, "Jobs admitted."),
+        ("rejected_total", &m.rejected, "Requests rejected with 429."),
+        (
+            "completed_total",
+            &m.completed,
+            "Jobs finished with an image.",
+        ),
+        ("failed_total", &m.failed, "Jobs that failed."),
+        ("cancelled_total", &m.cancelled, "Jobs cancelled."),
+    ] {
+        line(name, "counter", help, c.load(Relaxed).to_string());
+    }
+    let (ps, comp) = (m.patch_steps.load(Relaxed), m.computed.load(Relaxed));
+    line(
+        "patch_steps_skipped_ratio",
+        "gauge",
+        "Share of patch-steps skipped over completed jobs.",
+        format!(
+            "{}",
+            if ps > 0 {
+                1.0 - comp as f64 / ps as f64
+            } else {
+                0.0
+            }
+        ),
+    );
+    if let Ok(h) = m.step_buckets.lock() {
+        s.push_str("# HELP flashdiff_step_seconds Time between a job's consecutive steps.\n# TYPE flashdiff_step_seconds histogram\n");
+        let mut cum = 0;
+        for (i, &c) in h.0.iter().enumerate() {
+            cum += c;
+            let le = STEP_BUCKETS
+                .get(i)
+                .map_or("+Inf".to_string(), |u| u.to_string());
+            s.push_str(&format!(
+                "flashdiff_step_seconds_bucket{{le=\"{le}\"}} {cum}\n"
+            ));
+        }
+        s.push_str(&format!(
+            "flashdiff_step_seconds_sum {}\nflashdiff_step_seconds_count {cum}\n",
+            h.1
+        ));
+    }
+    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], s).into_response()
+}
+
+async fn generations(State(hub): State<Shared>, body: axum::body::Bytes) -> Response {
+    let g = match parse(&body, &hub.cfg.base, &*hub.checker) {
+        Ok(g) => g,
+        Err(e) => return bad(e),
+    };
+    let ids = match admit(&hub, &g) {
+        Ok(ids) => ids,
+        Err(r) => return *r,
+    };
+    let mut data = Vec::new();
+    let mut reports = Vec::new();
+    for (id, mut rx) in ids {
+        let _ = rx.wait_for(|p| p.done()).await;
+        let Ok(jobs) = hub.jobs.lock() else {
+            return poisoned();
+        };
+        let Some(j) = jobs.get(&id) else {
+            return error(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "internal",
+                "job vanished",
+            );
+        };
+        match (&j.png, &j.error) {
+            (Some(png), _) => {
+                data.push(
+                    json!({"b64_json": base64::engine::general_purpose::STANDARD.encode(png)}),
+                );
+                reports.push(j.report.clone().unwrap_or(Value::Null));
+            }
+            (None, Some(e)) => {
+                return error(
+                    StatusCode::UNPROCESSABLE_ENTITY,
+                    "generation_error",
+                    e.clone(),
+                )
+            }
+            (None, None) => {
+                return error(
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    "internal",
+                    "job ended without a result",
+                )
+            }
+        }
+    }
+    Json(json!({"created": now_s(), "data": data, "flashdiff": {"reports": reports}}))
+        .into_response()
+}
+
+async fn create_job(State(hub): State<Shared>, body: axum::body::Bytes) -> Response {
+    let g = match parse(&body, &hub.cfg.base, &*hub.checker) {
+        Ok(g) => g,
+        Err(e) => return bad(e),
+    };
+    if g.n != 1 {
+        return bad("\"n\": a job makes one image; submit one job per image");
+    }
+    match admit(&hub, &g) {
+        Ok(ids) => {
+            let id = ids[0].0;
+            (
+                StatusCode::ACCEPTED,
+                [(header::LOCATION, format!("/v1/jobs/{id}"))],
+                Json(json!({"id": id, "state": "queued"})),
+            )
+                .into_response()
+        }
+        Err(r) => *r,
+    }
+}
+
+fn job_id(raw: &str) -> Result<u64, Box<Response>> {
+    raw.parse::<u64>()
+        .map_err(|_| Box::new(bad(format!("job id {raw:?} is not a non-negative integer"))))
+}
+
+fn missing(id: u64) -> Response {
+    error(
+        StatusCode::NOT_FOUND,
+        "not_found",
+        format!("no job {id} (never created, or forgotten long after it finished)"),
+    )
+}
+
+async fn get_job(State(hub): State<Shared>, Path(raw): Path<String>) -> Response {
+    let id = match job_id(&raw) {
+        Ok(id) => id,
+        Err(r) => return *r,
+    };
+    let Ok(jobs) = hub.jobs.lock() else {
+        return poisoned();
+    };
+    let Some(j) = jobs.get(&id) else {
+        return missing(id);
+    };
+    Json(json!({
+        "id": id,
+        "state": j.phase.name(),
+        "created": j.created,
+        "report": j.report,
+        "error": j.error,
+        "b64_json": j.png.as_ref().map(|p| base64::engine::general_purpose::STANDARD.encode(p)),
+    }))
+    .into_response()
+}
+
+async fn delete_job(State(hub): State<Shared>, Path(raw): Path<String>) -> Response {
+    let id = match job_id(&raw) {
+        Ok(id) => id,
+        Err(r) => return *r,
+    };
+    let phase = match hub.jobs.lock() {
+        Ok(jobs) => match jobs.get(&id) {
+            Some(j) => j.phase,
+            None => return missing(id),
+        },
+        Err(_) => return poisoned(),
+    };
+    if phase.done() {
+        return error(
+            StatusCode::CONFLICT,
+            "conflict",
+            format!("job {id} already {}", phase.name()),
+        );
+    }
+    if let Ok(cmds) = hub.cmds.lock() {
+        let _ = cmds.send(Cmd::Cancel(id));
+    }
+    (
+        StatusCode::ACCEPTED,
+        Json(json!({"id": id, "state": "cancelling"})),
+    )
+        .into_response()
+}
+
+async fn job_events(State(hub): State<Shared>, Path(raw): Path<String>) -> Response {
+    let id = match job_id(&raw) {
+        Ok(id) => id,
+        Err(r) => return *r,
+    };
+    let (rx, finished) = match hub.jobs.lock() {
+        Ok(jobs) => match jobs.get(&id) {
+            Some(j) => (
+                j.events.subscribe(),
+                j.phase.done().then(|| {
+                    json!({"type": "done", "state": j.phase.name(), "report": j.report, "error": j.error})
+                }),
+            ),
+            None => return missing(id),
+        },
+        Err(_) => return poisoned(),
+    };
+    // A finished job replays its result; a running one streams until its "done" event.
+    let stream = futures_util::stream::unfold(
+        (rx, finished, false),
+        |(mut rx, finished, ended)| async move {
+            if ended {
+                return None;
+            }
+            if let Some(done) = finished {
+                let ev = SseEvent::default().event("done").data(done.to_string());
+                return Some((Ok::<_, Infallible>(ev), (rx, None, true)));
+            }
+            loop {
+                match rx.recv().await {
+                    Ok(v) => {
+                        let kind = v["type"].as_str().unwrap_or("step").to_string();
+                        let last = kind == "done";
+                        let ev = SseEvent::default().event(kind).data(v.to_string());
+                        return Some((Ok(ev), (rx, None, last)));
+                    }
+                    Err(broadcast::error::RecvError::Lagged(_)) => continue,
+                    Err(broadcast::error::RecvError::Closed) => return None,
+                }
+            }
+        },
+    );
+    Sse::new(stream)
+        .keep_alive(KeepAlive::default())
+        .into_response()
+}

@@ -1,0 +1,321 @@
+//! `flashdiff serve --port`: the HTTP API driven over real sockets on 127.0.0.1.
+
+use std::io::{BufRead, BufReader, Read};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use base64::Engine as _;
+use serde_json::{json, Value};
+
+const PROMPT: &str = "a red circle left on a white background";
+
+struct Server {
+    child: Child,
+    base: String,
+}
+
+impl Server {
+    /// Starts a server on a free port with short requests (8 steps) unless `args` say else.
+    fn start(args: &[&str]) -> Self {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_flashdiff"))
+            .args(["serve", "--port", "0", "--workers", "1", "--steps", "8"])
+            .args(["--warmup", "2"])
+            .args(args)
+            .stderr(Stdio::piped())
+            .stdout(Stdio::null())
+            .spawn()
+            .expect("start flashdiff serve");
+        let mut err = BufReader::new(child.stderr.take().expect("stderr"));
+        let mut line = String::new();
+        err.read_line(&mut line).expect("first line");
+        let addr = line
+            .split("http://")
+            .nth(1)
+            .and_then(|s| s.split_whitespace().next())
+            .unwrap_or_else(|| panic!("no address in {line:?}"))
+            .to_string();
+        // Keep draining stderr so the server never blocks on a full pipe.
+        std::thread::spawn(move || {
+            let mut sink = String::new();
+            let _ = err.read_to_string(&mut sink);
+        });
+        Self {
+            child,
+            base: format!("http://{addr}"),
+        }
+    }
+
+    fn url(&self, path: &str) -> String {
+        format!("{}{path}", self.base)
+    }
+
+    /// Any status, with the body as JSON (or as a string when it is not JSON).
+    fn call(&self, method: &str, path: &str, body: Option<&str>) -> (u16, Value, Option<String>) {
+        let req = ureq::request(method, &self.url(path)).timeout(Duration::from_secs(60));
+        let res = match body {
+            Some(b) => req.set("content-type", "application/json").send_string(b),
+            None => req.call(),
+        };
+        let resp = match res {
+            Ok(r) => r,
+            Err(ureq::Error::Status(_, r)) => r,
+            Err(e) => panic!("{method} {path}: {e}"),
+        };
+        let status = resp.status();
+        let retry = resp.header("retry-after").map(str::to_string);
+        let text = resp.into_string().unwrap_or_default();
+        let v = serde_json::from_str(&text).unwrap_or(Value::String(text));
+        (status, v, retry)
+    }
+
+    fn wait_for(&self, id: u64, want: &str) -> Value {
+        let t0 = Instant::now();
+        loop {
+            let (s, v, _) = self.call("GET", &format!("/v1/jobs/{id}"), None);
+            assert_eq!(s, 200, "{v}");
+            if v["state"] == want {
+                return v;
+            }
+            assert!(
+                !matches!(
+                    v["state"].as_str(),
+                    Some("succeeded" | "failed" | "cancelled")
+                ),
+                "job {id} ended {v} while waiting for {want}"
+            );
+            assert!(t0.elapsed() < Duration::from_secs(60), "job {id}: {v}");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn png_side(b64: &str) -> u32 {
+    let png = base64::engine::general_purpose::STANDARD
+        .decode(b64)
+        .expect("valid base64");
+    assert_eq!(&png[..8], b"\x89PNG\r\n\x1a\n", "not a PNG");
+    u32::from_be_bytes([png[16], png[17], png[18], png[19]])
+}
+
+#[test]
+fn openai_compatible_generation_returns_images_and_reports() {
+    let s = Server::start(&[]);
+    let (status, v, _) = s.call(
+        "POST",
+        "/v1/images/generations",
+        Some(&json!({"prompt": PROMPT, "n": 2, "size": "64x64", "seed": 3}).to_string()),
+    );
+    assert_eq!(status, 200, "{v}");
+    assert!(v["created"].as_u64().is_some());
+    let data = v["data"].as_array().expect("data");
+    assert_eq!(data.len(), 2);
+    for d in data {
+        assert_eq!(png_side(d["b64_json"].as_str().unwrap()), 64);
+    }
+    let reports = v["flashdiff"]["reports"].as_array().unwrap();
+    assert_eq!(reports[0]["steps"], 8);
+    // Two seeds, two different images.
+    assert_ne!(data[0]["b64_json"], data[1]["b64_json"]);
+    let (status, v, _) = s.call("GET", "/healthz", None);
+    assert_eq!((status, v["status"].as_str()), (200, Some("ok")));
+}
+
+#[test]
+fn bad_requests_get_errors_that_name_the_field() {
+    let s = Server::start(&["--max-body", "2048"]);
+    for (body, status, needle) in [
+        ("not json".to_string(), 400, "not JSON"),
+        ("[1]".to_string(), 400, "JSON object"),
+        (json!({}).to_string(), 400, "\"prompt\" is required"),
+        (
+            json!({"prompt": 3}).to_string(),
+            400,
+            "\"prompt\" must be a string",
+        ),
+        (
+            json!({"prompt": PROMPT, "colour": 1}).to_string(),
+            400,
+            "unknown field \"colour\"",
+        ),
+        (
+            json!({"prompt": PROMPT, "size": "100x50"}).to_string(),
+            400,
+            "\"size\"",
+        ),
+        (json!({"prompt": PROMPT, "n": 9}).to_string(), 400, "\"n\""),
+        (
+            json!({"prompt": PROMPT, "response_format": "url"}).to_string(),
+            400,
+            "\"response_format\"",
+        ),
+        (
+            json!({"prompt": PROMPT, "model": "sd3"}).to_string(),
+            400,
+            "\"model\"",
+        ),
+        (
+            json!({"prompt": PROMPT, "epsilon": 2}).to_string(),
+            400,
+            "\"epsilon\"",
+        ),
+        (
+            json!({"prompt": PROMPT, "steps": 4, "warmup": 4}).to_string(),
+            400,
+            "--warmup",
+        ),
+        (
+            json!({"prompt": "a zebra on a white background"}).to_string(),
+            400,
+            "zebra",
+        ),
+        (json!({"prompt": "x".repeat(4096)}).to_string(), 413, ""),
+    ] {
+        let (got, v, _) = s.call("POST", "/v1/images/generations", Some(&body));
+        assert_eq!(got, status, "{body:.80}: {v}");
+        if !needle.is_empty() {
+            let msg = v["error"]["message"].as_str().unwrap_or_default();
+            assert!(msg.contains(needle), "{body:.80}: {msg}");
+        }
+    }
+    let (got, v, _) = s.call("GET", "/v1/jobs/999", None);
+    assert_eq!(got, 404, "{v}");
+    let (got, v, _) = s.call("GET", "/v1/jobs/-1", None);
+    assert_eq!(got, 400, "{v}");
+    let (got, _, _) = s.call("GET", "/v2/anything", None);
+    assert_eq!(got, 404);
+    // The server is still healthy after all of that.
+    let (got, _, _) = s.call(
+        "POST",
+        "/v1/images/generations",
+        Some(&json!({"prompt": PROMPT}).to_string()),
+    );
+    assert_eq!(got, 200);
+}
+
+#[test]
+fn jobs_report_progress_as_events_and_can_be_cancelled() {
+    let s = Server::start(&[]);
+    let (status, v, _) = s.call(
+        "POST",
+        "/v1/jobs",
+        Some(&json!({"prompt": PROMPT}).to_string()),
+    );
+    assert_eq!(status, 202, "{v}");
+    let id = v["id"].as_u64().unwrap();
+    let done = s.wait_for(id, "succeeded");
+    assert_eq!(png_side(done["b64_json"].as_str().unwrap()), 256);
+    assert_eq!(done["report"]["steps"], 8);
+    // Events of a long job: steps with their active patches, then the result.
+    let (_, v, _) = s.call(
+        "POST",
+        "/v1/jobs",
+        Some(&json!({"prompt": PROMPT, "steps": 40, "patches": 8}).to_string()),
+    );
+    let id = v["id"].as_u64().unwrap();
+    let body = ureq::get(&s.url(&format!("/v1/jobs/{id}/events")))
+        .timeout(Duration::from_secs(60))
+        .call()
+        .expect("events")
+        .into_string()
+        .expect("text");
+    let steps: Vec<Value> = body
+        .lines()
+        .filter_map(|l| l.strip_prefix("data: "))
+        .filter_map(|d| serde_json::from_str(d).ok())
+        .collect();
+    let last = steps.last().expect("events");
+    assert_eq!(last["type"], "done", "{body}");
+    assert_eq!(last["state"], "succeeded");
+    assert!(
+        steps
+            .iter()
+            .any(|e| e["type"] == "step" && e["active"].as_array().is_some_and(|a| a.len() == 8)),
+        "no step event with 8 patches: {body:.400}"
+    );
+    // Cancel a job that is still running; a second cancel is a conflict, not "unknown".
+    let (_, v, _) = s.call(
+        "POST",
+        "/v1/jobs",
+        Some(&json!({"prompt": PROMPT, "steps": 1000}).to_string()),
+    );
+    let id = v["id"].as_u64().unwrap();
+    let (status, _, _) = s.call("DELETE", &format!("/v1/jobs/{id}"), None);
+    assert_eq!(status, 202);
+    let v = s.wait_for(id, "cancelled");
+    assert!(v["error"].as_str().unwrap().contains("cancelled"));
+    let (status, v, _) = s.call("DELETE", &format!("/v1/jobs/{id}"), None);
+    assert_eq!(status, 409, "{v}");
+    let (_, m, _) = s.call("GET", "/metrics", None);
+    let m = m.as_str().unwrap().to_string();
+    for want in [
+        "flashdiff_completed_total 2",
+        "flashdiff_cancelled_total 1",
+        "flashdiff_step_seconds_count",
+    ] {
+        assert!(m.contains(want), "{want} missing from\n{m}");
+    }
+}
+
+#[test]
+fn past_the_queue_bound_requests_get_429_with_retry_after() {
+    let s = Server::start(&["--max-queue", "1"]);
+    let long = json!({"prompt": PROMPT, "steps": 1000}).to_string();
+    let (status, v, _) = s.call("POST", "/v1/jobs", Some(&long));
+    assert_eq!(status, 202, "{v}");
+    let first = v["id"].as_u64().unwrap();
+    let (status, v, retry) = s.call("POST", "/v1/jobs", Some(&long));
+    assert_eq!(status, 429, "{v}");
+    assert_eq!(retry.as_deref(), Some("1"));
+    let (_, m, _) = s.call("GET", "/metrics", None);
+    assert!(m.as_str().unwrap().contains("flashdiff_rejected_total 1"));
+    // Room again once the first is gone.
+    s.call("DELETE", &format!("/v1/jobs/{first}"), None);
+    s.wait_for(first, "cancelled");
+    let (status, v, _) = s.call(
+        "POST",
+        "/v1/jobs",
+        Some(&json!({"prompt": PROMPT}).to_string()),
+    );
+    assert_eq!(status, 202, "{v}");
+}
+
+#[test]
+fn sigterm_finishes_admitted_work_then_exits() {
+    let mut s = Server::start(&[]);
+    let url = s.url("/v1/images/generations");
+    let waiting = std::thread::spawn(move || {
+        ureq::post(&url)
+            .timeout(Duration::from_secs(60))
+            .send_string(&json!({"prompt": PROMPT, "steps": 300}).to_string())
+            .map(|r| r.status())
+            .map_err(|e| e.to_string())
+    });
+    std::thread::sleep(Duration::from_millis(300));
+    // SAFETY: kill with a valid pid of our own child and a standard signal number.
+    let rc = unsafe { libc::kill(s.child.id() as i32, libc::SIGTERM) };
+    assert_eq!(rc, 0);
+    assert_eq!(
+        waiting.join().unwrap(),
+        Ok(200),
+        "the admitted request was dropped"
+    );
+    let t0 = Instant::now();
+    let status = loop {
+        if let Some(st) = s.child.try_wait().unwrap() {
+            break st;
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(30),
+            "server did not exit"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert!(status.success(), "{status}");
+}
