@@ -654,16 +654,17 @@ fn operating_points(sweeps: &[Value], full_ms: f64) -> String {
     };
     let eps: Vec<&Value> = sweeps.iter().filter(|v| v["knob"] == "epsilon").collect();
     let mut md = String::from("\n## Operating points along the sweeps (issue 6 targets)\n\nWork skipped counts the warm-up as full work, so it is below the share of patch-steps skipped.\n\n| target | measured | wanted | verdict |\n| --- | --- | --- | --- |\n");
+    // 30 dB on every prompt of the sweep, not only on average.
     match eps
         .iter()
-        .filter(|v| f(v, "psnr_db") >= 30.0)
+        .filter(|v| f(v, "psnr_db") >= 30.0 && f(v, "worst_psnr_db") >= 30.0)
         .max_by(|a, b| f(b, "work").total_cmp(&f(a, "work")))
     {
         Some(best) => {
             let skipped = 1.0 - f(best, "work");
             let speed = full_ms / f(best, "latency_ms");
             md.push_str(&format!(
-                "| work skipped at PSNR >= 30 dB (best epsilon) | {:.0}% at epsilon {} ({:.1} dB mean, {:.1} dB worst) | >= 50% | {} |\n",
+                "| work skipped at PSNR >= 30 dB on every prompt (best epsilon) | {:.0}% at epsilon {} ({:.1} dB mean, {:.1} dB worst) | >= 50% | {} |\n",
                 100.0 * skipped,
                 best["value"].as_str().unwrap_or("?"),
                 f(best, "psnr_db"),
@@ -676,7 +677,7 @@ fn operating_points(sweeps: &[Value], full_ms: f64) -> String {
             ));
         }
         None => md.push_str(
-            "| work skipped at PSNR >= 30 dB | no epsilon keeps 30 dB | >= 50% | **missed** |\n",
+            "| work skipped at PSNR >= 30 dB on every prompt | no epsilon keeps 30 dB | >= 50% | **missed** |\n",
         ),
     }
     for (knob, label, want) in [
