@@ -12,12 +12,16 @@ fn root() -> PathBuf {
 
 /// The directory holding libflashdiff.{a,so} (target/<profile>), rebuilt once per test run:
 /// `cargo test` builds only the rlib, so without this the C programs could link a stale
-/// static or shared library from an earlier `cargo build`.
+/// static or shared library from an earlier `cargo build`. Built with the package and
+/// target selection of `cargo test --workspace` (every member, every target), so cargo
+/// unifies the same dependency features and reuses what the test build compiled; `-p
+/// flashdiff-capi` alone resolved other features and recompiled candle and everything
+/// above it (8 of CI's 34 minutes).
 fn lib_dir() -> PathBuf {
     static BUILD: std::sync::Once = std::sync::Once::new();
     BUILD.call_once(|| {
         let st = Command::new(env!("CARGO"))
-            .args(["build", "-p", "flashdiff-capi", "--lib"])
+            .args(["build", "--workspace", "--all-targets"])
             .current_dir(root())
             .status()
             .expect("run cargo build for libflashdiff");

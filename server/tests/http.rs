@@ -319,3 +319,81 @@ fn sigterm_finishes_admitted_work_then_exits() {
     };
     assert!(status.success(), "{status}");
 }
+
+/// A burst far past the queue bound: every request gets 200 or 429 (never a 5xx or a
+/// dropped connection), every accepted one completes, and the server's peak memory stays
+/// bounded. Prints the counts, accepted latencies and peak RSS.
+#[test]
+fn a_burst_of_1000_requests_is_answered_200_or_429_with_bounded_memory() {
+    let s = Server::start(&["--max-queue", "16"]);
+    let url = s.url("/v1/images/generations");
+    let body = json!({"prompt": PROMPT, "size": "32x32", "steps": 3, "warmup": 1}).to_string();
+    let t0 = Instant::now();
+    let threads: Vec<_> = (0..50)
+        .map(|_| {
+            let (url, body) = (url.clone(), body.clone());
+            std::thread::spawn(move || {
+                let mut out = Vec::new();
+                for _ in 0..20 {
+                    let t = Instant::now();
+                    let status = match ureq::post(&url)
+                        .timeout(Duration::from_secs(120))
+                        .send_string(&body)
+                    {
+                        Ok(r) => r.status(),
+                        Err(ureq::Error::Status(c, _)) => c,
+                        Err(e) => panic!("transport error: {e}"),
+                    };
+                    out.push((status, t.elapsed().as_secs_f64()));
+                }
+                out
+            })
+        })
+        .collect();
+    let results: Vec<(u16, f64)> = threads
+        .into_iter()
+        .flat_map(|t| t.join().unwrap())
+        .collect();
+    let wall = t0.elapsed().as_secs_f64();
+    let ok = results.iter().filter(|r| r.0 == 200).count();
+    let busy = results.iter().filter(|r| r.0 == 429).count();
+    assert_eq!(results.len(), 1000);
+    assert_eq!(
+        ok + busy,
+        1000,
+        "other statuses: {:?}",
+        results
+            .iter()
+            .filter(|r| r.0 != 200 && r.0 != 429)
+            .take(5)
+            .collect::<Vec<_>>()
+    );
+    assert!(ok > 0 && busy > 0, "{ok} accepted, {busy} refused");
+    let mut lat: Vec<f64> = results.iter().filter(|r| r.0 == 200).map(|r| r.1).collect();
+    lat.sort_by(f64::total_cmp);
+    let rss_kib: u64 = std::fs::read_to_string(format!("/proc/{}/status", s.child.id()))
+        .ok()
+        .and_then(|st| {
+            st.lines()
+                .find(|l| l.starts_with("VmHWM:"))
+                .and_then(|l| l.split_whitespace().nth(1)?.parse().ok())
+        })
+        .unwrap_or(0);
+    println!(
+        "burst: {ok} accepted, {busy} refused (429) in {wall:.1} s; accepted p50 {:.3} s, p99 {:.3} s; server peak RSS {} MiB",
+        lat[lat.len() / 2],
+        lat[((lat.len() as f64 * 0.99) as usize).min(lat.len() - 1)],
+        rss_kib / 1024
+    );
+    assert!(rss_kib < 1024 * 1024, "peak RSS {rss_kib} KiB");
+    let (_, m, _) = s.call("GET", "/metrics", None);
+    let m = m.as_str().unwrap().to_string();
+    assert!(
+        m.contains(&format!("flashdiff_rejected_total {busy}")),
+        "{m}"
+    );
+    assert!(
+        m.contains(&format!("flashdiff_completed_total {ok}")),
+        "{m}"
+    );
+}
