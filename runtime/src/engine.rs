@@ -1120,7 +1120,13 @@ impl Engine {
     }
 
     fn open_step(&mut self, id: u64, progress: &mut dyn FnMut(u64, u32, u32)) {
-        let load = self.requests.len() as f32 / self.sched.load().alive.max(1) as f32;
+        // The engine's load, only for a request that follows it (the snapshot allocates).
+        let load = match self.requests.get(&id) {
+            Some(r) if r.cfg.adaptive_epsilon => {
+                self.requests.len() as f32 / self.sched.load().alive.max(1) as f32
+            }
+            _ => 0.0,
+        };
         let Some(r) = self.requests.get_mut(&id) else {
             return;
         };

@@ -81,7 +81,9 @@ struct Job {
     png: Option<Vec<u8>>,
     error: Option<String>,
     last_step: Option<Instant>,
-    events: broadcast::Sender<Value>,
+    /// Step events for subscribers; dropped once the job ends (after its "done" event), so
+    /// a finished job holds no event buffer.
+    events: Option<broadcast::Sender<Value>>,
     phase_tx: watch::Sender<Phase>,
 }
 
@@ -257,6 +259,8 @@ fn router(hub: Shared) -> Router {
 /// records steps and results in the job table.
 fn drive(mut engine: Engine, rx: mpsc::Receiver<Cmd>, hub: Shared) {
     let mut open = true;
+    // Requests cancelled through the API: their engine error is a cancellation.
+    let mut cancelled = std::collections::HashSet::new();
     loop {
         // Block for work only when idle.
         let first = if engine.in_flight() == 0 {
@@ -291,8 +295,9 @@ fn drive(mut engine: Engine, rx: mpsc::Receiver<Cmd>, hub: Shared) {
                     }
                 }
                 Cmd::Cancel(id) => {
-                    if engine.cancel(id).is_err() {
-                        // Not in flight (finished meanwhile): nothing to do.
+                    // Not in flight (finished meanwhile): nothing to do.
+                    if engine.cancel(id).is_ok() {
+                        cancelled.insert(id);
                     }
                 }
             }
@@ -313,13 +318,12 @@ fn drive(mut engine: Engine, rx: mpsc::Receiver<Cmd>, hub: Shared) {
             match r {
                 Ok(o) => finish_ok(&hub, o),
                 Err((id, e)) => {
-                    let msg = e.to_string();
-                    let phase = if msg.contains("cancelled") {
+                    let phase = if cancelled.remove(&id) {
                         Phase::Cancelled
                     } else {
                         Phase::Failed
                     };
-                    finish_err(&hub, id, phase, msg);
+                    finish_err(&hub, id, phase, e.to_string());
                 }
             }
         }
@@ -350,7 +354,10 @@ fn step_event(hub: &Hub, id: u64, step: u32, total: u32, active: Option<Vec<bool
         }
     }
     if step < total {
-        let _ = j.events.send(json!({
+        let Some(events) = &j.events else {
+            return;
+        };
+        let _ = events.send(json!({
             "type": "step",
             "step": step,
             "steps": total,
@@ -393,9 +400,9 @@ fn finish_ok(hub: &Hub, o: Output) {
     j.png = Some(image::png(&o.rgb, IMAGE, IMAGE, j.scale));
     j.report = Some(report.clone());
     j.phase = Phase::Succeeded;
-    let _ = j
-        .events
-        .send(json!({"type": "done", "state": "succeeded", "report": report}));
+    if let Some(events) = j.events.take() {
+        let _ = events.send(json!({"type": "done", "state": "succeeded", "report": report}));
+    }
     let _ = j.phase_tx.send(Phase::Succeeded);
 }
 
@@ -413,9 +420,9 @@ fn finish_err(hub: &Hub, id: u64, phase: Phase, msg: String) {
     };
     j.phase = phase;
     j.error = Some(msg.clone());
-    let _ = j
-        .events
-        .send(json!({"type": "done", "state": phase.name(), "error": msg}));
+    if let Some(events) = j.events.take() {
+        let _ = events.send(json!({"type": "done", "state": phase.name(), "error": msg}));
+    }
     let _ = j.phase_tx.send(phase);
 }
 
@@ -619,7 +626,9 @@ fn admit(hub: &Hub, g: &GenRequest) -> Result<Vec<(u64, watch::Receiver<Phase>)>
     let mut out = Vec::new();
     for i in 0..g.n {
         let id = hub.next_id.fetch_add(1, Relaxed);
-        let (events, _) = broadcast::channel(1024);
+        // Enough for a slow client to miss no step of a typical request; a client further
+        // behind skips steps (never the "done" event, which is the last).
+        let (events, _) = broadcast::channel(256);
         let (phase_tx, phase_rx) = watch::channel(Phase::Queued);
         jobs.insert(
             id,
@@ -631,7 +640,7 @@ fn admit(hub: &Hub, g: &GenRequest) -> Result<Vec<(u64, watch::Receiver<Phase>)>
                 png: None,
                 error: None,
                 last_step: None,
-                events,
+                events: Some(events),
                 phase_tx,
             },
         );
@@ -880,7 +889,7 @@ async fn job_events(State(hub): State<Shared>, Path(raw): Path<String>) -> Respo
     let (rx, finished) = match hub.jobs.lock() {
         Ok(jobs) => match jobs.get(&id) {
             Some(j) => (
-                j.events.subscribe(),
+                j.events.as_ref().map(broadcast::Sender::subscribe),
                 j.phase.done().then(|| {
                     json!({"type": "done", "state": j.phase.name(), "report": j.report, "error": j.error})
                 }),
@@ -900,8 +909,10 @@ async fn job_events(State(hub): State<Shared>, Path(raw): Path<String>) -> Respo
                 let ev = SseEvent::default().event("done").data(done.to_string());
                 return Some((Ok::<_, Infallible>(ev), (rx, None, true)));
             }
+            // Unfinished jobs always have their sender (it is dropped when they end).
+            let r = rx.as_mut()?;
             loop {
-                match rx.recv().await {
+                match r.recv().await {
                     Ok(v) => {
                         let kind = v["type"].as_str().unwrap_or("step").to_string();
                         let last = kind == "done";
