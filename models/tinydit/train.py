@@ -20,6 +20,17 @@ import shapes
 from model import Config, TinyDiT
 
 
+class ImageTask:
+    """What train.py trains: the data module (batch, VOCAB, MAX_TOKENS), the model class and
+    its config. ../tinyvideo/train.py passes its own."""
+    data, Model = shapes, TinyDiT
+
+    @staticmethod
+    def config(args):
+        return Config(d=args.d, depth=args.depth, patch=args.patch, vocab=len(shapes.VOCAB),
+                      max_tokens=shapes.MAX_TOKENS)
+
+
 def lr_at(args, step):
     """Linear warm-up, then constant; with --anneal-from/--anneal-to a cosine decay to
     --lr-min between those steps. A function of the step alone, so resuming is exact."""
@@ -33,7 +44,7 @@ def lr_at(args, step):
     return args.lr_min + (lr - args.lr_min) * 0.5 * (1 + math.cos(math.pi * frac))
 
 
-def main():
+def main(task=ImageTask, patch=4):
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", required=True)
     ap.add_argument("--hours", type=float, default=2.0, help="wall-clock budget for this sitting")
@@ -54,7 +65,7 @@ def main():
                     help="on resume, restart the EMA from the current weights")
     ap.add_argument("--d", type=int, default=128)
     ap.add_argument("--depth", type=int, default=6)
-    ap.add_argument("--patch", type=int, default=4)
+    ap.add_argument("--patch", type=int, default=patch)
     args = ap.parse_args()
 
     torch.set_num_threads(args.threads)
@@ -62,10 +73,9 @@ def main():
     os.makedirs(args.out, exist_ok=True)
     ckpt_path = os.path.join(args.out, "ckpt.pt")
 
-    cfg = Config(d=args.d, depth=args.depth, patch=args.patch, vocab=len(shapes.VOCAB),
-                 max_tokens=shapes.MAX_TOKENS)
+    cfg = task.config(args)
     torch.manual_seed(args.seed)
-    model = TinyDiT(cfg)
+    model = task.Model(cfg)
     ema = copy.deepcopy(model).requires_grad_(False)
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.0, betas=(0.9, 0.99))
     step = 0
@@ -82,7 +92,7 @@ def main():
             ema.load_state_dict(model.state_dict())
         print(f"resumed at step {step}", flush=True)
     with open(os.path.join(args.out, "config.json"), "w") as f:
-        json.dump({"model": cfg.to_dict(), "train": vars(args), "vocab": shapes.VOCAB}, f, indent=1)
+        json.dump({"model": cfg.to_dict(), "train": vars(args), "vocab": task.data.VOCAB}, f, indent=1)
 
     def save():
         tmp = ckpt_path + ".tmp"
@@ -95,7 +105,7 @@ def main():
     deadline = time.time() + args.hours * 3600
     t0, losses = time.time(), []
     while step < args.max_steps and time.time() < deadline:
-        x0, ids, _ = shapes.batch(rng, args.batch)
+        x0, ids, _ = task.data.batch(rng, args.batch)
         x0 = model.patchify(torch.from_numpy(x0))
         ids = torch.from_numpy(ids)
         t = torch.sigmoid(torch.randn(args.batch))  # logit-normal timesteps (SD3)
