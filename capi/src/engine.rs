@@ -320,6 +320,8 @@ pub unsafe extern "C" fn fd_engine_submit(
             ras_ratio: RequestConfig::default().ras_ratio,
             extrapolate,
             monotasks: (c.monotasks > 0).then_some(c.monotasks),
+            // Not in the C request struct yet either (same reason).
+            deadline: None,
         };
         e.inner.submit(id, &prompt, rc).map_err(from_engine)
     })

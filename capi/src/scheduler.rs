@@ -11,7 +11,9 @@ fn from_sched(e: SchedError) -> Fail {
         SchedError::Full { .. } => fd_status::FD_ERR_FULL,
         SchedError::DuplicateRequest(_) => fd_status::FD_ERR_DUPLICATE_REQUEST,
         SchedError::UnknownRequest(_) => fd_status::FD_ERR_UNKNOWN_REQUEST,
-        SchedError::BadPriority(_) | SchedError::BadCost(_) => fd_status::FD_ERR_VALUE,
+        SchedError::BadPriority(_) | SchedError::BadCost(_) | SchedError::BadDeadline(_) => {
+            fd_status::FD_ERR_VALUE
+        }
         SchedError::Barrier { .. } => fd_status::FD_ERR_BARRIER,
         SchedError::BadPatches(_) => fd_status::FD_ERR_BAD_PATCHES,
         SchedError::UnknownWorker(_) => fd_status::FD_ERR_UNKNOWN_WORKER,
@@ -160,6 +162,7 @@ pub unsafe extern "C" fn fd_scheduler_new(
             transfer_cost: c.transfer_cost,
             max_attempts: c.max_attempts,
             record_events: false,
+            order: Default::default(),
         })
         .map_err(from_sched)?;
         // SAFETY: out non-NULL and writable.

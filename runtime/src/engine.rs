@@ -47,6 +47,7 @@ use flashdiff_partitioner::{
     objective, partition_saliency, partition_uniform, saliency_map, GranularityConfig,
     GranularityController, Grid, PartitionError, PatchLayout,
 };
+pub use flashdiff_scheduler::QueueOrder;
 use flashdiff_scheduler::{Completion, SchedError, Scheduler, SchedulerConfig, Tag, WARMUP_PATCH};
 
 use crate::exec::{self, Task};
@@ -171,6 +172,10 @@ pub struct RequestConfig {
     /// on this count, never on the worker count, timing or which worker ran what.
     /// [`Mode::NaivePatch`] always runs one patch per monotask.
     pub monotasks: Option<u32>,
+    /// Time after submission by which the request should be done. Under the deadline order
+    /// ([`Engine::set_queue_order`]) it orders the request within its priority level
+    /// (earliest first, at step boundaries); the report says whether it was met.
+    pub deadline: Option<Duration>,
 }
 
 /// Default gate threshold of the engine. The gate crate's default (0.05) follows the paper.
@@ -258,6 +263,7 @@ impl Default for RequestConfig {
             ras_ratio: 0.5,
             extrapolate: true,
             monotasks: Some(DEFAULT_MONOTASKS),
+            deadline: None,
         }
     }
 }
@@ -389,6 +395,8 @@ pub struct Report {
     pub reuse_err2: f64,
     /// See [`Report::reuse_err2`].
     pub reuse_norm2: f64,
+    /// With [`RequestConfig::deadline`]: whether it finished in time.
+    pub deadline_met: Option<bool>,
 }
 
 impl Report {
@@ -514,6 +522,8 @@ pub struct Engine {
     finished: Vec<Result<Output, (u64, EngineError)>>,
     exec: Executor,
     shm: Option<PathBuf>,
+    /// The engine's clock origin (deadlines are seconds since it).
+    origin: Instant,
 }
 
 impl fmt::Debug for Engine {
@@ -653,6 +663,7 @@ impl Engine {
             finished: Vec::new(),
             exec: Executor::InProcess,
             shm,
+            origin: Instant::now(),
         })
     }
 
@@ -676,6 +687,36 @@ impl Engine {
         check_request(&*self.model, cfg)
     }
 
+    /// How requests of one priority level are ordered: arrival (the default; FIFO across
+    /// steps) or earliest deadline first. Only while nothing is in flight.
+    pub fn set_queue_order(&mut self, order: QueueOrder) -> Result<(), EngineError> {
+        if !self.requests.is_empty() {
+            return Err(EngineError::Config(
+                "the queue order can change only while no request is in flight".into(),
+            ));
+        }
+        let cfg = SchedulerConfig {
+            order,
+            workers: self.sched.workers(),
+            ..*self.sched.config()
+        };
+        let dead: Vec<u32> = self
+            .sched
+            .load()
+            .per_worker
+            .iter()
+            .enumerate()
+            .filter(|(w, _)| !self.sched.is_alive(*w as u32))
+            .map(|(w, _)| w as u32)
+            .collect();
+        let mut sched = Scheduler::new(cfg)?;
+        for w in dead {
+            sched.worker_lost(w)?;
+        }
+        self.sched = sched;
+        Ok(())
+    }
+
     /// Admits a request. Prompt and settings are checked here, so a bad request fails alone.
     pub fn submit(&mut self, id: u64, prompt: &str, cfg: RequestConfig) -> Result<(), EngineError> {
         self.validate(&cfg)?;
@@ -696,8 +737,16 @@ impl Engine {
             .get_mut(Region::X0)
             .copy_from_slice(&noise(cfg.seed, tokens * dims.channels));
         state.get_mut(Region::Context).copy_from_slice(&c.context);
-        self.sched
-            .submit(id, cfg.priority, (cfg.warmup as usize * tokens) as f64)?;
+        // Deadlines on the engine's clock: seconds since it was built.
+        let deadline = cfg
+            .deadline
+            .map(|d| (submitted + d - self.origin).as_secs_f64());
+        self.sched.submit_with_deadline(
+            id,
+            cfg.priority,
+            (cfg.warmup as usize * tokens) as f64,
+            deadline,
+        )?;
         let req = Request {
             salient: c.salient,
             context,
@@ -726,6 +775,7 @@ impl Engine {
                 epsilon_steps: 0,
                 reuse_err2: 0.0,
                 reuse_norm2: 0.0,
+                deadline_met: None,
             },
             cfg,
             submitted,
@@ -761,6 +811,15 @@ impl Engine {
     /// before the first step after the warm-up), `None` when it is not in flight.
     pub fn active_patches(&self, id: u64) -> Option<&[bool]> {
         self.requests.get(&id).map(|r| r.active.as_slice())
+    }
+
+    /// The patch of every latent token of a request in flight, once its warm-up has
+    /// partitioned it (`None` before, or for an unknown id).
+    pub fn patch_of(&self, id: u64) -> Option<&[u32]> {
+        self.requests
+            .get(&id)
+            .and_then(|r| r.layout.as_ref())
+            .map(|l| l.patch_of())
     }
 
     /// Whether a request is in flight.
@@ -1436,6 +1495,7 @@ impl Engine {
         };
         r.report.time.io += t0.elapsed();
         r.report.latency = r.submitted.elapsed();
+        r.report.deadline_met = r.cfg.deadline.map(|d| r.report.latency <= d);
         let t = &r.report.time;
         r.report.time.queue = r
             .report
@@ -1606,6 +1666,9 @@ fn extrapolate(
         for &t in layout.patch_tokens(p) {
             let t = t as usize;
             let gap = n.saturating_sub(tr.last[t]).max(1) as f32;
+            // One division per token, not per value (a vector divide per 4 values was most
+            // of this loop's time).
+            let (inv_gap, w) = (1.0 / gap, tr.kv_weight);
             for kv in 0..2 {
                 for l in 0..depth {
                     let at = (l * tokens + t) * d;
@@ -1614,8 +1677,8 @@ fn extrapolate(
                         &mut tr.kv_slope[kv][at..at + d],
                     );
                     for ((b, sl), &f) in base.iter_mut().zip(slope).zip(&fresh[kv][at..at + d]) {
-                        let measured = (f - *b) / gap;
-                        *sl += tr.kv_weight * (measured - *sl);
+                        let measured = (f - *b) * inv_gap;
+                        *sl += w * (measured - *sl);
                         *b = f;
                     }
                 }
@@ -1629,7 +1692,7 @@ fn extrapolate(
                     err2 += ((f - predicted) as f64).powi(2);
                     norm2 += (f as f64).powi(2);
                 }
-                *sl = (f - *b) / gap;
+                *sl = (f - *b) * inv_gap;
                 *b = f;
             }
             tr.last[t] = n;

@@ -1,15 +1,28 @@
-//! Independent checker of scheduler event logs. It rebuilds workers, steps and the ready set
-//! from the events alone and fails on the first violated rule:
-//! - no worker runs two monotasks at once;
-//! - step barriers: a step opens only when the request's previous step has completed, and
-//!   only monotasks of a request's open step run;
-//! - every monotask of a finished request completed exactly once;
-//! - no ready higher-priority monotask waits while a worker takes a lower one, except a
-//!   `KeptOwn` dispatch whose recorded benefit did not exceed its switch cost.
+//! Independent checker of scheduler event logs. From the events alone (the scheduler's inputs
+//! and decisions) it rebuilds requests, step barriers, every worker's queue, load and state
+//! holdings, recomputes each decision the way the paper states it, and fails on the first
+//! that differs:
+//! - no worker runs two monotasks at once; only monotasks of a request's open step run; a
+//!   step opens only when the previous one completed; every monotask of a finished request
+//!   completed exactly once;
+//! - placement is equation 1 with affinity: the chosen worker minimises the maximum load
+//!   after adding the monotask (plus the transfer cost where it does not hold the request's
+//!   state); a warm-up goes to the least-loaded worker;
+//! - dispatch: a worker takes the head of its own highest level unless another worker's
+//!   head is of a higher level, and then takes that one exactly when Benefit (the work queued
+//!   ahead of it times one plus the priority gap) exceeds SwitchCost, keeping its own
+//!   (`KeptOwn`) otherwise; the head of a level is its request admitted first (or with the
+//!   earliest deadline under [`QueueOrder::Deadline`]), so arrival order within a level holds.
+//!
+//! Loads, charges and benefits are recomputed here, never read from the log. Comparisons
+//! of recomputed floating-point quantities allow a relative slack of 1e-9, so that a
+//! different summation order cannot fail a correct log; a decision within that slack may go
+//! either way.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{HashMap, HashSet};
 
-use crate::{Event, Pick, RequestId, Tag, WorkerId};
+use crate::sched::QueueOrder;
+use crate::{Event, Pick, RequestId, SchedulerConfig, Tag, WorkerId, WARMUP_PATCH};
 
 #[derive(Debug, Default)]
 struct ReqView {
@@ -17,21 +30,67 @@ struct ReqView {
     expected: u32,
     done_in_open: u32,
     completions: HashMap<Tag, u32>,
+    arrival: u64,
+    deadline: Option<f64>,
+    holders: HashSet<WorkerId>,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct QItem {
+    tag: Tag,
+    priority: u8,
+    cost: f64,
+    charged: f64,
+    seq: u64,
+}
+
+#[derive(Debug)]
+struct WorkerView {
+    alive: bool,
+    load: f64,
+    queue: Vec<QItem>,
+    /// Running monotask: tag, cost, charged, and whether its request has ended since (a
+    /// later incarnation of the id may then reuse the tag).
+    running: Option<(Tag, f64, f64, bool)>,
+}
+
+impl WorkerView {
+    fn new() -> Self {
+        Self {
+            alive: true,
+            load: 0.0,
+            queue: Vec::new(),
+            running: None,
+        }
+    }
+}
+
+fn close(a: f64, b: f64) -> bool {
+    (a - b).abs() <= 1e-9 * (1.0 + a.abs().max(b.abs()))
 }
 
 /// Incremental checker: feed events in order.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct SchedChecker {
-    running: HashMap<WorkerId, Tag>,
-    ready: BTreeMap<Tag, u8>,
+    cfg: SchedulerConfig,
+    workers: Vec<WorkerView>,
     requests: HashMap<RequestId, ReqView>,
+    admitted: u64,
+    pushes: u64,
     finished: u64,
 }
 
 impl SchedChecker {
-    /// An empty checker.
-    pub fn new() -> Self {
-        Self::default()
+    /// A checker for a scheduler built with `cfg` (its workers, costs and queue order).
+    pub fn new(cfg: &SchedulerConfig) -> Self {
+        Self {
+            cfg: *cfg,
+            workers: (0..cfg.workers).map(|_| WorkerView::new()).collect(),
+            requests: HashMap::new(),
+            admitted: 0,
+            pushes: 0,
+            finished: 0,
+        }
     }
 
     /// Requests that finished (not failed) and passed the exactly-once check.
@@ -47,15 +106,308 @@ impl SchedChecker {
         Ok(())
     }
 
+    fn worker(&mut self, w: WorkerId) -> Result<&mut WorkerView, String> {
+        self.workers
+            .get_mut(w as usize)
+            .ok_or_else(|| format!("worker {w} does not exist"))
+    }
+
+    /// Queue key of an item: (deadline, arrival, push order), smallest first.
+    fn key(&self, q: &QItem) -> (f64, u64, u64) {
+        let r = self.requests.get(&q.tag.request);
+        let deadline = match self.cfg.order {
+            QueueOrder::Arrival => 0.0,
+            QueueOrder::Deadline => r.and_then(|r| r.deadline).unwrap_or(f64::INFINITY),
+        };
+        (deadline, r.map_or(u64::MAX, |r| r.arrival), q.seq)
+    }
+
+    /// Worker `g`'s head: its highest level's first item.
+    fn head(&self, g: usize) -> Option<QItem> {
+        let top = self.workers[g].queue.iter().map(|q| q.priority).max()?;
+        self.workers[g]
+            .queue
+            .iter()
+            .filter(|q| q.priority == top)
+            .min_by(|a, b| {
+                let (ka, kb) = (self.key(a), self.key(b));
+                ka.0.total_cmp(&kb.0)
+                    .then(ka.1.cmp(&kb.1))
+                    .then(ka.2.cmp(&kb.2))
+            })
+            .copied()
+    }
+
+    fn alive(&self) -> impl Iterator<Item = usize> + '_ {
+        (0..self.workers.len()).filter(|&g| self.workers[g].alive)
+    }
+
+    /// Equation 1 for `tag` of `cost` placed on `worker`; returns the charge it adds.
+    fn check_placement(&self, tag: Tag, cost: f64, worker: usize) -> Result<f64, String> {
+        let alive: Vec<usize> = self.alive().collect();
+        if !alive.contains(&worker) {
+            return Err(format!("placed on worker {worker}, which is not alive"));
+        }
+        let warmup = tag.patch == WARMUP_PATCH;
+        let holds = |g: usize| {
+            self.requests
+                .get(&tag.request)
+                .is_some_and(|r| r.holders.contains(&(g as WorkerId)))
+        };
+        let extra = |g: usize| {
+            if warmup || holds(g) {
+                0.0
+            } else {
+                self.cfg.transfer_cost
+            }
+        };
+        let key = |g: usize| {
+            let load = self.workers[g].load;
+            if warmup {
+                return load;
+            }
+            let others = alive
+                .iter()
+                .filter(|&&v| v != g)
+                .map(|&v| self.workers[v].load)
+                .fold(f64::NEG_INFINITY, f64::max);
+            (load + cost + extra(g)).max(others)
+        };
+        let best = alive.iter().map(|&g| key(g)).fold(f64::INFINITY, f64::min);
+        let chosen = key(worker);
+        if chosen > best && !close(chosen, best) {
+            let better = alive
+                .iter()
+                .copied()
+                .find(|&g| key(g) == best)
+                .expect("the minimum is some worker's");
+            return Err(format!(
+                "equation 1: worker {worker} ends at max load {chosen}, worker {better} at {best}"
+            ));
+        }
+        Ok(cost + extra(worker))
+    }
+
+    /// What worker `w` must take now (Algorithm 1, lines 17-21), recomputed: the item, the
+    /// worker it is queued on, the pick kind, and whether the benefit/cost comparison was too
+    /// close to call.
+    fn expected_pick(&self, w: usize) -> Option<(QItem, usize, Pick, bool)> {
+        let own = self.head(w);
+        let mut foreign: Option<(QItem, usize)> = None;
+        for v in self.alive().filter(|&v| v != w) {
+            if let Some(h) = self.head(v) {
+                let better = foreign.is_none_or(|(f, fv)| {
+                    (h.priority, self.workers[v].load) > (f.priority, self.workers[fv].load)
+                });
+                if better {
+                    foreign = Some((h, v));
+                }
+            }
+        }
+        match (own, foreign) {
+            (None, None) => None,
+            (Some(o), f) if f.is_none_or(|(h, _)| o.priority >= h.priority) => {
+                Some((o, w, Pick::Own, false))
+            }
+            (own, Some((h, v))) => {
+                let holder = self
+                    .requests
+                    .get(&h.tag.request)
+                    .is_some_and(|r| r.holders.contains(&(w as WorkerId)));
+                let cost = self.cfg.switch_cost + if holder { 0.0 } else { self.cfg.transfer_cost };
+                let gap = h.priority as f64 - own.map_or(-1.0, |o| o.priority as f64);
+                let running_v = self.workers[v].running.map_or(0.0, |r| r.1);
+                let ahead = (self.workers[v].load - h.cost).max(0.0).max(running_v);
+                let benefit = ahead * (1.0 + gap);
+                let tight = close(benefit, cost);
+                if benefit > cost {
+                    Some((
+                        h,
+                        v,
+                        Pick::Stolen {
+                            from: v as WorkerId,
+                        },
+                        tight,
+                    ))
+                } else if let Some(o) = own {
+                    Some((
+                        o,
+                        w,
+                        Pick::KeptOwn {
+                            waiting_priority: h.priority,
+                            benefit,
+                            cost,
+                        },
+                        tight,
+                    ))
+                } else if tight {
+                    // Nothing of its own and too close to call: taking it is acceptable.
+                    Some((
+                        h,
+                        v,
+                        Pick::Stolen {
+                            from: v as WorkerId,
+                        },
+                        true,
+                    ))
+                } else {
+                    None
+                }
+            }
+            (Some(_), None) => unreachable!("covered by the own arm"),
+        }
+    }
+
+    /// Removes `tag` from worker `g`'s queue, returning it.
+    fn unqueue(&mut self, g: usize, tag: Tag) -> Option<QItem> {
+        let q = &mut self.workers[g].queue;
+        let i = q.iter().position(|x| x.tag == tag)?;
+        Some(q.swap_remove(i))
+    }
+
+    fn check_dispatch(
+        &mut self,
+        worker: WorkerId,
+        tag: Tag,
+        priority: u8,
+        pick: Pick,
+    ) -> Result<(), String> {
+        let w = worker as usize;
+        if !self.worker(worker)?.alive {
+            return Err(format!("worker {worker} is not alive"));
+        }
+        if let Some((t, ..)) = self.workers[w].running {
+            return Err(format!("worker {worker} already runs {t}"));
+        }
+        let r = self
+            .requests
+            .get(&tag.request)
+            .ok_or("dispatch for an unknown request")?;
+        if r.open != Some(tag.step) {
+            return Err(format!("{tag} runs but the open step is {:?}", r.open));
+        }
+        let Some((want, from, kind, tight)) = self.expected_pick(w) else {
+            return Err(format!("{tag} dispatched but nothing is queued"));
+        };
+        let (item, from) = if want.tag == tag {
+            (want, from)
+        } else if tight {
+            // Too close to call: the other branch's monotask is acceptable.
+            let g = (0..self.workers.len())
+                .find(|&g| self.workers[g].queue.iter().any(|q| q.tag == tag))
+                .ok_or_else(|| format!("{tag} dispatched but not queued"))?;
+            let q = *self.workers[g]
+                .queue
+                .iter()
+                .find(|q| q.tag == tag)
+                .expect("found above");
+            if Some(q.tag) != self.head(g).map(|h| h.tag) {
+                return Err(format!("{tag} is not the head of worker {g}'s queue"));
+            }
+            (q, g)
+        } else {
+            let q = self
+                .workers
+                .iter()
+                .flat_map(|x| &x.queue)
+                .find(|q| q.tag == tag);
+            return Err(match q {
+                None => format!("{tag} dispatched but not queued"),
+                Some(q) => format!(
+                    "took {tag} (priority {}) but the rule picks {} (priority {}) from worker {from} ({kind:?})",
+                    q.priority, want.tag, want.priority
+                ),
+            });
+        };
+        if item.priority != priority {
+            return Err(format!(
+                "logged priority {priority}, queued with {}",
+                item.priority
+            ));
+        }
+        let same_kind = std::mem::discriminant(&pick) == std::mem::discriminant(&kind);
+        let ok = match pick {
+            Pick::Own => matches!(kind, Pick::Own) && from == w,
+            Pick::Stolen { from: f } => f as usize == from && from != w && (same_kind || tight),
+            Pick::KeptOwn {
+                waiting_priority, ..
+            } => {
+                if waiting_priority <= priority {
+                    return Err("KeptOwn without a higher-priority monotask waiting".into());
+                }
+                from == w && (same_kind || tight)
+            }
+        };
+        if !ok {
+            return Err(format!(
+                "logged {pick:?}, the recomputed decision is {kind:?} from worker {from}"
+            ));
+        }
+        self.unqueue(from, tag).expect("found above");
+        let charged = if from == w {
+            item.charged
+        } else {
+            let holder = self
+                .requests
+                .get(&tag.request)
+                .is_some_and(|r| r.holders.contains(&worker));
+            let v = &mut self.workers[from];
+            v.load = (v.load - item.charged).max(0.0);
+            let overhead = self.cfg.switch_cost + if holder { 0.0 } else { self.cfg.transfer_cost };
+            let c = item.cost + overhead;
+            self.workers[w].load += c;
+            if let Some(r) = self.requests.get_mut(&tag.request) {
+                r.holders.insert(worker);
+            }
+            c
+        };
+        self.workers[w].running = Some((tag, item.cost, charged, false));
+        Ok(())
+    }
+
+    /// Frees worker `worker` from `tag`, taking its charge off.
+    fn release(&mut self, worker: WorkerId, tag: Tag) -> Result<(), String> {
+        let wv = self.worker(worker)?;
+        match wv.running {
+            Some((t, _, charged, _)) if t == tag => {
+                wv.running = None;
+                wv.load = (wv.load - charged).max(0.0);
+                Ok(())
+            }
+            _ => Err(format!("worker {worker} reported {tag} it was not running")),
+        }
+    }
+
     /// Checks one event.
     pub fn check(&mut self, e: &Event) -> Result<(), String> {
         match *e {
+            Event::Admitted {
+                request,
+                priority: _,
+                deadline,
+            } => {
+                if self.requests.contains_key(&request) {
+                    return Err(format!("request {request} admitted twice"));
+                }
+                self.requests.insert(
+                    request,
+                    ReqView {
+                        arrival: self.admitted,
+                        deadline,
+                        ..Default::default()
+                    },
+                );
+                self.admitted += 1;
+            }
             Event::StepOpened {
                 request,
                 step,
                 tasks,
             } => {
-                let r = self.requests.entry(request).or_default();
+                let r = self
+                    .requests
+                    .get_mut(&request)
+                    .ok_or_else(|| format!("step {step} of a request never admitted"))?;
                 if let Some(open) = r.open {
                     return Err(format!(
                         "step {step} opened while step {open} has {} of {} done",
@@ -69,65 +421,62 @@ impl SchedChecker {
                 r.expected = tasks;
                 r.done_in_open = 0;
             }
-            Event::Ready { tag, priority, .. } => {
-                self.ready.insert(tag, priority);
+            Event::Ready {
+                tag,
+                priority,
+                worker,
+                cost,
+            } => {
+                let g = worker as usize;
+                if g >= self.workers.len() {
+                    return Err(format!("worker {worker} does not exist"));
+                }
+                if !self.requests.contains_key(&tag.request) {
+                    return Err(format!("{tag} queued for a request not admitted"));
+                }
+                if self.workers.iter().any(|w| {
+                    w.queue.iter().any(|q| q.tag == tag)
+                        || w.running.is_some_and(|r| r.0 == tag && !r.3)
+                }) {
+                    return Err(format!("{tag} queued while already queued or running"));
+                }
+                let charged = self.check_placement(tag, cost, g)?;
+                self.workers[g].load += charged;
+                self.workers[g].queue.push(QItem {
+                    tag,
+                    priority,
+                    cost,
+                    charged,
+                    seq: self.pushes,
+                });
+                self.pushes += 1;
+                if let Some(r) = self.requests.get_mut(&tag.request) {
+                    r.holders.insert(worker);
+                }
             }
             Event::Dispatched {
                 worker,
                 tag,
                 priority,
                 pick,
-            } => {
-                if let Some(t) = self.running.get(&worker) {
-                    return Err(format!("worker {worker} already runs {t}"));
-                }
-                if self.ready.remove(&tag).is_none() {
-                    return Err(format!("{tag} dispatched but not ready"));
-                }
-                let r = self
-                    .requests
-                    .get(&tag.request)
-                    .ok_or("dispatch for an unknown request")?;
-                if r.open != Some(tag.step) {
-                    return Err(format!("{tag} runs but the open step is {:?}", r.open));
-                }
-                let top = self.ready.values().copied().max();
-                match pick {
-                    Pick::Own | Pick::Stolen { .. } => {
-                        if let Some(top) = top.filter(|&t| t > priority) {
-                            return Err(format!(
-                                "took priority {priority} while priority {top} was ready"
-                            ));
-                        }
-                    }
-                    Pick::KeptOwn {
-                        waiting_priority,
-                        benefit,
-                        cost,
-                    } => {
-                        if benefit > cost {
-                            return Err(format!(
-                                "kept own work though benefit {benefit} > switch cost {cost}"
-                            ));
-                        }
-                        if waiting_priority <= priority {
-                            return Err("KeptOwn without a higher-priority monotask waiting".into());
-                        }
-                    }
-                }
-                self.running.insert(worker, tag);
-            }
+            } => self.check_dispatch(worker, tag, priority, pick)?,
             Event::Completed { worker, tag } => {
-                if self.running.get(&worker) != Some(&tag) {
-                    return Err(format!(
-                        "worker {worker} completed {tag} it was not running"
-                    ));
+                if self
+                    .workers
+                    .get(worker as usize)
+                    .and_then(|w| w.running)
+                    .is_some_and(|r| r.3)
+                {
+                    return Err(format!("{tag} applied after its request ended"));
                 }
-                self.running.remove(&worker);
+                self.release(worker, tag)?;
                 let r = self
                     .requests
                     .get_mut(&tag.request)
                     .ok_or("completion for an unknown request")?;
+                if r.open != Some(tag.step) {
+                    return Err(format!("{tag} completed but the open step is {:?}", r.open));
+                }
                 let n = r.completions.entry(tag).or_insert(0);
                 *n += 1;
                 if *n > 1 {
@@ -138,15 +487,52 @@ impl SchedChecker {
                     r.open = None;
                 }
             }
+            Event::Dropped { worker, tag } | Event::Failed { worker, tag } => {
+                self.release(worker, tag)?
+            }
             Event::Requeued { tag } => {
-                self.running.retain(|_, t| *t != tag);
+                // After `Failed` or `WorkerLost`, which freed its worker: its `Ready` follows.
+                if self
+                    .workers
+                    .iter()
+                    .any(|w| w.running.is_some_and(|r| r.0 == tag && !r.3))
+                {
+                    return Err(format!("{tag} re-queued while a worker still runs it"));
+                }
             }
             Event::WorkerLost(w) => {
-                self.running.remove(&w);
+                let wv = self.worker(w)?;
+                wv.alive = false;
+                wv.load = 0.0;
+                wv.running = None;
+                wv.queue.clear();
+                for r in self.requests.values_mut() {
+                    r.holders.remove(&w);
+                }
+            }
+            Event::WorkerAdded(w) => {
+                if w as usize != self.workers.len() {
+                    return Err(format!("worker {w} added, expected {}", self.workers.len()));
+                }
+                self.workers.push(WorkerView::new());
             }
             Event::RequestEnded { request, failed } => {
-                let r = self.requests.remove(&request).unwrap_or_default();
-                self.ready.retain(|t, _| t.request != request);
+                let r = self
+                    .requests
+                    .remove(&request)
+                    .ok_or_else(|| format!("request {request} ended but was not admitted"))?;
+                for w in &mut self.workers {
+                    if let Some(r) = w.running.as_mut().filter(|r| r.0.request == request) {
+                        r.3 = true;
+                    }
+                    let (gone, kept): (Vec<QItem>, Vec<QItem>) = std::mem::take(&mut w.queue)
+                        .into_iter()
+                        .partition(|q| q.tag.request == request);
+                    w.queue = kept;
+                    for q in gone {
+                        w.load = (w.load - q.charged).max(0.0);
+                    }
+                }
                 if !failed {
                     if r.open.is_some() {
                         return Err("request finished with a step in flight".into());

@@ -47,7 +47,7 @@ pub fn scheduler(data: &[u8]) {
         .collect();
     let res = simulate(cfg, &reqs, data[5] as u64).expect("simulation of valid requests");
     assert_eq!(res.outcomes.len(), reqs.len(), "every request completes");
-    let mut checker = SchedChecker::new();
+    let mut checker = SchedChecker::new(&cfg);
     checker
         .check_all(&res.events)
         .unwrap_or_else(|e| panic!("checker: {e}"));
@@ -91,7 +91,7 @@ pub fn scheduler(data: &[u8]) {
             assert!(!e.to_string().is_empty(), "an error without a message");
         }
     }
-    let mut checker = SchedChecker::new();
+    let mut checker = SchedChecker::new(&cfg);
     checker
         .check_all(&s.take_events())
         .unwrap_or_else(|e| panic!("checker after misuse: {e}"));

@@ -26,8 +26,13 @@
 //! # Ok::<(), flashdiff_scheduler::SchedError>(())
 //! ```
 //!
-//! Also here: the lock-free [`ReadyQueue`], an independent [`checker`] of event logs, and a
-//! deterministic discrete-event simulator ([`sim`]) for evaluating the policy without a model.
+//! Within a priority level, monotasks go in request arrival order (or earliest deadline
+//! first, [`QueueOrder`]), so one level's requests finish in the order they came instead of
+//! advancing together step by step.
+//!
+//! Also here: the lock-free [`ReadyQueue`] (a FIFO per level for hand-off between
+//! threads), an independent [`checker`] of event logs, and a deterministic discrete-event
+//! simulator ([`sim`]) for evaluating the policy without a model.
 
 pub mod checker;
 #[cfg(feature = "fuzzing")]
@@ -38,7 +43,8 @@ pub mod sim;
 
 pub use queue::ReadyQueue;
 pub use sched::{
-    Assignment, Completion, Event, LoadInfo, Pick, SchedError, Scheduler, SchedulerConfig,
+    Assignment, Completion, Event, LoadInfo, Pick, QueueOrder, SchedError, Scheduler,
+    SchedulerConfig,
 };
 
 use std::fmt;

@@ -1,11 +1,24 @@
 //! The coordinator's scheduling state: requests, step barriers, per-worker ready queues,
 //! placement and dispatch.
 
-use std::collections::HashMap;
+use std::cmp::Ordering;
+use std::collections::{BinaryHeap, HashMap};
 use std::fmt;
 
-use crate::queue::ReadyQueue;
 use crate::{Monotask, RequestId, Tag, WorkerId, PRIORITY_LEVELS, WARMUP_PATCH};
+
+/// Order of monotasks within one priority level of a worker's queue.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum QueueOrder {
+    /// The upstream order: the monotasks of the request admitted first go first, whatever
+    /// step each request is at, so requests of one level finish in the order they came
+    /// (FIFO) instead of advancing together step by step.
+    #[default]
+    Arrival,
+    /// Earliest deadline first, decided again at every step boundary; requests without a
+    /// deadline come after those with one, in arrival order.
+    Deadline,
+}
 
 /// Scheduler settings. Costs share one unit (seconds of device time in the engine).
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -24,6 +37,8 @@ pub struct SchedulerConfig {
     pub max_attempts: u32,
     /// Keep an event log for the checker ([`Scheduler::take_events`]).
     pub record_events: bool,
+    /// Order within a priority level.
+    pub order: QueueOrder,
 }
 
 impl Default for SchedulerConfig {
@@ -36,6 +51,7 @@ impl Default for SchedulerConfig {
             transfer_cost: 0.0,
             max_attempts: 3,
             record_events: false,
+            order: QueueOrder::Arrival,
         }
     }
 }
@@ -60,6 +76,8 @@ pub enum SchedError {
     BadPriority(u8),
     /// Cost NaN, infinite or negative.
     BadCost(f64),
+    /// Deadline NaN or infinite.
+    BadDeadline(f64),
     /// The step cannot open: the previous step (or warm-up) has not completed, or the step
     /// number does not increase.
     Barrier {
@@ -104,6 +122,7 @@ impl fmt::Display for SchedError {
             ),
             Self::BadPriority(p) => write!(f, "priority {p} out of range 0..{PRIORITY_LEVELS}"),
             Self::BadCost(c) => write!(f, "cost {c} must be finite and >= 0"),
+            Self::BadDeadline(d) => write!(f, "deadline {d} must be a finite time"),
             Self::Barrier { request, step, why } => {
                 write!(f, "request {request} cannot open step {step}: {why}")
             }
@@ -167,9 +186,20 @@ pub enum Completion {
     RequestFailed(RequestId),
 }
 
-/// Scheduler events, recorded when `record_events` is set.
+/// Scheduler events, recorded when `record_events` is set. They carry the scheduler's
+/// inputs (what was submitted, its costs and deadlines) and its decisions, never the state
+/// it derived (loads, charges, benefits), so that a checker can recompute that state.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Event {
+    /// A request was admitted (its warm-up's `StepOpened` follows).
+    Admitted {
+        /// Request.
+        request: RequestId,
+        /// Priority.
+        priority: u8,
+        /// Deadline, if it has one.
+        deadline: Option<f64>,
+    },
     /// A monotask was placed on a worker's queue.
     Ready {
         /// Tag.
@@ -178,6 +208,8 @@ pub enum Event {
         priority: u8,
         /// Planned worker.
         worker: WorkerId,
+        /// Its cost, as submitted.
+        cost: f64,
     },
     /// A step (or warm-up) opened with this many monotasks.
     StepOpened {
@@ -206,6 +238,24 @@ pub enum Event {
         /// Tag.
         tag: Tag,
     },
+    /// A worker reported a monotask whose request had ended meanwhile: the worker is free,
+    /// nothing was applied.
+    Dropped {
+        /// Worker.
+        worker: WorkerId,
+        /// Tag.
+        tag: Tag,
+    },
+    /// A worker was added.
+    WorkerAdded(WorkerId),
+    /// A worker could not run a monotask; it is free again (`Requeued` or, after too many
+    /// attempts, `RequestEnded` follows).
+    Failed {
+        /// Worker.
+        worker: WorkerId,
+        /// Tag.
+        tag: Tag,
+    },
     /// A monotask went back to the queues (failure or lost worker); it is Ready again.
     Requeued {
         /// Tag.
@@ -222,14 +272,53 @@ pub enum Event {
     },
 }
 
+/// A queued monotask with its place in its level: `(deadline, arrival, seq)` ascending.
+#[derive(Debug, Clone, Copy)]
+struct Queued {
+    /// The request's deadline under [`QueueOrder::Deadline`] (infinite without one), 0
+    /// under [`QueueOrder::Arrival`].
+    deadline: f64,
+    /// The request's admission number.
+    arrival: u64,
+    /// Push order: monotasks of one request keep the order they were placed in.
+    seq: u64,
+    m: Monotask,
+}
+
+impl Queued {
+    fn key(&self) -> (f64, u64, u64) {
+        (self.deadline, self.arrival, self.seq)
+    }
+}
+
+impl PartialEq for Queued {
+    fn eq(&self, o: &Self) -> bool {
+        self.cmp(o) == Ordering::Equal
+    }
+}
+impl Eq for Queued {}
+impl PartialOrd for Queued {
+    fn partial_cmp(&self, o: &Self) -> Option<Ordering> {
+        Some(self.cmp(o))
+    }
+}
+impl Ord for Queued {
+    /// Reversed, so that `BinaryHeap` (a max-heap) yields the smallest key first.
+    fn cmp(&self, o: &Self) -> Ordering {
+        let (a, b) = (self.key(), o.key());
+        b.0.total_cmp(&a.0).then(b.1.cmp(&a.1)).then(b.2.cmp(&a.2))
+    }
+}
+
 #[derive(Debug)]
 struct WorkerSlot {
     alive: bool,
     running: Option<Monotask>,
     load: f64,
-    queue: ReadyQueue,
-    /// A monotask popped to look at it and not taken yet: logically still the level's head.
-    front: [Option<Monotask>; PRIORITY_LEVELS],
+    /// One ordered queue per priority level. Owned by the coordinator (every scheduler
+    /// call takes `&mut self`); an ordered heap, because arrival order within a level is
+    /// not push order once requests interleave steps (a FIFO would round-robin them).
+    levels: [BinaryHeap<Queued>; PRIORITY_LEVELS],
 }
 
 impl WorkerSlot {
@@ -238,8 +327,7 @@ impl WorkerSlot {
             alive: true,
             running: None,
             load: 0.0,
-            queue: ReadyQueue::new(),
-            front: [None; PRIORITY_LEVELS],
+            levels: Default::default(),
         }
     }
 }
@@ -247,6 +335,7 @@ impl WorkerSlot {
 #[derive(Debug)]
 struct Req {
     priority: u8,
+    deadline: Option<f64>,
     /// Step in flight (0 = warm-up); `None` between steps.
     open: Option<u32>,
     last_done: Option<u32>,
@@ -290,8 +379,10 @@ pub struct Scheduler {
     queued: usize,
     orphans: Vec<Monotask>,
     events: Vec<Event>,
-    /// The next request incarnation ([`Monotask::epoch`]).
+    /// The next request incarnation ([`Monotask::epoch`]), also its admission number.
     next_epoch: u64,
+    /// Pushes so far (the last part of a queue key).
+    pushes: u64,
 }
 
 fn check_cost(c: f64) -> Result<(), SchedError> {
@@ -325,6 +416,7 @@ impl Scheduler {
             queued: 0,
             orphans: Vec::new(),
             next_epoch: 0,
+            pushes: 0,
             events: Vec::new(),
         })
     }
@@ -357,6 +449,21 @@ impl Scheduler {
         priority: u8,
         warmup_cost: f64,
     ) -> Result<(), SchedError> {
+        self.submit_with_deadline(request, priority, warmup_cost, None)
+    }
+
+    /// [`Scheduler::submit`] with a deadline (any finite time on the caller's clock), which
+    /// orders it within its level under [`QueueOrder::Deadline`].
+    pub fn submit_with_deadline(
+        &mut self,
+        request: RequestId,
+        priority: u8,
+        warmup_cost: f64,
+        deadline: Option<f64>,
+    ) -> Result<(), SchedError> {
+        if let Some(d) = deadline.filter(|d| !d.is_finite()) {
+            return Err(SchedError::BadDeadline(d));
+        }
         if self.requests.contains_key(&request) {
             return Err(SchedError::DuplicateRequest(request));
         }
@@ -382,6 +489,7 @@ impl Scheduler {
             request,
             Req {
                 priority,
+                deadline,
                 open: Some(0),
                 last_done: None,
                 outstanding: 1,
@@ -390,6 +498,11 @@ impl Scheduler {
                 epoch,
             },
         );
+        self.log(|| Event::Admitted {
+            request,
+            priority,
+            deadline,
+        });
         self.log(|| Event::StepOpened {
             request,
             step: 0,
@@ -542,11 +655,9 @@ impl Scheduler {
             }
         }
         let (_, _, _, g, extra) = best.expect("at least one alive worker");
-        let w = &mut self.workers[g];
         m.charged = m.cost + extra;
-        w.load += m.charged;
-        w.queue.push(m);
-        self.queued += 1;
+        self.workers[g].load += m.charged;
+        self.push(g, m);
         if let Some(r) = self.requests.get_mut(&m.tag.request) {
             if !r.holders.contains(&(g as WorkerId)) {
                 r.holders.push(g as WorkerId);
@@ -556,45 +667,61 @@ impl Scheduler {
             tag: m.tag,
             priority: m.priority,
             worker: g as WorkerId,
+            cost: m.cost,
         });
     }
 
-    /// Highest level holding a live monotask on worker `g`, with that level's head moved into
-    /// the front slot; monotasks of requests that left are dropped on the way.
-    fn head_level(&mut self, g: usize) -> Option<usize> {
-        loop {
-            let level = (0..PRIORITY_LEVELS)
-                .rev()
-                .find(|&l| self.workers[g].front[l].is_some())
-                .into_iter()
-                .chain(self.workers[g].queue.highest_level())
-                .max()?;
-            let slot = &mut self.workers[g];
-            if slot.front[level].is_none() {
-                slot.front[level] = slot.queue.pop_level(level);
-            }
-            let Some(m) = slot.front[level] else { continue };
-            if self.is_live(&m) {
-                return Some(level);
-            }
-            let slot = &mut self.workers[g];
-            slot.front[level] = None;
-            slot.load = (slot.load - m.charged).max(0.0);
-            self.queued -= 1;
-        }
+    /// Queues `m` on worker `g` at its place in its level.
+    fn push(&mut self, g: usize, m: Monotask) {
+        let (deadline, arrival) = match self.requests.get(&m.tag.request) {
+            Some(r) if r.epoch == m.epoch => (
+                match self.cfg.order {
+                    QueueOrder::Arrival => 0.0,
+                    QueueOrder::Deadline => r.deadline.unwrap_or(f64::INFINITY),
+                },
+                r.epoch,
+            ),
+            _ => (f64::INFINITY, u64::MAX),
+        };
+        let level = (m.priority as usize).min(PRIORITY_LEVELS - 1);
+        self.workers[g].levels[level].push(Queued {
+            deadline,
+            arrival,
+            seq: self.pushes,
+            m,
+        });
+        self.pushes += 1;
+        self.queued += 1;
+    }
+
+    /// Highest level holding a monotask on worker `g` (its head is that level's first).
+    /// Queues hold only live monotasks: a request's are removed when it ends.
+    fn head_level(&self, g: usize) -> Option<usize> {
+        (0..PRIORITY_LEVELS)
+            .rev()
+            .find(|&l| !self.workers[g].levels[l].is_empty())
+    }
+
+    /// The head of level `level` on worker `g`.
+    fn head(&self, g: usize, level: usize) -> Monotask {
+        self.workers[g].levels[level]
+            .peek()
+            .expect("head_level found the level non-empty")
+            .m
     }
 
     /// Whether `m` belongs to the current incarnation of an admitted request.
-    fn is_live(&self, m: &Monotask) -> bool {
+    fn is_current(&self, m: &Monotask) -> bool {
         self.requests
             .get(&m.tag.request)
             .is_some_and(|r| r.epoch == m.epoch)
     }
 
     fn take_head(&mut self, g: usize, level: usize) -> Monotask {
-        let m = self.workers[g].front[level]
-            .take()
-            .expect("head_level filled the slot");
+        let m = self.workers[g].levels[level]
+            .pop()
+            .expect("head_level found the level non-empty")
+            .m;
         self.queued -= 1;
         m
     }
@@ -631,7 +758,7 @@ impl Scheduler {
             (None, None) => return Ok(None),
             (Some(lo), f) if f.is_none_or(|(lf, _, _)| lo >= lf) => (wi, lo, Pick::Own, 0.0),
             (own, Some((lf, v, vload))) => {
-                let m = self.workers[v].front[lf].expect("head_level filled the slot");
+                let m = self.head(v, lf);
                 let holder = self
                     .requests
                     .get(&m.tag.request)
@@ -737,6 +864,7 @@ impl Scheduler {
             .get_mut(&tag.request)
             .filter(|r| r.epoch == m.epoch)
         else {
+            self.log(|| Event::Dropped { worker: w, tag });
             return Ok(Completion::Stale);
         };
         let Some(pos) = req
@@ -745,6 +873,7 @@ impl Scheduler {
             .position(|&p| p == tag.patch)
             .filter(|_| req.open == Some(tag.step))
         else {
+            self.log(|| Event::Dropped { worker: w, tag });
             return Ok(Completion::Stale);
         };
         req.pending.swap_remove(pos);
@@ -771,6 +900,10 @@ impl Scheduler {
         let slot = &mut self.workers[w as usize];
         slot.running = None;
         slot.load = (slot.load - m.charged).max(0.0);
+        self.log(|| Event::Failed { worker: w, tag });
+        if !self.is_current(&m) {
+            return Ok(Completion::Stale);
+        }
         m.attempt += 1;
         if m.attempt >= self.cfg.max_attempts {
             self.end(tag.request, true);
@@ -797,12 +930,12 @@ impl Scheduler {
             m.attempt += 1;
             m
         });
+        // Highest level first, each in its order: they keep that order on the others.
         let mut queued = Vec::new();
         for l in (0..PRIORITY_LEVELS).rev() {
-            queued.extend(slot.front[l].take());
-            while let Some(m) = slot.queue.pop_level(l) {
-                queued.push(m);
-            }
+            let mut level: Vec<Queued> = std::mem::take(&mut slot.levels[l]).into_vec();
+            level.sort_by(|a, b| b.cmp(a));
+            queued.extend(level.into_iter().map(|q| q.m));
         }
         self.queued -= queued.len();
         let moved: Vec<Monotask> = running.into_iter().chain(queued).collect();
@@ -812,7 +945,7 @@ impl Scheduler {
         self.log(|| Event::WorkerLost(w));
         let mut n = 0;
         for m in moved {
-            if self.requests.contains_key(&m.tag.request) {
+            if self.is_current(&m) {
                 self.log(|| Event::Requeued { tag: m.tag });
                 self.place(m);
                 n += 1;
@@ -824,12 +957,14 @@ impl Scheduler {
     /// Adds a worker (a replacement); monotasks waiting for any worker go to it.
     pub fn add_worker(&mut self) -> WorkerId {
         self.workers.push(WorkerSlot::new());
+        let w = (self.workers.len() - 1) as WorkerId;
+        self.log(|| Event::WorkerAdded(w));
         let orphans = std::mem::take(&mut self.orphans);
         self.queued -= orphans.len();
         for m in orphans {
             self.place(m);
         }
-        (self.workers.len() - 1) as WorkerId
+        w
     }
 
     /// The engine is done with a request (after its last step): frees its admission slot.
@@ -855,8 +990,31 @@ impl Scheduler {
         Ok(())
     }
 
+    /// Removes a request and, at once, its queued monotasks and the load they added (a
+    /// running one stays until its worker reports it: `Dropped`).
     fn end(&mut self, request: RequestId, failed: bool) {
         self.requests.remove(&request);
+        let mut removed = 0;
+        for w in &mut self.workers {
+            for level in &mut w.levels {
+                if level.iter().all(|q| q.m.tag.request != request) {
+                    continue;
+                }
+                let mut kept = std::mem::take(level).into_vec();
+                kept.sort_by(|a, b| b.cmp(a));
+                for q in kept {
+                    if q.m.tag.request == request {
+                        w.load = (w.load - q.m.charged).max(0.0);
+                        removed += 1;
+                    } else {
+                        level.push(q);
+                    }
+                }
+            }
+        }
+        let before = self.orphans.len();
+        self.orphans.retain(|m| m.tag.request != request);
+        self.queued -= removed + (before - self.orphans.len());
         self.log(|| Event::RequestEnded { request, failed });
     }
 
@@ -873,6 +1031,11 @@ impl Scheduler {
                 .collect(),
             alive: self.workers.iter().filter(|w| w.alive).count(),
         }
+    }
+
+    /// Whether worker `w` exists and was not declared lost.
+    pub fn is_alive(&self, w: WorkerId) -> bool {
+        self.workers.get(w as usize).is_some_and(|s| s.alive)
     }
 
     /// Whether the request is admitted and between steps (ready for `submit_step`/`finish`).

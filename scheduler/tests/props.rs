@@ -4,8 +4,8 @@
 use flashdiff_scheduler::checker::SchedChecker;
 use flashdiff_scheduler::sim::{simulate, ActiveModel, SimRequest};
 use flashdiff_scheduler::{
-    Completion, Event, Pick, SchedError, Scheduler, SchedulerConfig, Tag, PRIORITY_LEVELS,
-    WARMUP_PATCH,
+    Completion, Event, Pick, QueueOrder, SchedError, Scheduler, SchedulerConfig, Tag,
+    PRIORITY_LEVELS, WARMUP_PATCH,
 };
 use proptest::prelude::*;
 
@@ -47,7 +47,7 @@ proptest! {
         }).collect();
         let res = simulate(c, &reqs, seed).unwrap();
         prop_assert_eq!(res.outcomes.len(), reqs.len());
-        let mut checker = SchedChecker::new();
+        let mut checker = SchedChecker::new(&c);
         prop_assert_eq!(checker.check_all(&res.events), Ok(()));
         prop_assert_eq!(checker.finished(), reqs.len() as u64);
         for o in &res.outcomes {
@@ -152,7 +152,7 @@ fn highest_priority_first_fifo_within_a_level() {
         })
         .collect();
     assert_eq!(order, [3, 1, 2]);
-    let mut checker = SchedChecker::new();
+    let mut checker = SchedChecker::new(s.config());
     checker.check_all(&s.take_events()).unwrap();
 }
 
@@ -184,7 +184,7 @@ fn switch_cost_rule_keeps_own_work_when_moving_costs_more() {
         "{:?}",
         b.pick
     );
-    let mut checker = SchedChecker::new();
+    let mut checker = SchedChecker::new(s.config());
     checker.check_all(&s.take_events()).unwrap();
 }
 
@@ -204,7 +204,7 @@ fn idle_worker_steals_when_it_pays() {
     let b = s.next(1).unwrap().unwrap();
     assert_eq!((a.task.tag.request, b.task.tag.request), (1, 1));
     assert_eq!(b.pick, Pick::Stolen { from: 0 });
-    let mut checker = SchedChecker::new();
+    let mut checker = SchedChecker::new(s.config());
     checker.check_all(&s.take_events()).unwrap();
 }
 
@@ -265,7 +265,7 @@ fn lost_worker_work_runs_again_and_applies_once() {
     let w = s.add_worker();
     assert_eq!(w, 2);
     s.finish(1).unwrap();
-    let mut checker = SchedChecker::new();
+    let mut checker = SchedChecker::new(s.config());
     checker.check_all(&s.take_events()).unwrap();
     assert_eq!(checker.finished(), 1);
 }
@@ -316,7 +316,7 @@ fn a_resubmitted_id_never_runs_its_cancelled_incarnations_work() {
         "one warm-up for one live request: {dispatched:?}"
     );
     assert_eq!(dispatched[0].cost, 3.0, "the old incarnation's warm-up ran");
-    let mut c = SchedChecker::new();
+    let mut c = SchedChecker::new(s.config());
     c.check_all(&s.take_events()).unwrap();
 }
 
@@ -359,79 +359,195 @@ fn misuse_is_refused_by_name() {
 
 #[test]
 fn checker_catches_violations() {
-    let t = |patch| Tag {
-        request: 1,
+    let t = |request, patch| Tag {
+        request,
         step: 1,
         patch,
     };
-    let open = Event::StepOpened {
-        request: 1,
-        step: 1,
-        tasks: 2,
+    let warm = |request| Tag {
+        request,
+        step: 0,
+        patch: WARMUP_PATCH,
     };
-    let ready = |p, pr| Event::Ready {
-        tag: t(p),
-        priority: pr,
-        worker: 0,
+    let admit = |request| Event::Admitted {
+        request,
+        priority: 1,
+        deadline: None,
     };
-    let disp = |p, pr| Event::Dispatched {
-        worker: 0,
-        tag: t(p),
-        priority: pr,
-        pick: Pick::Own,
+    let open = |request, step, tasks| Event::StepOpened {
+        request,
+        step,
+        tasks,
     };
-    let mut c = SchedChecker::new();
+    let ready = |tag, priority, worker| Event::Ready {
+        tag,
+        priority,
+        worker,
+        cost: 1.0,
+    };
+    let disp = |worker, tag, priority, pick| Event::Dispatched {
+        worker,
+        tag,
+        priority,
+        pick,
+    };
+    let one = cfg(1);
+    let check = |c: &SchedulerConfig, evs: &[Event]| SchedChecker::new(c).check_all(evs);
+
     let two_at_once = [
-        open.clone(),
-        ready(0, 1),
-        ready(1, 1),
-        disp(0, 1),
-        disp(1, 1),
+        admit(1),
+        open(1, 1, 2),
+        ready(t(1, 0), 1, 0),
+        ready(t(1, 1), 1, 0),
+        disp(0, t(1, 0), 1, Pick::Own),
+        disp(0, t(1, 1), 1, Pick::Own),
     ];
-    assert!(c
-        .check_all(&two_at_once)
+    assert!(check(&one, &two_at_once)
         .unwrap_err()
         .contains("already runs"));
-    let mut c = SchedChecker::new();
-    let inversion = [open.clone(), ready(0, 1), ready(1, 5), disp(0, 1)];
-    assert!(c
-        .check_all(&inversion)
+
+    let inversion = [
+        admit(1),
+        open(1, 1, 2),
+        ready(t(1, 0), 1, 0),
+        ready(t(1, 1), 5, 0),
+        disp(0, t(1, 0), 1, Pick::Own),
+    ];
+    assert!(check(&one, &inversion)
         .unwrap_err()
-        .contains("while priority 5"));
-    let mut c = SchedChecker::new();
+        .contains("the rule picks"));
+
     let early = [
-        open.clone(),
-        ready(0, 1),
-        ready(1, 1),
-        disp(0, 1),
+        admit(1),
+        open(1, 1, 2),
+        ready(t(1, 0), 1, 0),
+        ready(t(1, 1), 1, 0),
+        disp(0, t(1, 0), 1, Pick::Own),
         Event::Completed {
             worker: 0,
-            tag: t(0),
+            tag: t(1, 0),
         },
-        Event::StepOpened {
+        open(1, 2, 1),
+    ];
+    assert!(check(&one, &early).unwrap_err().contains("opened while"));
+
+    // Arrival order within a level: request 1 came first, so its warm-up goes first even
+    // though request 2's was queued before it.
+    let out_of_order = [
+        admit(1),
+        open(1, 0, 1),
+        admit(2),
+        open(2, 0, 1),
+        ready(warm(2), 1, 0),
+        ready(warm(1), 1, 0),
+        disp(0, warm(2), 1, Pick::Own),
+    ];
+    assert!(check(&one, &out_of_order)
+        .unwrap_err()
+        .contains("the rule picks"));
+    let in_order = [&out_of_order[..6], &[disp(0, warm(1), 1, Pick::Own)]].concat();
+    check(&one, &in_order).unwrap();
+
+    // Equation 1: a warm-up goes to the least-loaded worker.
+    let two = cfg(2);
+    let piled = [
+        admit(1),
+        open(1, 0, 1),
+        ready(warm(1), 1, 0),
+        admit(2),
+        open(2, 0, 1),
+        ready(warm(2), 1, 0),
+    ];
+    assert!(check(&two, &piled).unwrap_err().contains("equation 1"));
+
+    // Switching costs more than it saves: taking the other worker's monotask is wrong
+    // whatever the log claims, and keeping its own is right whatever benefit it logs.
+    let costly = SchedulerConfig {
+        switch_cost: 10.0,
+        ..cfg(2)
+    };
+    let setup = [
+        admit(1),
+        open(1, 1, 1),
+        ready(t(1, 0), 1, 0),
+        Event::Admitted {
+            request: 2,
+            priority: 5,
+            deadline: None,
+        },
+        open(2, 1, 1),
+        ready(t(2, 0), 5, 1),
+    ];
+    let stolen = [&setup[..], &[disp(0, t(2, 0), 5, Pick::Stolen { from: 1 })]].concat();
+    assert!(check(&costly, &stolen)
+        .unwrap_err()
+        .contains("the rule picks"));
+    let kept = Pick::KeptOwn {
+        waiting_priority: 5,
+        benefit: 1e9,
+        cost: 0.0,
+    };
+    let kept = [&setup[..], &[disp(0, t(1, 0), 1, kept)]].concat();
+    check(&costly, &kept).unwrap();
+}
+
+/// Within a level, a request admitted earlier runs first at every step: here request 1's
+/// first step, queued after request 2's warm-up, still runs before it.
+#[test]
+fn arrival_order_holds_within_a_level_across_steps() {
+    let mut s = Scheduler::new(cfg(1)).unwrap();
+    s.submit(1, 2, 1.0).unwrap();
+    s.submit(2, 2, 1.0).unwrap();
+    let a = s.next(0).unwrap().unwrap();
+    assert_eq!(
+        a.task.tag,
+        Tag {
             request: 1,
-            step: 2,
-            tasks: 1,
-        },
-    ];
-    assert!(c.check_all(&early).unwrap_err().contains("opened while"));
-    let mut c = SchedChecker::new();
-    let kept = [
-        open,
-        ready(0, 1),
-        ready(1, 5),
-        Event::Dispatched {
-            worker: 0,
-            tag: t(0),
-            priority: 1,
-            pick: Pick::KeptOwn {
-                waiting_priority: 5,
-                benefit: 3.0,
-                cost: 1.0,
-            },
-        },
-    ];
-    assert!(c.check_all(&kept).unwrap_err().contains("benefit"));
+            step: 0,
+            patch: WARMUP_PATCH
+        }
+    );
+    assert_eq!(
+        s.complete(0, a.task.tag).unwrap(),
+        Completion::WarmupDone(1)
+    );
+    s.submit_step(1, 1, &[(0, 1.0)]).unwrap();
+    let b = s.next(0).unwrap().unwrap();
+    assert_eq!(b.task.tag.request, 1, "request 2 overtook request 1: {b:?}");
+    s.complete(0, b.task.tag).unwrap();
+    s.finish(1).unwrap();
+    let c = s.next(0).unwrap().unwrap();
+    assert_eq!(c.task.tag.request, 2);
+    let mut checker = SchedChecker::new(s.config());
+    checker.check_all(&s.take_events()).unwrap();
+}
+
+/// Under the deadline order the earliest deadline goes first within a level; requests
+/// without one wait behind those with one; a deadline that is not a time is refused.
+#[test]
+fn earliest_deadline_first_under_the_deadline_order() {
+    let mut s = Scheduler::new(SchedulerConfig {
+        order: QueueOrder::Deadline,
+        ..cfg(1)
+    })
+    .unwrap();
+    s.submit(1, 0, 1.0).unwrap();
+    s.submit_with_deadline(2, 0, 1.0, Some(9.0)).unwrap();
+    s.submit_with_deadline(3, 0, 1.0, Some(4.0)).unwrap();
+    assert!(matches!(
+        s.submit_with_deadline(4, 0, 1.0, Some(f64::NAN)),
+        Err(SchedError::BadDeadline(d)) if d.is_nan()
+    ));
+    let order: Vec<u64> = (0..3)
+        .map(|_| {
+            let a = s.next(0).unwrap().unwrap();
+            s.complete(0, a.task.tag).unwrap();
+            a.task.tag.request
+        })
+        .collect();
+    assert_eq!(order, [3, 2, 1]);
+    let mut checker = SchedChecker::new(s.config());
+    checker.check_all(&s.take_events()).unwrap();
 }
 
 /// Transfer and switch overheads are charged to a worker's load when work is placed or
@@ -487,6 +603,6 @@ fn overheads_leave_no_phantom_load_behind() {
         "load left behind: {:?}",
         load.per_worker
     );
-    let mut checker = SchedChecker::new();
+    let mut checker = SchedChecker::new(s.config());
     checker.check_all(&s.take_events()).unwrap();
 }

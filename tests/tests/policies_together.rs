@@ -86,7 +86,7 @@ fn warmup_partition_gate_schedule() {
         }
     }
     sched.finish(1).unwrap();
-    let mut c = SchedChecker::new();
+    let mut c = SchedChecker::new(sched.config());
     c.check_all(&sched.take_events()).unwrap();
     assert_eq!(c.finished(), 1);
     let total = steps.len() * r as usize;
