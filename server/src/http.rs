@@ -7,7 +7,9 @@
 //!
 //! Endpoints: `POST /v1/images/generations` (OpenAI-compatible, waits for the images),
 //! `POST /v1/jobs`, `GET|DELETE /v1/jobs/{id}`, `GET /v1/jobs/{id}/events` (server-sent
-//! events, one per step with its active patches, then the result), `GET /healthz`,
+//! events, one per step with its active patches and the patch layout, then the result; a
+//! late subscriber gets the latest step first), `GET /` (a page: prompt box, live progress,
+//! the patch map step by step, the image), `GET /healthz`,
 //! `GET /metrics` (Prometheus text). Errors are JSON `{"error": {"message", "type"}}` naming
 //! the field. Past `--max-queue` unfinished jobs new work gets 429 with `Retry-After`.
 //! SIGTERM and SIGINT stop accepting, finish what was admitted, then exit.
@@ -81,6 +83,8 @@ struct Job {
     png: Option<Vec<u8>>,
     error: Option<String>,
     last_step: Option<Instant>,
+    /// The latest step event, replayed first to a subscriber that joins while it runs.
+    last_event: Option<Value>,
     /// Step events for subscribers; dropped once the job ends (after its "done" event), so
     /// a finished job holds no event buffer.
     events: Option<broadcast::Sender<Value>>,
@@ -244,6 +248,7 @@ async fn shutdown(hub: Shared) {
 fn router(hub: Shared) -> Router {
     let limit = hub.cfg.body_limit;
     Router::new()
+        .route("/", get(page))
         .route("/healthz", get(healthz))
         .route("/metrics", get(metrics))
         .route("/v1/images/generations", post(generations))
@@ -261,6 +266,8 @@ fn drive(mut engine: Engine, rx: mpsc::Receiver<Cmd>, hub: Shared) {
     let mut open = true;
     // Requests cancelled through the API: their engine error is a cancellation.
     let mut cancelled = std::collections::HashSet::new();
+    let g = engine.model().dims().grid;
+    let grid = [g.frames, g.height, g.width];
     loop {
         // Block for work only when idle.
         let first = if engine.in_flight() == 0 {
@@ -310,7 +317,8 @@ fn drive(mut engine: Engine, rx: mpsc::Receiver<Cmd>, hub: Shared) {
             );
             for (id, step, total) in steps {
                 let active = engine.active_patches(id).map(<[bool]>::to_vec);
-                step_event(&hub, id, step, total, active);
+                let patch_of = engine.patch_of(id).map(<[u32]>::to_vec);
+                step_event(&hub, id, step, total, active, patch_of, grid);
             }
         }
         // Also after a cancel that emptied the engine: its result is waiting here.
@@ -330,7 +338,15 @@ fn drive(mut engine: Engine, rx: mpsc::Receiver<Cmd>, hub: Shared) {
     }
 }
 
-fn step_event(hub: &Hub, id: u64, step: u32, total: u32, active: Option<Vec<bool>>) {
+fn step_event(
+    hub: &Hub,
+    id: u64,
+    step: u32,
+    total: u32,
+    active: Option<Vec<bool>>,
+    patch_of: Option<Vec<u32>>,
+    grid: [usize; 3],
+) {
     let Ok(mut jobs) = hub.jobs.lock() else {
         return;
     };
@@ -354,15 +370,19 @@ fn step_event(hub: &Hub, id: u64, step: u32, total: u32, active: Option<Vec<bool
         }
     }
     if step < total {
-        let Some(events) = &j.events else {
-            return;
-        };
-        let _ = events.send(json!({
+        // The layout rides along, so a page can draw the patch map from any step it sees.
+        let ev = json!({
             "type": "step",
             "step": step,
             "steps": total,
             "active": active,
-        }));
+            "patch_of": patch_of,
+            "grid": grid,
+        });
+        if let Some(events) = &j.events {
+            let _ = events.send(ev.clone());
+        }
+        j.last_event = Some(ev);
     }
 }
 
@@ -380,6 +400,7 @@ fn report_json(o: &Output) -> Value {
         "latency_ms": r.latency.as_secs_f64() * 1e3,
         "reuse_error": r.reuse_error(),
         "mean_epsilon": r.mean_epsilon(),
+        "deadline_met": r.deadline_met,
         "patch_of": o.layout.patch_of(),
     })
 }
@@ -400,6 +421,7 @@ fn finish_ok(hub: &Hub, o: Output) {
     j.png = Some(image::png(&o.rgb, IMAGE, IMAGE, j.scale));
     j.report = Some(report.clone());
     j.phase = Phase::Succeeded;
+    j.last_event = None;
     if let Some(events) = j.events.take() {
         let _ = events.send(json!({"type": "done", "state": "succeeded", "report": report}));
     }
@@ -420,6 +442,7 @@ fn finish_err(hub: &Hub, id: u64, phase: Phase, msg: String) {
     };
     j.phase = phase;
     j.error = Some(msg.clone());
+    j.last_event = None;
     if let Some(events) = j.events.take() {
         let _ = events.send(json!({"type": "done", "state": phase.name(), "error": msg}));
     }
@@ -434,7 +457,7 @@ struct GenRequest {
     scale: usize,
 }
 
-const KNOWN: [&str; 16] = [
+const KNOWN: [&str; 17] = [
     "prompt",
     "n",
     "size",
@@ -451,6 +474,7 @@ const KNOWN: [&str; 16] = [
     "priority",
     "mode",
     "user",
+    "deadline_ms",
 ];
 
 /// Parses and checks a generation request: every field, the settings together, and the
@@ -555,6 +579,9 @@ fn parse_fields(body: &[u8], base: &RequestConfig, model: &str) -> Result<GenReq
     if let Some(p) = uint("priority", 0, 7)? {
         cfg.priority = p as u8;
     }
+    if let Some(d) = uint("deadline_ms", 1, 86_400_000)? {
+        cfg.deadline = Some(std::time::Duration::from_millis(d));
+    }
     if let Some(e) = obj.get("epsilon") {
         cfg.epsilon = match e.as_f64() {
             Some(x) if (0.0..=1.0).contains(&x) => x as f32,
@@ -640,6 +667,7 @@ fn admit(hub: &Hub, g: &GenRequest) -> Result<Vec<(u64, watch::Receiver<Phase>)>
                 png: None,
                 error: None,
                 last_step: None,
+                last_event: None,
                 events: Some(events),
                 phase_tx,
             },
@@ -830,6 +858,16 @@ fn missing(id: u64) -> Response {
     )
 }
 
+/// The page at `/`: a prompt box, live progress and the patch map of every step (which
+/// patches ran, which were skipped), then the image. Static; it talks to the job API.
+async fn page() -> Response {
+    (
+        [(axum::http::header::CONTENT_TYPE, "text/html; charset=utf-8")],
+        include_str!("page.html"),
+    )
+        .into_response()
+}
+
 async fn get_job(State(hub): State<Shared>, Path(raw): Path<String>) -> Response {
     let id = match job_id(&raw) {
         Ok(id) => id,
@@ -886,13 +924,14 @@ async fn job_events(State(hub): State<Shared>, Path(raw): Path<String>) -> Respo
         Ok(id) => id,
         Err(r) => return *r,
     };
-    let (rx, finished) = match hub.jobs.lock() {
+    let (rx, finished, latest) = match hub.jobs.lock() {
         Ok(jobs) => match jobs.get(&id) {
             Some(j) => (
                 j.events.as_ref().map(broadcast::Sender::subscribe),
                 j.phase.done().then(|| {
                     json!({"type": "done", "state": j.phase.name(), "report": j.report, "error": j.error})
                 }),
+                j.last_event.clone().filter(|_| !j.phase.done()),
             ),
             None => return missing(id),
         },
@@ -900,14 +939,18 @@ async fn job_events(State(hub): State<Shared>, Path(raw): Path<String>) -> Respo
     };
     // A finished job replays its result; a running one streams until its "done" event.
     let stream = futures_util::stream::unfold(
-        (rx, finished, false),
-        |(mut rx, finished, ended)| async move {
+        (rx, finished, false, latest),
+        |(mut rx, finished, ended, latest)| async move {
             if ended {
                 return None;
             }
+            if let Some(v) = latest {
+                let ev = SseEvent::default().event("step").data(v.to_string());
+                return Some((Ok::<_, Infallible>(ev), (rx, finished, false, None)));
+            }
             if let Some(done) = finished {
                 let ev = SseEvent::default().event("done").data(done.to_string());
-                return Some((Ok::<_, Infallible>(ev), (rx, None, true)));
+                return Some((Ok(ev), (rx, None, true, None)));
             }
             // Unfinished jobs always have their sender (it is dropped when they end).
             let r = rx.as_mut()?;
@@ -917,7 +960,7 @@ async fn job_events(State(hub): State<Shared>, Path(raw): Path<String>) -> Respo
                         let kind = v["type"].as_str().unwrap_or("step").to_string();
                         let last = kind == "done";
                         let ev = SseEvent::default().event(kind).data(v.to_string());
-                        return Some((Ok(ev), (rx, None, last)));
+                        return Some((Ok(ev), (rx, None, last, None)));
                     }
                     Err(broadcast::error::RecvError::Lagged(_)) => continue,
                     Err(broadcast::error::RecvError::Closed) => return None,

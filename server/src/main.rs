@@ -83,6 +83,11 @@ struct ServeArgs {
     /// Where to write each request's PNG.
     #[arg(long)]
     out_dir: Option<PathBuf>,
+    /// Order within a priority level: arrival (first come, first served across steps) or
+    /// deadline (earliest `deadline_ms` first, re-decided at every step; requests without
+    /// one after those with one).
+    #[arg(long, default_value = "arrival", value_parser = ["arrival", "deadline"])]
+    order: String,
     #[command(flatten)]
     sampling: Sampling,
     #[command(flatten)]
@@ -149,7 +154,7 @@ struct Knobs {
     /// Longest run of skips per patch, in 0..=1000.
     #[arg(long, default_value_t = ENGINE_DEFAULT_MAX_SKIP, value_parser = clap::value_parser!(u32).range(0..=1000))]
     max_skip: u32,
-    /// Scheduling priority, in 0..8 (0 first).
+    /// Scheduling priority, in 0..8 (higher first).
     #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u8).range(0..8))]
     priority: u8,
     /// flashdiff | no-skip | full | naive-patch | teacache | ras.
@@ -267,7 +272,22 @@ impl Knobs {
     }
 }
 
+/// Keeps freed memory in the process instead of handing it back to the kernel after every
+/// step: candle allocates each op's output afresh, and with glibc's defaults buffers over
+/// 128 KiB are mapped and unmapped per op, a page fault per 4 KiB each time (about 900 of
+/// them in one `generate`). The heap then stays at its peak, which is what a server wants.
+fn keep_freed_memory() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    // SAFETY: mallopt only sets allocator parameters; it is called first thing in main,
+    // before any other thread exists, with parameters glibc documents for it.
+    unsafe {
+        libc::mallopt(libc::M_MMAP_THRESHOLD, 64 << 20);
+        libc::mallopt(libc::M_TRIM_THRESHOLD, 128 << 20);
+    }
+}
+
 fn main() -> ExitCode {
+    keep_freed_memory();
     let cli = Cli::parse();
     let result = match cli.cmd {
         Cmd::Generate(a) => generate(a),
@@ -437,8 +457,11 @@ fn serve(o: ServeArgs) -> Result<(), String> {
         o.sampling.seed,
     );
     if let Some(port) = o.port {
-        let engine = make_engine(&o.run, cores())?;
+        let mut engine = make_engine(&o.run, cores())?;
         engine.validate(&base).map_err(|e| e.to_string())?;
+        engine
+            .set_queue_order(queue_order(&o.order))
+            .map_err(|e| e.to_string())?;
         return http::serve(
             engine,
             http::HttpConfig {
@@ -460,6 +483,9 @@ fn serve(o: ServeArgs) -> Result<(), String> {
         }
     };
     let mut engine = make_engine(&o.run, cores())?;
+    engine
+        .set_queue_order(queue_order(&o.order))
+        .map_err(|e| e.to_string())?;
     // Lines are read on their own thread, so a request starts as soon as its line arrives
     // and results are written as they finish, while later lines are still being typed.
     let (tx, rx) = std::sync::mpsc::channel::<Result<String, String>>();
@@ -602,6 +628,15 @@ fn result_line(
     })
 }
 
+fn queue_order(s: &str) -> flashdiff_runtime::engine::QueueOrder {
+    use flashdiff_runtime::engine::QueueOrder;
+    if s == "deadline" {
+        QueueOrder::Deadline
+    } else {
+        QueueOrder::Arrival
+    }
+}
+
 fn parse_request(
     line: &str,
     base: &RequestConfig,
@@ -623,6 +658,7 @@ fn parse_request(
         "mode",
         "reuse",
         "monotasks",
+        "deadline_ms",
     ];
     if let Some(k) = obj.keys().find(|k| !known.contains(&k.as_str())) {
         return Err(format!("unknown field {k:?} (known: {})", known.join(", ")));
@@ -681,6 +717,12 @@ fn parse_request(
     if let Some(m) = small("monotasks", u32::MAX as u64)? {
         cfg.monotasks = Some(m);
     }
+    if let Some(d) = small("deadline_ms", 86_400_000)? {
+        if d == 0 {
+            return Err("\"deadline_ms\" must be at least 1".into());
+        }
+        cfg.deadline = Some(std::time::Duration::from_millis(d as u64));
+    }
     if let Some(k) = obj.get("reuse") {
         cfg.extrapolate = k
             .as_str()
@@ -738,6 +780,7 @@ fn bench(a: BenchArgs) -> Result<(), String> {
             };
             (e, args)
         }),
+        weights: a.run.weights.clone().unwrap_or_else(default_weights),
     };
     let out = a.out_dir;
     let mut engine = make_engine(&a.run, cores())?;

@@ -154,11 +154,13 @@ fn serve_answers_every_line() {
             "{\"id\": 7, \"prompt\": \"a red circle top left on a blue background\", \"steps\": 8, \"warmup\": 2, \"reuse\": \"stale\"}\n",
             "{\"id\": 8, \"prompt\": \"a red circle top left on a blue background\", \"monotasks\": 0}\n",
             "{\"id\": 9, \"prompt\": \"a red circle top left on a blue background\", \"steps\": 8, \"warmup\": 2, \"monotasks\": 2}\n",
+            "{\"id\": 10, \"prompt\": \"a red circle top left on a blue background\", \"deadline_ms\": 0}\n",
+            "{\"id\": 11, \"prompt\": \"a red circle top left on a blue background\", \"steps\": 8, \"warmup\": 2, \"deadline_ms\": 600000}\n",
         ),
     )
     .unwrap();
     let out = flashdiff()
-        .args(["serve", "--input"])
+        .args(["serve", "--order", "deadline", "--input"])
         .arg(&input)
         .arg("--out-dir")
         .arg(&dir)
@@ -173,7 +175,7 @@ fn serve_answers_every_line() {
         .lines()
         .map(|l| serde_json::from_str(l).unwrap())
         .collect();
-    assert_eq!(lines.len(), 9);
+    assert_eq!(lines.len(), 11);
     let by_id = |id: u64| {
         lines
             .iter()
@@ -195,6 +197,11 @@ fn serve_answers_every_line() {
         .unwrap()
         .contains("\"reuse\" must be \"extrapolate\" or \"stale\""));
     assert_eq!(by_id(7)["ok"], true);
+    assert!(by_id(10)["error"]
+        .as_str()
+        .unwrap()
+        .contains("\"deadline_ms\" must be at least 1"));
+    assert_eq!(by_id(11)["ok"], true);
     assert!(by_id(8)["error"]
         .as_str()
         .unwrap()

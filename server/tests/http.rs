@@ -166,6 +166,16 @@ fn bad_requests_get_errors_that_name_the_field() {
             "\"epsilon\"",
         ),
         (
+            json!({"prompt": PROMPT, "deadline_ms": 0}).to_string(),
+            400,
+            "\"deadline_ms\"",
+        ),
+        (
+            json!({"prompt": PROMPT, "deadline_ms": "soon"}).to_string(),
+            400,
+            "\"deadline_ms\"",
+        ),
+        (
             json!({"prompt": PROMPT, "steps": 4, "warmup": 4}).to_string(),
             400,
             "--warmup",
@@ -395,5 +405,114 @@ fn a_burst_of_1000_requests_is_answered_200_or_429_with_bounded_memory() {
     assert!(
         m.contains(&format!("flashdiff_completed_total {ok}")),
         "{m}"
+    );
+}
+
+/// Under `--order deadline` a request with a deadline is served and its report says whether
+/// the deadline was met: a generous one is, an impossible one (1 ms) is not.
+#[test]
+fn deadlines_are_accepted_and_reported() {
+    let s = Server::start(&["--order", "deadline"]);
+    for (ms, met) in [(600_000u64, true), (1, false)] {
+        let (status, v, _) = s.call(
+            "POST",
+            "/v1/images/generations",
+            Some(&json!({"prompt": PROMPT, "deadline_ms": ms}).to_string()),
+        );
+        assert_eq!(status, 200, "{v}");
+        assert_eq!(
+            v["flashdiff"]["reports"][0]["deadline_met"],
+            json!(met),
+            "{v}"
+        );
+    }
+    let (status, v, _) = s.call(
+        "POST",
+        "/v1/images/generations",
+        Some(&json!({"prompt": PROMPT}).to_string()),
+    );
+    assert_eq!(status, 200, "{v}");
+    assert_eq!(v["flashdiff"]["reports"][0]["deadline_met"], Value::Null);
+}
+
+/// A Chromium-family browser to run the page in: `$FLASHDIFF_BROWSER`, else the first of
+/// chromium, chromium-browser, google-chrome on PATH.
+fn browser() -> Option<std::path::PathBuf> {
+    if let Some(b) = std::env::var_os("FLASHDIFF_BROWSER") {
+        return Some(b.into());
+    }
+    let path = std::env::var_os("PATH")?;
+    ["chromium", "chromium-browser", "google-chrome"]
+        .iter()
+        .flat_map(|name| std::env::split_paths(&path).map(move |d| d.join(name)))
+        .find(|p| p.is_file())
+}
+
+/// Loads `url` in headless Chromium, lets its scripts run, returns the DOM it ends with.
+fn rendered_dom(browser: &std::path::Path, url: &str) -> String {
+    let profile = std::env::temp_dir().join(format!(
+        "flashdiff-page-{}-{}",
+        std::process::id(),
+        url.len()
+    ));
+    let out = Command::new(browser)
+        .args([
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--no-first-run",
+            "--disable-dev-shm-usage",
+            // Virtual time stands still while the page's requests are open (the job's
+            // event stream), so this is time after the job ended.
+            "--virtual-time-budget=20000",
+            "--dump-dom",
+        ])
+        .arg(format!("--user-data-dir={}", profile.display()))
+        .arg(url)
+        .stderr(Stdio::null())
+        .output()
+        .expect("run the browser");
+    let _ = std::fs::remove_dir_all(&profile);
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// The page at `/` in a real browser: it submits the prompt, follows the job's events,
+/// draws the patch map, shows the image and the report; a prompt the model cannot draw
+/// shows the server's error naming the word. Skipped, saying so, without a browser.
+#[test]
+fn the_page_generates_in_a_real_browser() {
+    let Some(b) = browser() else {
+        eprintln!(
+            "skipped: no Chromium found (install the `chromium` package or set FLASHDIFF_BROWSER)"
+        );
+        return;
+    };
+    let s = Server::start(&[]);
+    let (status, v, _) = s.call("GET", "/", None);
+    assert_eq!(status, 200);
+    assert!(
+        v.as_str().unwrap_or("").contains("<canvas id=\"map\""),
+        "{v}"
+    );
+
+    let url = s.url("/?prompt=a%20red%20circle%20left%20on%20a%20white%20background&steps=8&run=1");
+    let dom = rendered_dom(&b, &url);
+    assert!(
+        dom.contains("data-state=\"done\""),
+        "page did not finish: {dom}"
+    );
+    assert!(
+        dom.contains("src=\"data:image/png;base64,iVBORw0KGgo"),
+        "no PNG shown: {dom}"
+    );
+    assert!(dom.contains("patch-steps computed"), "no report: {dom}");
+    // 8 steps, 2 of them warm-up: the history holds the 6 patch steps.
+    assert!(dom.contains("data-steps=\"6\""), "no step history: {dom}");
+
+    let dom = rendered_dom(&b, &s.url("/?prompt=a%20purple%20dragon&run=1"));
+    assert!(dom.contains("data-state=\"failed\""), "{dom}");
+    assert!(
+        dom.contains("dragon"),
+        "the error does not name the word: {dom}"
     );
 }
