@@ -37,8 +37,11 @@ pub struct BenchConfig {
     /// above override theirs. The baselines change only what makes them what they are.
     pub base: RequestConfig,
     /// The `flashdiff` executable and the arguments `generate` needs besides its own (e.g.
-    /// a weights file), to time whole processes; `None` skips that part.
+    /// a weights file), to time whole processes and run worker processes; `None` skips
+    /// those parts.
     pub exe: Option<(std::path::PathBuf, Vec<String>)>,
+    /// The model file (worker processes load it themselves).
+    pub weights: std::path::PathBuf,
 }
 
 /// One method: a name and how it configures a request.
@@ -231,6 +234,7 @@ pub fn run(
         .map(|m| (m.cfg)(&base))
         .expect("distrifusion is in methods()");
     let serving = serving::study(engine, cfg, &base, &distrifusion, &mut md, progress)?;
+    let ordering = serving::ordering(engine, cfg, &base, &mut md, progress)?;
     md.push_str(&wall_time::section(engine, cfg, progress)?);
     progress("final-step profile");
     let jump = final_step_profile(engine, cfg.seed, cfg.prompts.min(8), cfg.steps)?;
@@ -362,7 +366,7 @@ pub fn run(
         .iter()
         .map(|r| json!({"method": r.method, "prompt": r.prompt, "latency_ms": r.latency_ms, "work": r.work, "patch_steps_skipped": r.skipped, "psnr_db": if r.psnr.is_finite() { r.psnr } else { 99.0 }, "ssim": r.ssim, "all_correct": r.all_correct, "agrees_with_full": r.agrees_with_full}))
         .collect();
-    let doc = json!({"config": {"prompts": cfg.prompts, "seed": cfg.seed, "steps": cfg.steps, "patches": cfg.patches, "epsilon": base.epsilon, "max_skip": base.max_skip, "extrapolate": base.extrapolate, "monotasks": base.monotasks, "workers": engine.workers()}, "summary": summary, "runs": per_run, "scale_simulated": scale, "serving": serving, "sweeps": sweeps, "final_step": jump.1});
+    let doc = json!({"config": {"prompts": cfg.prompts, "seed": cfg.seed, "steps": cfg.steps, "patches": cfg.patches, "epsilon": base.epsilon, "max_skip": base.max_skip, "extrapolate": base.extrapolate, "monotasks": base.monotasks, "workers": engine.workers()}, "summary": summary, "runs": per_run, "scale_simulated": scale, "serving": serving, "ordering": ordering, "sweeps": sweeps, "final_step": jump.1});
     let write = |name: &str, body: &str| {
         std::fs::write(out.join(name), body).map_err(|e| {
             EngineError::Config(format!("cannot write {}: {e}", out.join(name).display()))

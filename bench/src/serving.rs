@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 use serde_json::{json, Value};
 
 use flashdiff_models::scene;
-use flashdiff_runtime::engine::{Engine, EngineError, Mode, RequestConfig};
+use flashdiff_runtime::engine::{Engine, EngineError, Mode, QueueOrder, RequestConfig};
 use flashdiff_scheduler::sim::bursty_arrivals;
 
 use crate::{verdict, work, BenchConfig};
@@ -27,6 +27,8 @@ struct Server {
     /// Whole requests in arrival order, at most one per worker in flight (no scheduler
     /// interleaving); otherwise every arrival is submitted at once to the scheduler.
     fifo: bool,
+    /// On worker processes (request state in shared memory) instead of the bench's engine.
+    processes: bool,
 }
 
 fn servers(base: &RequestConfig, distrifusion: &RequestConfig) -> Vec<Server> {
@@ -36,6 +38,7 @@ fn servers(base: &RequestConfig, distrifusion: &RequestConfig) -> Vec<Server> {
             what: "FlashDiff: every arrival to the patch scheduler",
             cfg: base.clone(),
             fifo: false,
+            processes: false,
         },
         Server {
             name: "flashdiff-adaptive-eps",
@@ -45,12 +48,21 @@ fn servers(base: &RequestConfig, distrifusion: &RequestConfig) -> Vec<Server> {
                 ..base.clone()
             },
             fifo: false,
+            processes: false,
         },
         Server {
             name: "distrifusion",
             what: "DistriFusion-style: displaced patches, one monotask each, over every worker",
             cfg: distrifusion.clone(),
             fifo: false,
+            processes: false,
+        },
+        Server {
+            name: "distrifusion-processes",
+            what: "DistriFusion-style as above, its workers separate processes sharing request state in /dev/shm",
+            cfg: distrifusion.clone(),
+            fifo: false,
+            processes: true,
         },
         Server {
             name: "full-fifo",
@@ -60,6 +72,7 @@ fn servers(base: &RequestConfig, distrifusion: &RequestConfig) -> Vec<Server> {
                 ..base.clone()
             },
             fifo: true,
+            processes: false,
         },
         Server {
             name: "teacache-fifo",
@@ -69,12 +82,14 @@ fn servers(base: &RequestConfig, distrifusion: &RequestConfig) -> Vec<Server> {
                 ..base.clone()
             },
             fifo: true,
+            processes: false,
         },
         Server {
             name: "flashdiff-fifo",
             what: "FlashDiff requests without the scheduler's interleaving, one per worker",
             cfg: base.clone(),
             fifo: true,
+            processes: false,
         },
     ]
 }
@@ -95,7 +110,27 @@ pub(crate) fn study(
     // A smoke run (a test's): the least that still exercises every path.
     let tiny = cfg.prompts <= 2;
     let workers = engine.workers();
-    let list = servers(base, distrifusion);
+    let mut list = servers(base, distrifusion);
+    // Worker processes need the executable; without it (a library caller) those rows are
+    // left out and the report says so.
+    let mut procs = match &cfg.exe {
+        Some((exe, _)) if list.iter().any(|s| s.processes) => Some(Engine::with_processes(
+            &cfg.weights,
+            workers,
+            exe,
+            &flashdiff_runtime::engine::state_dir(),
+        )?),
+        _ => None,
+    };
+    let skipped: Vec<&str> = if procs.is_none() {
+        list.iter()
+            .filter(|s| s.processes)
+            .map(|s| s.name)
+            .collect()
+    } else {
+        Vec::new()
+    };
+    list.retain(|s| procs.is_some() || !s.processes);
     // Capacity: every request at once, so nobody waits for arrivals.
     let n_sat = if tiny {
         2 * workers as usize
@@ -108,7 +143,11 @@ pub(crate) fn study(
     let mut capacity = Vec::new();
     for s in &list {
         progress(&format!("serving: capacity of {}", s.name));
-        let mut r = serve_trace(engine, &vec![0.0; n_sat], &s.cfg, s.fifo, cfg.seed)?;
+        let e = match (&mut procs, s.processes) {
+            (Some(p), true) => p,
+            _ => &mut *engine,
+        };
+        let mut r = serve_trace(e, &vec![0.0; n_sat], &s.cfg, s.fifo, cfg.seed)?;
         capacity.push(r["throughput_rps"].as_f64().unwrap_or(f64::NAN));
         r["load"] = json!("saturated");
         r["method"] = json!(s.name);
@@ -125,36 +164,39 @@ pub(crate) fn study(
     } else {
         &[0.8, TARGET_LOAD, 1.5]
     };
-    let length = |load: f64| {
-        if tiny {
-            6
-        } else if quick {
-            16
-        } else if load == TARGET_LOAD {
-            200
-        } else {
-            60
-        }
+    // Long enough that p99 is not the maximum (>= 200) outside smoke and quick runs.
+    let length = if tiny {
+        6
+    } else if quick {
+        16
+    } else {
+        200
     };
     md.push_str(&format!(
         "\n## Serving a bursty stream on this machine\n\n{workers} worker(s). Arrivals from a two-state MMPP (seeded, the same trace for every method at a load), priorities 0-3 cycling. Load is a multiple of DistriFusion-style's capacity, {df_cap:.2} req/s, measured like every method's own capacity column with {n_sat} requests submitted at once. Requests per run: {}. A row is **overloaded** when its arrivals come faster than its method's capacity: that queue grows without bound and its p99 is the wait at the end of the trace, which grows with the trace's length.\n\n| method | what |\n| --- | --- |\n",
-        if quick {
-            length(TARGET_LOAD).to_string()
-        } else {
-            format!("200 at load {TARGET_LOAD}, 60 at the others")
-        }
+        length
     ));
     for s in &list {
         md.push_str(&format!("| {} | {} |\n", s.name, s.what));
     }
+    if !skipped.is_empty() {
+        md.push_str(&format!(
+            "\nNot run (no flashdiff executable to start worker processes): {}.\n",
+            skipped.join(", ")
+        ));
+    }
     md.push_str("\n| load | method | arrivals req/s | capacity req/s | throughput req/s | p50 s | p95 s | p99 s | work | mean ε | queue |\n| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n");
     for &load in loads {
-        let n = length(load);
+        let n = length;
         let rate = load * df_cap;
         let arrivals = bursty_arrivals(n, rate, 99 + (load * 100.0) as u64);
         for (s, &cap) in list.iter().zip(&capacity) {
             progress(&format!("serving: load {load}, {} ({n} requests)", s.name));
-            let mut r = serve_trace(engine, &arrivals, &s.cfg, s.fifo, cfg.seed)?;
+            let e = match (&mut procs, s.processes) {
+                (Some(p), true) => p,
+                _ => &mut *engine,
+            };
+            let mut r = serve_trace(e, &arrivals, &s.cfg, s.fifo, cfg.seed)?;
             let overloaded = rate > cap;
             // Under 100 requests the 99th percentile is the largest completion time: say so.
             let p99 = r["p99_s"].as_f64().unwrap_or(0.0);
@@ -288,6 +330,20 @@ fn serve_trace(
     fifo: bool,
     seed: u64,
 ) -> Result<Value, EngineError> {
+    serve_shaped(engine, arrivals, base, fifo, seed, &|i| {
+        ((i % 4) as u8, None)
+    })
+}
+
+/// [`serve_trace`] with request i's priority and deadline from `shape(i)`.
+fn serve_shaped(
+    engine: &mut Engine,
+    arrivals: &[f64],
+    base: &RequestConfig,
+    fifo: bool,
+    seed: u64,
+    shape: &dyn Fn(usize) -> (u8, Option<Duration>),
+) -> Result<Value, EngineError> {
     let start = Instant::now();
     let n = arrivals.len();
     let slots = engine.workers() as usize;
@@ -295,6 +351,7 @@ fn serve_trace(
     let mut queue = std::collections::VecDeque::new();
     let mut latency = Vec::with_capacity(n);
     let (mut work_sum, mut eps_sum, mut eps_n) = (0.0, 0.0, 0u32);
+    let (mut met, mut with_deadline) = (0usize, 0usize);
     let id_base = 1_000_000 + seed;
     while done < n {
         let now = start.elapsed().as_secs_f64();
@@ -308,9 +365,11 @@ fn serve_trace(
             }
             queue.pop_front();
             let scene = scene::sample(seed + 500 + i as u64);
+            let (priority, deadline) = shape(i);
             let c = RequestConfig {
                 seed: seed + i as u64,
-                priority: (i % 4) as u8,
+                priority,
+                deadline,
                 ..base.clone()
             };
             engine.submit(id_base + i as u64, &scene::prompt_text(&scene), c)?;
@@ -328,6 +387,10 @@ fn serve_trace(
             let i = (o.report.id - id_base) as usize;
             latency.push(t - arrivals[i]);
             work_sum += work(&o, base.steps);
+            if let Some(m) = o.report.deadline_met {
+                with_deadline += 1;
+                met += m as usize;
+            }
             if let Some(e) = o.report.mean_epsilon() {
                 eps_sum += e;
                 eps_n += 1;
@@ -346,6 +409,138 @@ fn serve_trace(
         "p99_s": pct(0.99),
         "work": work_sum / n as f64,
         "mean_epsilon": if eps_n > 0 { json!(eps_sum / eps_n as f64) } else { Value::Null },
+        "deadlines_met": if with_deadline > 0 { json!(met as f64 / with_deadline as f64) } else { Value::Null },
         "latencies_s": latency,
     }))
+}
+
+/// Order within a priority level, on one worker: FlashDiff under its scheduler (arrival
+/// order within the level) against FlashDiff whole requests one at a time in arrival order
+/// (FIFO), at loads around its capacity; then deadlines: the share met under arrival order
+/// and under earliest-deadline-first. Every request at one priority level, so the order
+/// within a level is all that differs.
+pub(crate) fn ordering(
+    engine: &Engine,
+    cfg: &BenchConfig,
+    base: &RequestConfig,
+    md: &mut String,
+    progress: &mut dyn FnMut(&str),
+) -> Result<Vec<Value>, EngineError> {
+    let tiny = cfg.prompts <= 2;
+    let quick = cfg.prompts <= 8;
+    let n = if tiny {
+        6
+    } else if quick {
+        16
+    } else {
+        200
+    };
+    let mut one = Engine::with_model(engine.shared_model(), 1, None)?;
+    progress("ordering: capacity on one worker");
+    let sat = serve_shaped(
+        &mut one,
+        &vec![0.0; if tiny { 2 } else { 8 }],
+        base,
+        false,
+        cfg.seed,
+        &|_| (0, None),
+    )?;
+    let cap = sat["throughput_rps"].as_f64().unwrap_or(f64::NAN);
+    let loads: &[f64] = if quick { &[1.2] } else { &[0.8, 1.2, 1.5] };
+    md.push_str(&format!(
+        "\n## Order within a priority level (one worker)\n\nOne in-process worker, every request at priority 0, {n} requests per run from the same two-state MMPP traces, loads as multiples of FlashDiff's one-worker capacity ({cap:.2} req/s, {} requests at once). `scheduler`: every arrival submitted to the patch scheduler, which keeps arrival order within the level; `fifo`: whole requests one at a time in arrival order. Each side runs twice in the order scheduler, fifo, fifo, scheduler; the table shows the mean of its two runs. The issue's bar: the scheduler's p99 no worse than FIFO's at any load.\n\n| load | arrivals req/s | scheduler p50 s | scheduler p99 s | fifo p50 s | fifo p99 s | p99 scheduler / fifo | queue |\n| --- | --- | --- | --- | --- | --- | --- | --- |\n",
+        if tiny { 2 } else { 8 }
+    ));
+    let mut rows = Vec::new();
+    let mut worst: f64 = 0.0;
+    for &load in loads {
+        let rate = load * cap;
+        let arrivals = bursty_arrivals(n, rate, 7 + (load * 100.0) as u64);
+        // A B B A: this machine's speed drifts by tens of percent over a minute, so each
+        // side runs twice, around the other, and reports the mean of its two runs.
+        let mut runs = Vec::new();
+        for (k, fifo) in [false, true, true, false].into_iter().enumerate() {
+            progress(&format!(
+                "ordering: load {load}, {} run {} of 4 ({n} requests)",
+                if fifo { "fifo" } else { "scheduler" },
+                k + 1
+            ));
+            runs.push(serve_shaped(
+                &mut one,
+                &arrivals,
+                base,
+                fifo,
+                cfg.seed,
+                &|_| (0, None),
+            )?);
+        }
+        let f = |r: &Value, k: &str| r[k].as_f64().unwrap_or(f64::NAN);
+        let mean = |a: &Value, b: &Value| {
+            let mut m = a.clone();
+            for k in ["p50_s", "p95_s", "p99_s", "throughput_rps", "work"] {
+                m[k] = json!((f(a, k) + f(b, k)) / 2.0);
+            }
+            m["runs_p99_s"] = json!([f(a, "p99_s"), f(b, "p99_s")]);
+            m
+        };
+        let (sched, fifo) = (mean(&runs[0], &runs[3]), mean(&runs[1], &runs[2]));
+        let ratio = f(&sched, "p99_s") / f(&fifo, "p99_s");
+        worst = worst.max(ratio);
+        md.push_str(&format!(
+            "| {load} | {rate:.2} | {:.2} | {:.2} | {:.2} | {:.2} | {ratio:.2} | {} |\n",
+            f(&sched, "p50_s"),
+            f(&sched, "p99_s"),
+            f(&fifo, "p50_s"),
+            f(&fifo, "p99_s"),
+            if rate > cap {
+                "**overloaded**"
+            } else {
+                "stable"
+            },
+        ));
+        for (name, mut r) in [("scheduler", sched), ("fifo", fifo)] {
+            r["study"] = json!("ordering");
+            r["method"] = json!(name);
+            r["load"] = json!(load);
+            rows.push(r);
+        }
+    }
+    // Within 5%: two runs of one method on one trace differ by that much on this machine.
+    md.push_str(&format!(
+        "\nWorst p99 ratio over the loads: {worst:.2} (scheduler over FIFO; <= 1.05 counts as no worse, the run-to-run spread here): {}.\n",
+        verdict(worst <= 1.05)
+    ));
+    // Deadlines: request i may take 2, 4 or 8 times a lone request's latency.
+    let lone = 1.0 / cap;
+    let slack = |i: usize| [2.0, 4.0, 8.0][(i * 7 + 3) % 3] * lone;
+    md.push_str("\nDeadlines: request i must finish within 2, 4 or 8 times a lone request's time (cycling), same traces.\n\n| load | deadlines met, arrival order | deadlines met, earliest deadline first | p99 s arrival | p99 s deadline |\n| --- | --- | --- | --- | --- |\n");
+    for &load in loads.iter().filter(|&&l| l >= 1.0 || quick) {
+        let rate = load * cap;
+        let arrivals = bursty_arrivals(n, rate, 7 + (load * 100.0) as u64);
+        let mut res = Vec::new();
+        for order in [QueueOrder::Arrival, QueueOrder::Deadline] {
+            progress(&format!(
+                "ordering: deadlines at load {load}, {order:?} order"
+            ));
+            one.set_queue_order(order)?;
+            let mut r = serve_shaped(&mut one, &arrivals, base, false, cfg.seed, &|i| {
+                (0, Some(Duration::from_secs_f64(slack(i))))
+            })?;
+            r["study"] = json!("deadlines");
+            r["method"] = json!(format!("{order:?}"));
+            r["load"] = json!(load);
+            res.push(r);
+        }
+        one.set_queue_order(QueueOrder::Arrival)?;
+        let f = |r: &Value, k: &str| r[k].as_f64().unwrap_or(f64::NAN);
+        md.push_str(&format!(
+            "| {load} | {:.0}% | {:.0}% | {:.2} | {:.2} |\n",
+            100.0 * f(&res[0], "deadlines_met"),
+            100.0 * f(&res[1], "deadlines_met"),
+            f(&res[0], "p99_s"),
+            f(&res[1], "p99_s"),
+        ));
+        rows.extend(res);
+    }
+    Ok(rows)
 }

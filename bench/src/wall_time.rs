@@ -31,7 +31,7 @@ pub(crate) fn section(
     let (prompts, reps) = match cfg.prompts {
         0..=2 => (1, 1),
         3..=8 => (4, 3),
-        _ => (16, 3),
+        _ => (16, 5),
     };
     progress(&format!(
         "wall time: {prompts} prompts x {reps}, full and generate's defaults interleaved"
