@@ -1,15 +1,18 @@
 //! Engine exports: create an engine over the built-in model (or given weights), submit
-//! requests, run them to completion, poll, read each image and report, cancel, free.
+//! requests, advance it a round at a time or run it to completion, poll, read each image and
+//! report, cancel, free. The engine handle is shared between threads: its state sits behind
+//! a mutex that `fd_engine_run` releases between scheduling rounds.
 
 use std::collections::HashMap;
 use std::ffi::CStr;
 use std::os::raw::c_char;
 use std::path::PathBuf;
+use std::sync::{Mutex, MutexGuard};
+use std::time::Duration;
 
 use flashdiff_runtime::engine::{
     default_weights, Engine, EngineError, LayoutKind, Mode, Output, RequestConfig,
 };
-use flashdiff_runtime::models::scene::IMAGE;
 
 use crate::error::{boundary, boundary_value, fd_status, Fail};
 use crate::ptr;
@@ -110,9 +113,48 @@ pub struct fd_report {
 }
 
 /// The serving engine. Opaque.
+///
+/// Thread safety: one handle may be used from any number of threads at once for every
+/// function except `fd_engine_free`, which must not overlap any other call on the handle.
+/// `fd_engine_run` and `fd_engine_step` advance the engine; submits, cancels, polls and
+/// result reads from other threads go in between its scheduling rounds (each round is one
+/// monotask per worker: milliseconds for the built-in model).
 pub struct fd_engine {
+    state: Mutex<State>,
+    /// Side of the model's square image, in pixels.
+    side: u32,
+}
+
+struct State {
     inner: Engine,
     results: HashMap<u64, Result<Output, String>>,
+}
+
+impl State {
+    /// Moves what the engine finished into the results.
+    fn collect(&mut self) {
+        for r in self.inner.take_finished() {
+            match r {
+                Ok(o) => {
+                    self.results.insert(o.report.id, Ok(o));
+                }
+                Err((id, err)) => {
+                    self.results.insert(id, Err(err.to_string()));
+                }
+            }
+        }
+    }
+}
+
+impl fd_engine {
+    fn lock(&self) -> Result<MutexGuard<'_, State>, Fail> {
+        self.state.lock().map_err(|_| {
+            Fail::new(
+                fd_status::FD_ERR_PANIC,
+                "the engine is unusable: an earlier call on it panicked",
+            )
+        })
+    }
 }
 
 fn from_engine(e: EngineError) -> Fail {
@@ -218,13 +260,28 @@ pub unsafe extern "C" fn fd_engine_new(
             Engine::new(&weights, c.workers)
         }
         .map_err(from_engine)?;
+        // The image a request returns: the model decodes a latent of its own grid.
+        let dims = inner.model().dims().clone();
+        let side = inner
+            .model()
+            .decode(&vec![0.0; dims.grid.tokens() * dims.channels])
+            .map(|s| ((s.rgb.len() / 3) as f64).sqrt().round() as u32)
+            .map_err(|e| {
+                Fail::new(
+                    fd_status::FD_ERR_CONFIG,
+                    format!("model cannot decode: {e}"),
+                )
+            })?;
         // SAFETY: out non-NULL and writable (checked above; this function's contract).
         unsafe {
             ptr::write_handle(
                 out,
                 fd_engine {
-                    inner,
-                    results: HashMap::new(),
+                    state: Mutex::new(State {
+                        inner,
+                        results: HashMap::new(),
+                    }),
+                    side,
                 },
                 "out",
             )
@@ -248,7 +305,7 @@ pub unsafe extern "C" fn fd_engine_free(e: *mut *mut fd_engine) {
 /// `e` live; `prompt` NUL-terminated; `cfg` NULL or readable.
 #[no_mangle]
 pub unsafe extern "C" fn fd_engine_submit(
-    e: *mut fd_engine,
+    e: *const fd_engine,
     id: u64,
     prompt: *const c_char,
     cfg: *const fd_request_config,
@@ -257,7 +314,7 @@ pub unsafe extern "C" fn fd_engine_submit(
         // SAFETY: this function's `# Safety` section (live engine, readable config, string).
         let (e, c, prompt) = unsafe {
             (
-                ptr::handle_mut(e, "engine")?,
+                ptr::handle(e, "engine")?,
                 cfg.as_ref()
                     .copied()
                     .unwrap_or_else(|| fd_request_config_default()),
@@ -265,12 +322,49 @@ pub unsafe extern "C" fn fd_engine_submit(
             )
         };
         let prompt = prompt.ok_or_else(|| Fail::new(fd_status::FD_ERR_NULL, "prompt is NULL"))?;
-        if e.results.contains_key(&id) || e.inner.is_in_flight(id) {
+        submit(e, id, &prompt, &c)
+    })
+}
+
+/// [`fd_engine_submit`] with the prompt as `prompt_len` bytes of UTF-8 at `prompt` (no NUL
+/// terminator needed; a NUL byte inside is an error, not the end of the prompt).
+///
+/// # Safety
+/// `e` live; `prompt` readable for `prompt_len` bytes (or NULL with 0); `cfg` NULL or
+/// readable.
+#[no_mangle]
+pub unsafe extern "C" fn fd_engine_submit_n(
+    e: *const fd_engine,
+    id: u64,
+    prompt: *const c_char,
+    prompt_len: usize,
+    cfg: *const fd_request_config,
+) -> fd_status {
+    boundary(|| {
+        // SAFETY: this function's `# Safety` section (live engine, readable bytes, config).
+        let (e, c, bytes) = unsafe {
+            (
+                ptr::handle(e, "engine")?,
+                cfg.as_ref()
+                    .copied()
+                    .unwrap_or_else(|| fd_request_config_default()),
+                ptr::slice(prompt.cast::<u8>(), prompt_len, "prompt")?,
+            )
+        };
+        if let Some(at) = bytes.iter().position(|&b| b == 0) {
             return Err(Fail::new(
-                fd_status::FD_ERR_DUPLICATE_REQUEST,
-                format!("request {id} exists: release it first"),
+                fd_status::FD_ERR_VALUE,
+                format!("prompt has a NUL byte at offset {at} of {prompt_len}"),
             ));
         }
+        let prompt = std::str::from_utf8(bytes)
+            .map_err(|e| Fail::new(fd_status::FD_ERR_UTF8, format!("prompt is not UTF-8: {e}")))?;
+        submit(e, id, prompt, &c)
+    })
+}
+
+fn submit(e: &fd_engine, id: u64, prompt: &str, c: &fd_request_config) -> Result<(), Fail> {
+    {
         let mode = match c.mode {
             0 => Mode::FlashDiff,
             1 => Mode::NoSkip,
@@ -323,54 +417,101 @@ pub unsafe extern "C" fn fd_engine_submit(
             // Not in the C request struct yet either (same reason).
             deadline: None,
         };
-        e.inner.submit(id, &prompt, rc).map_err(from_engine)
-    })
+        let e = &mut *e.lock()?;
+        if e.results.contains_key(&id) || e.inner.is_in_flight(id) {
+            return Err(Fail::new(
+                fd_status::FD_ERR_DUPLICATE_REQUEST,
+                format!("request {id} exists: release it first"),
+            ));
+        }
+        e.inner.submit(id, prompt, rc).map_err(from_engine)
+    }
 }
 
-/// Runs every submitted request to completion (the results wait for `fd_engine_result`).
+/// Runs until no request is pending, including requests other threads submit meanwhile
+/// (the results wait for `fd_engine_result`). Other threads' calls go in between its
+/// scheduling rounds.
 ///
 /// # Safety
 /// `e` live.
 #[no_mangle]
-pub unsafe extern "C" fn fd_engine_run(e: *mut fd_engine) -> fd_status {
+pub unsafe extern "C" fn fd_engine_run(e: *const fd_engine) -> fd_status {
     boundary(|| {
-        // SAFETY: this function's `# Safety` section: live, unaliased engine.
-        let e = unsafe { ptr::handle_mut(e, "engine") }?;
-        for r in e.inner.run(&mut |_, _, _| {}) {
-            match r {
-                Ok(o) => {
-                    e.results.insert(o.report.id, Ok(o));
-                }
-                Err((id, err)) => {
-                    e.results.insert(id, Err(err.to_string()));
-                }
-            }
+        // SAFETY: this function's `# Safety` section: live engine.
+        let e = unsafe { ptr::handle(e, "engine") }?;
+        while round(e, Duration::from_millis(5))? > 0 {}
+        Ok(())
+    })
+}
+
+/// One scheduling round: each idle worker gets its next monotask (in-process workers run it
+/// before this returns); with worker threads or processes, waits up to `timeout` for one to
+/// report. Returns the requests still pending.
+fn round(e: &fd_engine, timeout: Duration) -> Result<usize, Fail> {
+    let mut st = e.lock()?;
+    if st.inner.in_flight() > 0 {
+        st.inner.poll(&mut |_, _, _| {}, timeout);
+    }
+    st.collect();
+    Ok(st.inner.in_flight())
+}
+
+/// Advances the engine by one scheduling round and returns at once when nothing is pending:
+/// a serving loop calls it between admitting new requests. With worker threads or processes
+/// it waits at most `timeout_ms` (at most 10000) for a worker to report; in-process it runs
+/// one monotask (milliseconds for the built-in model). `pending_out` (NULL to skip) gets the
+/// requests still pending; finished ones are ready for `fd_engine_result`.
+///
+/// # Safety
+/// `e` live; `pending_out` NULL or writable.
+#[no_mangle]
+pub unsafe extern "C" fn fd_engine_step(
+    e: *const fd_engine,
+    timeout_ms: u32,
+    pending_out: *mut usize,
+) -> fd_status {
+    boundary(|| {
+        // SAFETY: this function's `# Safety` section: live engine.
+        let e = unsafe { ptr::handle(e, "engine") }?;
+        if timeout_ms > 10_000 {
+            return Err(Fail::new(
+                fd_status::FD_ERR_VALUE,
+                format!("timeout_ms {timeout_ms}: at most 10000"),
+            ));
+        }
+        let n = round(e, Duration::from_millis(timeout_ms.into()))?;
+        if !pending_out.is_null() {
+            // SAFETY: pending_out non-NULL and writable (this function's contract).
+            unsafe { ptr::write_out(pending_out, n, "pending_out") }?;
         }
         Ok(())
     })
 }
 
-/// Cancels a pending request.
+/// Cancels a pending request (from any thread, also while another runs the engine); it
+/// then reads as failed. A request that already finished gets `FD_ERR_FINISHED`.
 ///
 /// # Safety
 /// `e` live.
 #[no_mangle]
-pub unsafe extern "C" fn fd_engine_cancel(e: *mut fd_engine, id: u64) -> fd_status {
+pub unsafe extern "C" fn fd_engine_cancel(e: *const fd_engine, id: u64) -> fd_status {
     boundary(|| {
-        // SAFETY: this function's `# Safety` section: live, unaliased engine.
-        let e = unsafe { ptr::handle_mut(e, "engine") }?;
-        e.inner.cancel(id).map_err(|_| {
+        // SAFETY: this function's `# Safety` section: live engine.
+        let e = unsafe { ptr::handle(e, "engine") }?;
+        let st = &mut *e.lock()?;
+        if st.results.contains_key(&id) {
+            return Err(Fail::new(
+                fd_status::FD_ERR_FINISHED,
+                format!("request {id} already finished: read or release its result"),
+            ));
+        }
+        st.inner.cancel(id).map_err(|_| {
             Fail::new(
                 fd_status::FD_ERR_UNKNOWN_REQUEST,
-                format!("request {id} is not pending"),
+                format!("request {id} was never submitted or was released"),
             )
         })?;
-        for r in e.inner.take_finished() {
-            match r {
-                Ok(o) => e.results.insert(o.report.id, Ok(o)),
-                Err((rid, err)) => e.results.insert(rid, Err(err.to_string())),
-            };
-        }
+        st.collect();
         Ok(())
     })
 }
@@ -388,18 +529,21 @@ pub unsafe extern "C" fn fd_engine_poll(
     boundary(|| {
         // SAFETY: this function's `# Safety` section: live engine, writable output.
         let e = unsafe { ptr::handle(e, "engine") }?;
-        let s = match e.results.get(&id) {
+        let st = e.lock()?;
+        let s = match st.results.get(&id) {
             Some(Ok(_)) => fd_request_state::FD_REQUEST_DONE,
             Some(Err(_)) => fd_request_state::FD_REQUEST_FAILED,
-            None if e.inner.is_in_flight(id) => fd_request_state::FD_REQUEST_PENDING,
+            None if st.inner.is_in_flight(id) => fd_request_state::FD_REQUEST_PENDING,
             None => fd_request_state::FD_REQUEST_UNKNOWN,
         };
+        drop(st);
         // SAFETY: as above.
         unsafe { ptr::write_out(state_out, s, "state_out") }
     })
 }
 
-/// Image side of the engine's model (the image is `side x side x 3` floats in [0, 1]).
+/// Image side of the engine's model, read from the model when the engine was created (the
+/// image is `side x side x 3` floats in [0, 1]).
 ///
 /// # Safety
 /// `e` live; `side_out` writable.
@@ -411,8 +555,8 @@ pub unsafe extern "C" fn fd_engine_image_side(
     boundary(|| {
         // SAFETY: this function's `# Safety` section.
         unsafe {
-            ptr::handle(e, "engine")?;
-            ptr::write_out(side_out, IMAGE as u32, "side_out")
+            let e = ptr::handle(e, "engine")?;
+            ptr::write_out(side_out, e.side, "side_out")
         }
     })
 }
@@ -439,11 +583,12 @@ pub unsafe extern "C" fn fd_engine_result(
                 ptr::slice_mut(rgb_out, rgb_len, "rgb_out")?,
             )
         };
-        let o = match e.results.get(&id) {
-            None if e.inner.is_in_flight(id) => {
+        let st = e.lock()?;
+        let o = match st.results.get(&id) {
+            None if st.inner.is_in_flight(id) => {
                 return Err(Fail::new(
                     fd_status::FD_ERR_NOT_IDLE,
-                    format!("request {id} is still pending: call fd_engine_run"),
+                    format!("request {id} is still pending: call fd_engine_run or fd_engine_step"),
                 ))
             }
             None => {
@@ -498,19 +643,29 @@ pub unsafe extern "C" fn fd_engine_result(
     })
 }
 
-/// Forgets a finished (or failed) request's result.
+/// Forgets a finished (or failed) request's result. A pending request gets
+/// `FD_ERR_NOT_IDLE` (cancel it, or let it finish, first).
 ///
 /// # Safety
 /// `e` live.
 #[no_mangle]
-pub unsafe extern "C" fn fd_engine_release(e: *mut fd_engine, id: u64) -> fd_status {
+pub unsafe extern "C" fn fd_engine_release(e: *const fd_engine, id: u64) -> fd_status {
     boundary(|| {
-        // SAFETY: this function's `# Safety` section: live, unaliased engine.
-        let e = unsafe { ptr::handle_mut(e, "engine") }?;
-        e.results.remove(&id).map(|_| ()).ok_or_else(|| {
+        // SAFETY: this function's `# Safety` section: live engine.
+        let e = unsafe { ptr::handle(e, "engine") }?;
+        let st = &mut *e.lock()?;
+        if st.results.remove(&id).is_some() {
+            return Ok(());
+        }
+        Err(if st.inner.is_in_flight(id) {
+            Fail::new(
+                fd_status::FD_ERR_NOT_IDLE,
+                format!("request {id} is still pending: cancel it or let it finish first"),
+            )
+        } else {
             Fail::new(
                 fd_status::FD_ERR_UNKNOWN_REQUEST,
-                format!("request {id} has no result to release"),
+                format!("request {id} was never submitted or was released"),
             )
         })
     })

@@ -54,9 +54,12 @@ pub enum fd_status {
     FD_ERR_INDEX = 21,
     /// A bug inside libflashdiff was caught at the boundary; the handle may be unusable.
     FD_ERR_PANIC = 22,
+    /// The request already finished (or failed, or was cancelled): read its result with
+    /// `fd_engine_result`, then `fd_engine_release` it.
+    FD_ERR_FINISHED = 23,
 }
 
-pub(crate) const LAST_STATUS: u32 = 22;
+pub(crate) const LAST_STATUS: u32 = 23;
 
 /// Fixed message of a status code (no argument details: see `fd_last_error_detail`).
 pub(crate) fn message(code: u32) -> &'static str {
@@ -84,6 +87,7 @@ pub(crate) fn message(code: u32) -> &'static str {
         20 => "grid dimension is zero or the grid is too large",
         21 => "index out of range",
         22 => "internal error caught at the C boundary",
+        23 => "request already finished",
         _ => "unknown status code",
     }
 }
@@ -169,6 +173,6 @@ mod tests {
             assert!(seen.insert(message(code)), "code {code} repeats a message");
         }
         assert_eq!(message(LAST_STATUS + 1), "unknown status code");
-        assert_eq!(fd_status::FD_ERR_PANIC as u32, LAST_STATUS);
+        assert_eq!(fd_status::FD_ERR_FINISHED as u32, LAST_STATUS);
     }
 }

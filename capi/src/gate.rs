@@ -47,6 +47,9 @@ pub struct fd_load_epsilon {
 }
 
 /// Per-request gate for R patches. Opaque.
+///
+/// Thread safety: not safe for concurrent use; calls on one gate from several threads need
+/// the caller's lock (different gates are independent).
 pub struct fd_gate {
     inner: Gate,
 }

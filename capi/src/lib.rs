@@ -5,8 +5,9 @@
 //! and released by `fd_<thing>_free(&handle)`, which also sets the caller's pointer to NULL
 //! (`_free` of NULL is a no-op); out-parameters end in `_out`; an empty input slice may be
 //! `(NULL, 0)`. After a failure, `fd_last_error_detail` gives this thread's detail message
-//! (which argument, which bound). Handles are not thread-safe: use one from one thread at a
-//! time.
+//! (which argument, which bound). Thread safety is stated on each handle type:
+//! `fd_engine` may be shared between threads (all but `fd_engine_free`), `fd_layout` read
+//! from many at once, the other handles used from one thread at a time.
 
 #![allow(non_camel_case_types)]
 

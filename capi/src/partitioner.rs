@@ -25,11 +25,17 @@ fn from_partition(e: PartitionError) -> Fail {
 }
 
 /// A patch layout: R disjoint, balanced patches covering a grid. Opaque.
+///
+/// Thread safety: immutable after creation; any number of threads may read one at once
+/// (`fd_layout_free` must not overlap them).
 pub struct fd_layout {
     inner: PatchLayout,
 }
 
 /// Adaptive patch-count controller (bounded binary search on observed cost). Opaque.
+///
+/// Thread safety: not safe for concurrent use; calls from several threads need the
+/// caller's lock.
 pub struct fd_granularity {
     inner: GranularityController,
 }

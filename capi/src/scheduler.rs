@@ -118,6 +118,9 @@ pub struct fd_load {
 }
 
 /// The Patch Scheduler. Opaque.
+///
+/// Thread safety: not safe for concurrent use; calls on one scheduler from several threads
+/// (e.g. workers completing monotasks) need the caller's lock.
 pub struct fd_scheduler {
     inner: Scheduler,
 }
