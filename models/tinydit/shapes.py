@@ -42,15 +42,19 @@ def prompt_text(bg, objects):
     return " and ".join(parts) + f" on a {bg} background"
 
 
-def tokenize(text):
+def tokenize(text, vocab=None, max_tokens=None):
+    """Word ids padded to `max_tokens` (this model's vocabulary and length by default)."""
+    vocab = VOCAB if vocab is None else vocab
+    max_tokens = MAX_TOKENS if max_tokens is None else max_tokens
+    word_id = WORD_ID if vocab is VOCAB else {w: i for i, w in enumerate(vocab)}
     words = text.lower().split()
-    unknown = [w for w in words if w not in WORD_ID]
+    unknown = [w for w in words if w not in word_id]
     if unknown:
-        raise ValueError(f"unknown words {unknown}; vocabulary: {VOCAB[1:]}")
-    if len(words) > MAX_TOKENS:
-        raise ValueError(f"prompt has {len(words)} words, at most {MAX_TOKENS}")
-    ids = [WORD_ID[w] for w in words]
-    return ids + [0] * (MAX_TOKENS - len(ids))
+        raise ValueError(f"unknown words {unknown}; vocabulary: {vocab[1:]}")
+    if len(words) > max_tokens:
+        raise ValueError(f"prompt has {len(words)} words, at most {max_tokens}")
+    ids = [word_id[w] for w in words]
+    return ids + [0] * (max_tokens - len(ids))
 
 
 def sample_scene(rng):
@@ -117,8 +121,9 @@ def _cell_box(pos):
 
 
 def nearest_colour(img01):
+    """Index of the nearest palette colour of every pixel of an (..., 3) array in [0, 1]."""
     pal = np.array([COLOURS[c] for c in COLOUR_NAMES], np.float32)
-    d = ((img01[:, :, None, :] - pal[None, None]) ** 2).sum(-1)
+    d = ((img01[..., None, :] - pal) ** 2).sum(-1)
     return d.argmin(-1)
 
 

@@ -6,23 +6,21 @@ named direction or staying still. The prompt says exactly that, e.g.
 "a red circle top left moving right and a blue square bottom still on a white background".
 The Rust runtime re-implements vocabulary, prompt parsing and the checker; keep them in step.
 """
+import os
+import sys
+
 import numpy as np
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tinydit"))
+# Colours, shape drawing and palette lookup are the image model's (shapes.py).
+from shapes import COLOURS, nearest_colour, shape_mask  # noqa: E402
+import shapes  # noqa: E402
 
 FRAMES = 8
 IMAGE = 32
 MAX_TOKENS = 20
 SPEED = 2.0  # pixels per frame
 
-COLOURS = {
-    "red": (0.90, 0.10, 0.10),
-    "green": (0.10, 0.75, 0.20),
-    "blue": (0.15, 0.25, 0.95),
-    "yellow": (0.95, 0.90, 0.10),
-    "purple": (0.60, 0.15, 0.80),
-    "orange": (1.00, 0.55, 0.05),
-    "white": (0.97, 0.97, 0.97),
-    "black": (0.05, 0.05, 0.05),
-}
 COLOUR_NAMES = list(COLOURS)
 SHAPES = ["circle", "square", "triangle"]
 POSITIONS = {
@@ -51,14 +49,7 @@ def prompt_text(bg, objects):
 
 
 def tokenize(text):
-    words = text.lower().split()
-    unknown = [w for w in words if w not in WORD_ID]
-    if unknown:
-        raise ValueError(f"unknown words {unknown}; vocabulary: {VOCAB[1:]}")
-    if len(words) > MAX_TOKENS:
-        raise ValueError(f"prompt has {len(words)} words, at most {MAX_TOKENS}")
-    ids = [WORD_ID[w] for w in words]
-    return ids + [0] * (MAX_TOKENS - len(ids))
+    return shapes.tokenize(text, VOCAB, MAX_TOKENS)
 
 
 def allowed_motions(pos):
@@ -94,21 +85,6 @@ def sample_scene(rng):
     return bg, objects
 
 
-def shape_mask(shape, cx, cy, r):
-    """Boolean 32x32 mask of one shape centred at (cx, cy) with radius r, in pixels."""
-    ys, xs = np.mgrid[0:IMAGE, 0:IMAGE].astype(np.float32) + 0.5
-    dx, dy = xs - cx, ys - cy
-    if shape == "circle":
-        return dx * dx + dy * dy <= r * r
-    if shape == "square":
-        h = 0.85 * r
-        return (np.abs(dx) <= h) & (np.abs(dy) <= h)
-    if shape == "triangle":
-        top, base = cy - r, cy + 0.8 * r
-        return (ys >= top) & (ys <= base) & (np.abs(dx) <= r * (ys - top) / (1.8 * r))
-    raise ValueError(shape)
-
-
 def start_centre(pos):
     row, col = POSITIONS[pos]
     return (col + 0.5) * CELL, (row + 0.5) * CELL
@@ -140,12 +116,6 @@ def batch(rng, n):
         scenes.append((bg, objects))
     x = np.stack(clips).transpose(0, 4, 1, 2, 3) * 2.0 - 1.0
     return x.astype(np.float32), np.array(ids, np.int64), scenes
-
-
-def nearest_colour(img01):
-    pal = np.array([COLOURS[c] for c in COLOUR_NAMES], np.float32)
-    d = ((img01[..., None, :] - pal) ** 2).sum(-1)
-    return d.argmin(-1)
 
 
 def classify_shape(mask):

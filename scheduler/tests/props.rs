@@ -138,19 +138,24 @@ fn least_max_load_packing_balances_and_prefers_state_holders() {
     assert_eq!(l.per_worker, vec![2.0, 2.5]);
 }
 
+/// Worker 0 runs `n` monotasks one after another; the requests they belonged to, in order.
+fn warmups_in_order(s: &mut Scheduler, n: usize) -> Vec<u64> {
+    (0..n)
+        .map(|_| {
+            let a = s.next(0).unwrap().unwrap();
+            s.complete(0, a.task.tag).unwrap();
+            a.task.tag.request
+        })
+        .collect()
+}
+
 #[test]
 fn highest_priority_first_fifo_within_a_level() {
     let mut s = Scheduler::new(cfg(1)).unwrap();
     s.submit(1, 1, 1.0).unwrap();
     s.submit(2, 1, 1.0).unwrap();
     s.submit(3, 6, 1.0).unwrap();
-    let order: Vec<u64> = (0..3)
-        .map(|_| {
-            let a = s.next(0).unwrap().unwrap();
-            s.complete(0, a.task.tag).unwrap();
-            a.task.tag.request
-        })
-        .collect();
+    let order = warmups_in_order(&mut s, 3);
     assert_eq!(order, [3, 1, 2]);
     let mut checker = SchedChecker::new(s.config());
     checker.check_all(&s.take_events()).unwrap();
@@ -538,13 +543,7 @@ fn earliest_deadline_first_under_the_deadline_order() {
         s.submit_with_deadline(4, 0, 1.0, Some(f64::NAN)),
         Err(SchedError::BadDeadline(d)) if d.is_nan()
     ));
-    let order: Vec<u64> = (0..3)
-        .map(|_| {
-            let a = s.next(0).unwrap().unwrap();
-            s.complete(0, a.task.tag).unwrap();
-            a.task.tag.request
-        })
-        .collect();
+    let order = warmups_in_order(&mut s, 3);
     assert_eq!(order, [3, 2, 1]);
     let mut checker = SchedChecker::new(s.config());
     checker.check_all(&s.take_events()).unwrap();
