@@ -499,7 +499,14 @@ pub(crate) fn ordering(
         let f = |r: &Value, k: &str| r[k].as_f64().unwrap_or(f64::NAN);
         let mean = |a: &Value, b: &Value| {
             let mut m = a.clone();
-            for k in ["p50_s", "p95_s", "p99_s", "throughput_rps", "work", "busy_s"] {
+            for k in [
+                "p50_s",
+                "p95_s",
+                "p99_s",
+                "throughput_rps",
+                "work",
+                "busy_s",
+            ] {
                 m[k] = json!((f(a, k) + f(b, k)) / 2.0);
             }
             m["runs_p99_s"] = json!([f(a, "p99_s"), f(b, "p99_s")]);
