@@ -30,8 +30,8 @@
 //! first, [`QueueOrder`]), so one level's requests finish in the order they came instead of
 //! advancing together step by step.
 //!
-//! Also here: the lock-free [`ReadyQueue`] (a FIFO per level for hand-off between
-//! threads), an independent [`checker`] of event logs, and a deterministic discrete-event
+//! Also here: the lock-free [`ReadyQueue`] (a FIFO per level; the scheduler's own queues
+//! are ordered, so it no longer dispatches through it), an independent [`checker`] of event logs, and a deterministic discrete-event
 //! simulator ([`sim`]) for evaluating the policy without a model.
 
 pub mod checker;
