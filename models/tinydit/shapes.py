@@ -127,15 +127,16 @@ def nearest_colour(img01):
     return d.argmin(-1)
 
 
-def classify_shape(mask):
-    """Best-matching shape name for a boolean mask (template IoU), or None if too small."""
-    if mask.sum() < 12:
+def classify_shape(mask, names=None, radii=(3.4, 3.9, 4.4, 4.9), min_pixels=12):
+    """Best-matching shape name for a boolean 32x32 mask (template IoU over `names` at
+    `radii`), or None if it has fewer than `min_pixels` pixels."""
+    if mask.sum() < min_pixels:
         return None
     ys, xs = np.nonzero(mask)
     cx, cy = xs.mean() + 0.5, ys.mean() + 0.5
     best, best_iou = None, -1.0
-    for shape in SHAPES:
-        for r in (3.4, 3.9, 4.4, 4.9):
+    for shape in SHAPES if names is None else names:
+        for r in radii:
             # A triangle's centroid lies 0.2 r below the centre used to draw it.
             for oy in ((-0.2, -0.1) if shape == "triangle" else (0.0,)):
                 t = shape_mask(shape, cx, cy + oy * r, r)

@@ -119,20 +119,8 @@ def batch(rng, n):
 
 
 def classify_shape(mask):
-    """Best-matching shape name for a boolean 32x32 mask (template IoU), or None if too small."""
-    if mask.sum() < 20:
-        return None
-    ys, xs = np.nonzero(mask)
-    cx, cy = xs.mean() + 0.5, ys.mean() + 0.5
-    best, best_iou = None, -1.0
-    for shape in SHAPES:
-        for r in (4.4, 5.1, 5.8):
-            for oy in ((-0.2, -0.1) if shape == "triangle" else (0.0,)):
-                t = shape_mask(shape, cx, cy + oy * r, r)
-                iou = (t & mask).sum() / max((t | mask).sum(), 1)
-                if iou > best_iou:
-                    best, best_iou = shape, iou
-    return best
+    """Best-matching shape name for a boolean 32x32 mask, or None if too small."""
+    return shapes.classify_shape(mask, SHAPES, (4.4, 5.1, 5.8), 20)
 
 
 def observed_motion(centres):
