@@ -6,7 +6,15 @@
  * go back with fd_<thing>_free(&handle), which NULLs the pointer. Thread safety is stated
  * on each handle type: fd_engine may be shared between threads (every call but
  * fd_engine_free), fd_layout read by many at once, the other handles used by one thread
- * at a time. No call panics or aborts across this boundary. */
+ * at a time. No call panics or aborts across this boundary.
+ *
+ * Signals and child processes: with fd_engine_config.processes the library starts worker
+ * processes (posix_spawn/fork+exec of worker_exe) and waits only for its own children, by
+ * pid; a host that reaps every child (waitpid(-1), SIGCHLD set to SIG_IGN) takes exit
+ * statuses from it, but lost workers are still detected through their pipes. The library
+ * never raises SIGPIPE in the host (it writes to workers on its own threads, SIGPIPE
+ * blocked there), installs no signal handler, and writes nothing to stdout or stderr: its
+ * messages go to the fd_set_log_callback callback, silent by default. */
 
 #ifndef FLASHDIFF_H
 #define FLASHDIFF_H
@@ -440,6 +448,13 @@ typedef struct fd_load_epsilon {
 } fd_load_epsilon;
 
 /**
+ * A host's log sink: `level` is 1 error, 2 warning, 3 information; `message` is
+ * NUL-terminated UTF-8, valid only during the call. Called from any thread, including the
+ * library's own; it must not call back into the library.
+ */
+typedef void (*fd_log_fn)(void *user, uint32_t level, const char *message);
+
+/**
  * Scheduler settings (costs in one unit, e.g. seconds of device time).
  */
 typedef struct fd_scheduler_config {
@@ -527,6 +542,25 @@ typedef struct fd_assignment {
    */
   uint32_t attempt;
 } fd_assignment;
+
+/**
+ * What `fd_scheduler_lose_worker` did.
+ */
+typedef struct fd_lost {
+  /**
+   * Monotasks placed on other workers.
+   */
+  size_t requeued;
+  /**
+   * Whether the lost worker's running monotask had used its last attempt, so that its
+   * request failed (it is no longer admitted).
+   */
+  bool request_failed;
+  /**
+   * That request, when `request_failed`.
+   */
+  uint64_t failed_request;
+} fd_lost;
 
 /**
  * Load snapshot.
@@ -726,7 +760,8 @@ struct fd_gate_config fd_gate_config_default(void);
 struct fd_load_epsilon fd_load_epsilon_default(void);
 
 /**
- * A gate for `patches` patches right after a partition. `cfg` NULL means the defaults.
+ * A gate for `patches` patches (1..=2^20, `FD_ERR_PATCH_COUNT` otherwise) right after a
+ * partition. `cfg` NULL means the defaults.
  *
  * # Safety
  * `cfg` NULL or readable; `gate_out` writable.
@@ -791,12 +826,23 @@ fd_status fd_gate_set_epsilon(struct fd_gate *gate, float epsilon);
 fd_status fd_gate_weights(const struct fd_gate *gate, const float **weights_out, size_t *len_out);
 
 /**
- * ε for a load (demand / capacity; 1 = saturated). `cfg` NULL means the defaults.
+ * ε for a load (demand / capacity; 1 = saturated), which must be finite and >= 0
+ * (`FD_ERR_VALUE` otherwise). `cfg` NULL means the defaults.
  *
  * # Safety
  * `cfg` NULL or readable; `epsilon_out` writable.
  */
 fd_status fd_load_epsilon_for(const struct fd_load_epsilon *cfg, float load, float *epsilon_out);
+
+/**
+ * Sends the library's messages to `callback(user, level, message)`; NULL (the default)
+ * makes it silent. May be called at any time from any thread; the last call wins.
+ *
+ * # Safety
+ * `callback` NULL, or a function that may be called from any thread with `user` until it
+ * is replaced; it must not call back into the library.
+ */
+fd_status fd_set_log_callback(fd_log_fn callback, void *user);
 
 /**
  * Marks each of `n_words` NUL-terminated words salient (content word, `true`) or not
@@ -1023,7 +1069,9 @@ fd_status fd_scheduler_fail(struct fd_scheduler *s,
                             fd_completion *completion_out);
 
 /**
- * Declares a worker lost: its monotasks run again elsewhere. `requeued_out` may be NULL.
+ * Declares a worker lost: its monotasks run again elsewhere. The monotask it was running
+ * counts the loss as one of its `max_attempts` executions; at the last one its request
+ * fails instead (use `fd_scheduler_lose_worker` to learn which). `requeued_out` may be NULL.
  *
  * # Safety
  * `s` live; `requeued_out` NULL or writable.
@@ -1031,7 +1079,19 @@ fd_status fd_scheduler_fail(struct fd_scheduler *s,
 fd_status fd_scheduler_worker_lost(struct fd_scheduler *s, uint32_t worker, size_t *requeued_out);
 
 /**
- * Adds a worker (e.g. a replacement); its id goes to `*worker_out`.
+ * Declares a worker lost, like `fd_scheduler_worker_lost`, and says whether a request
+ * failed because of it (its monotask had now been lost `max_attempts` times).
+ *
+ * # Safety
+ * `s` live; `lost_out` writable.
+ */
+fd_status fd_scheduler_lose_worker(struct fd_scheduler *s,
+                                   uint32_t worker,
+                                   struct fd_lost *lost_out);
+
+/**
+ * Adds a worker (e.g. a replacement); its id goes to `*worker_out`. A scheduler holds at
+ * most 65536 workers, lost ones included (`FD_ERR_CONFIG` beyond).
  *
  * # Safety
  * `s` live; `worker_out` writable.

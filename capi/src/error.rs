@@ -126,7 +126,8 @@ pub(crate) fn with_detail<R>(f: impl FnOnce(&str) -> R) -> R {
 
 /// Runs an export's body: panics become `FD_ERR_PANIC`, failures set the thread's detail.
 pub(crate) fn boundary(body: impl FnOnce() -> Result<(), Fail>) -> fd_status {
-    match catch_unwind(AssertUnwindSafe(body)) {
+    crate::logging::install();
+    match catch_unwind(AssertUnwindSafe(|| crate::logging::in_call(body))) {
         Ok(Ok(())) => {
             set_detail("");
             fd_status::FD_OK
@@ -149,7 +150,8 @@ pub(crate) fn boundary(body: impl FnOnce() -> Result<(), Fail>) -> fd_status {
 
 /// For exports that return a value instead of a status: a panic yields `default`.
 pub(crate) fn boundary_value<T>(default: T, body: impl FnOnce() -> T) -> T {
-    catch_unwind(AssertUnwindSafe(body)).unwrap_or(default)
+    crate::logging::install();
+    catch_unwind(AssertUnwindSafe(|| crate::logging::in_call(body))).unwrap_or(default)
 }
 
 #[cfg(test)]

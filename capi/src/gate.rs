@@ -7,7 +7,8 @@ use crate::ptr;
 
 fn from_gate(e: GateError) -> Fail {
     let status = match e {
-        GateError::NoPatches => fd_status::FD_ERR_PATCH_COUNT,
+        GateError::NoPatches | GateError::TooManyPatches(_) => fd_status::FD_ERR_PATCH_COUNT,
+        GateError::BadLoad(_) => fd_status::FD_ERR_VALUE,
         GateError::BadEpsilon(_) | GateError::BadEta(_) => fd_status::FD_ERR_CONFIG,
         GateError::BadImportance { .. } => fd_status::FD_ERR_VALUE,
         GateError::BadPatch { .. } => fd_status::FD_ERR_INDEX,
@@ -78,7 +79,8 @@ pub extern "C" fn fd_load_epsilon_default() -> fd_load_epsilon {
     }
 }
 
-/// A gate for `patches` patches right after a partition. `cfg` NULL means the defaults.
+/// A gate for `patches` patches (1..=2^20, `FD_ERR_PATCH_COUNT` otherwise) right after a
+/// partition. `cfg` NULL means the defaults.
 ///
 /// # Safety
 /// `cfg` NULL or readable; `gate_out` writable.
@@ -232,7 +234,8 @@ pub unsafe extern "C" fn fd_gate_weights(
     })
 }
 
-/// ε for a load (demand / capacity; 1 = saturated). `cfg` NULL means the defaults.
+/// ε for a load (demand / capacity; 1 = saturated), which must be finite and >= 0
+/// (`FD_ERR_VALUE` otherwise). `cfg` NULL means the defaults.
 ///
 /// # Safety
 /// `cfg` NULL or readable; `epsilon_out` writable.
@@ -255,7 +258,8 @@ pub unsafe extern "C" fn fd_load_epsilon_for(
             high: c.high,
         };
         h.validate().map_err(|_| Fail::new(fd_status::FD_ERR_CONFIG, format!("load-epsilon settings {c:?} need 0 <= eps_min <= eps_base <= eps_max <= 1 and 0 <= low < 1 < high")))?;
+        let eps = h.try_epsilon(load).map_err(from_gate)?;
         // SAFETY: this function's `# Safety` section: epsilon_out writable.
-        unsafe { ptr::write_out(epsilon_out, h.epsilon(load), "epsilon_out") }
+        unsafe { ptr::write_out(epsilon_out, eps, "epsilon_out") }
     })
 }

@@ -14,6 +14,7 @@
 mod engine;
 mod error;
 mod gate;
+mod logging;
 mod partitioner;
 mod ptr;
 mod scheduler;
@@ -21,6 +22,7 @@ mod scheduler;
 pub use engine::*;
 pub use error::fd_status;
 pub use gate::*;
+pub use logging::*;
 pub use partitioner::*;
 pub use scheduler::*;
 

@@ -353,7 +353,9 @@ pub unsafe extern "C" fn fd_scheduler_fail(
     unsafe { report_outcome(s, completion_out, |s| s.fail(worker, tag(t))) }
 }
 
-/// Declares a worker lost: its monotasks run again elsewhere. `requeued_out` may be NULL.
+/// Declares a worker lost: its monotasks run again elsewhere. The monotask it was running
+/// counts the loss as one of its `max_attempts` executions; at the last one its request
+/// fails instead (use `fd_scheduler_lose_worker` to learn which). `requeued_out` may be NULL.
 ///
 /// # Safety
 /// `s` live; `requeued_out` NULL or writable.
@@ -366,16 +368,59 @@ pub unsafe extern "C" fn fd_scheduler_worker_lost(
     boundary(|| {
         // SAFETY: every pointer argument meets this function's `# Safety` section (live handle,
         // writable outputs), which is what the ptr helpers used here require.
-        let n = unsafe { with(s, |s| s.worker_lost(worker)) }?;
+        let lost = unsafe { with(s, |s| s.worker_lost(worker)) }?;
         if !requeued_out.is_null() {
             // SAFETY: non-NULL and writable (caller contract).
-            unsafe { ptr::write_out(requeued_out, n, "requeued_out") }?;
+            unsafe { ptr::write_out(requeued_out, lost.requeued, "requeued_out") }?;
         }
         Ok(())
     })
 }
 
-/// Adds a worker (e.g. a replacement); its id goes to `*worker_out`.
+/// What `fd_scheduler_lose_worker` did.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default)]
+pub struct fd_lost {
+    /// Monotasks placed on other workers.
+    pub requeued: usize,
+    /// Whether the lost worker's running monotask had used its last attempt, so that its
+    /// request failed (it is no longer admitted).
+    pub request_failed: bool,
+    /// That request, when `request_failed`.
+    pub failed_request: u64,
+}
+
+/// Declares a worker lost, like `fd_scheduler_worker_lost`, and says whether a request
+/// failed because of it (its monotask had now been lost `max_attempts` times).
+///
+/// # Safety
+/// `s` live; `lost_out` writable.
+#[no_mangle]
+pub unsafe extern "C" fn fd_scheduler_lose_worker(
+    s: *mut fd_scheduler,
+    worker: u32,
+    lost_out: *mut fd_lost,
+) -> fd_status {
+    boundary(|| {
+        if lost_out.is_null() {
+            return Err(Fail::new(fd_status::FD_ERR_NULL, "lost_out is NULL"));
+        }
+        // SAFETY: every pointer argument meets this function's `# Safety` section (live handle,
+        // writable outputs), which is what the ptr helpers used here require.
+        unsafe {
+            let lost = with(s, |s| s.worker_lost(worker))?;
+            let out = fd_lost {
+                requeued: lost.requeued,
+                request_failed: lost.failed.is_some(),
+                failed_request: lost.failed.unwrap_or(0),
+            };
+            ptr::write_out(lost_out, out, "lost_out")
+        }
+    })
+}
+
+/// Adds a worker (e.g. a replacement); its id goes to `*worker_out`. A scheduler holds at
+/// most 65536 workers, lost ones included (`FD_ERR_CONFIG` beyond).
 ///
 /// # Safety
 /// `s` live; `worker_out` writable.
@@ -391,7 +436,7 @@ pub unsafe extern "C" fn fd_scheduler_add_worker(
         // SAFETY: every pointer argument meets this function's `# Safety` section (live handle,
         // writable outputs), which is what the ptr helpers used here require.
         unsafe {
-            let w = with(s, |s| Ok(s.add_worker()))?;
+            let w = with(s, |s| s.add_worker())?;
             ptr::write_out(worker_out, w, "worker_out")
         }
     })

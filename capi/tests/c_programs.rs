@@ -211,6 +211,46 @@ fn engine_handle_is_shared_between_threads() {
     }
 }
 
+/// A C host with SIGPIPE at its default action survives workers killed between runs, the
+/// only worker dying, and a worker executable that exits at once (SIGPIPE default, then
+/// ignored: an error soon, not a respawn storm); sizes at their limits and bad loads are
+/// errors; and the library writes nothing to the host's stderr (messages go to the log
+/// callback, which counts them).
+#[test]
+fn a_c_host_survives_worker_faults_without_sigpipe() {
+    let exits = out_dir().join("exits-at-once.sh");
+    std::fs::write(&exits, "#!/bin/sh\nexit 3\n").expect("write script");
+    {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&exits, std::fs::Permissions::from_mode(0o755)).unwrap();
+    }
+    let flashdiff = lib_dir().join("flashdiff");
+    assert!(flashdiff.exists(), "{} not built", flashdiff.display());
+    for link in [Link::Static, Link::Shared, Link::Sanitized] {
+        let exe = build(&["host_faults.c"], link, "host_faults");
+        let out = Command::new(&exe)
+            .arg(weights())
+            .arg(&flashdiff)
+            .arg(&exits)
+            .env("ASAN_OPTIONS", "detect_leaks=1:abort_on_error=0")
+            .env("UBSAN_OPTIONS", "print_stacktrace=1:halt_on_error=1")
+            .output()
+            .expect("run host_faults");
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            out.status.success(),
+            "{link:?}: host died or failed ({}):\n{stdout}\n{stderr}",
+            out.status
+        );
+        assert!(stdout.contains("host ok"), "{stdout}");
+        assert!(
+            stderr.trim().is_empty(),
+            "{link:?}: the library wrote to the host's stderr:\n{stderr}"
+        );
+    }
+}
+
 #[test]
 fn header_compiles_as_cpp() {
     let out = Command::new("c++")

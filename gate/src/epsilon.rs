@@ -46,7 +46,15 @@ impl LoadAdaptiveEpsilon {
         Ok(())
     }
 
-    /// ε for the given load; NaN or negative load counts as idle.
+    /// ε for a measured load, refusing a NaN, infinite or negative one.
+    pub fn try_epsilon(&self, load: f32) -> Result<f32, GateError> {
+        if !(load.is_finite() && load >= 0.0) {
+            return Err(GateError::BadLoad(load));
+        }
+        Ok(self.epsilon(load))
+    }
+
+    /// ε for the given load; NaN or negative load counts as idle, +inf as overload.
     pub fn epsilon(&self, load: f32) -> f32 {
         let load = if load.is_nan() { 0.0 } else { load.max(0.0) };
         let lerp = |a: f32, b: f32, t: f32| a + (b - a) * t.clamp(0.0, 1.0);

@@ -49,6 +49,9 @@ pub const DEFAULT_EPSILON: f32 = 0.05;
 pub const DEFAULT_ETA: f32 = 1e-6;
 /// Default K, the longest run of skips (DESIGN.md: 3-5; the paper's bound, §5).
 pub const DEFAULT_MAX_SKIP: u32 = 4;
+/// Most patches a gate accepts (2^20: far above any real partition, small enough that a
+/// gate's per-patch arrays are always allocatable).
+pub const MAX_PATCHES: usize = 1 << 20;
 
 /// Gate settings.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -76,6 +79,10 @@ impl Default for GateConfig {
 pub enum GateError {
     /// Zero patches.
     NoPatches,
+    /// More patches than [`MAX_PATCHES`].
+    TooManyPatches(usize),
+    /// A load (for [`LoadAdaptiveEpsilon::try_epsilon`]) that is NaN, infinite or negative.
+    BadLoad(f32),
     /// ε outside `[0, 1]` or not finite.
     BadEpsilon(f32),
     /// η negative or not finite.
@@ -112,6 +119,14 @@ impl fmt::Display for GateError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Self::NoPatches => write!(f, "a gate needs at least one patch"),
+            Self::TooManyPatches(n) => write!(
+                f,
+                "{n} patches exceed the limit of {MAX_PATCHES} (a patch holds at least one token)"
+            ),
+            Self::BadLoad(l) => write!(
+                f,
+                "load {l} must be a finite number >= 0 (demand over capacity)"
+            ),
             Self::BadEpsilon(e) => write!(f, "epsilon {e} must be a finite number in [0, 1]"),
             Self::BadEta(e) => write!(f, "eta {e} must be finite and >= 0"),
             Self::BadImportance { patch, value } => write!(
@@ -174,11 +189,103 @@ pub struct Gate {
     steps: u64,
 }
 
+/// A gate's whole state, to persist a request between processes ([`Gate::state`],
+/// [`Gate::from_state`]).
+#[derive(Debug, Clone, PartialEq)]
+pub struct GateState {
+    /// Settings.
+    pub cfg: GateConfig,
+    /// Smoothed importance per patch.
+    pub r_bar: Vec<f32>,
+    /// Smoothed change per patch.
+    pub delta: Vec<f32>,
+    /// Executions observed since the partition (saturating at 2).
+    pub seen: Vec<u8>,
+    /// Consecutive skips.
+    pub skipped_run: Vec<u32>,
+    /// Active patches of the last decision.
+    pub active: Vec<bool>,
+    /// Weights of the last decision.
+    pub weights: Vec<f32>,
+    /// Decisions made.
+    pub steps: u64,
+}
+
 impl Gate {
+    /// Everything the gate holds, for [`Gate::from_state`].
+    pub fn state(&self) -> GateState {
+        GateState {
+            cfg: self.cfg,
+            r_bar: self.r_bar.clone(),
+            delta: self.delta.clone(),
+            seen: self.seen.clone(),
+            skipped_run: self.skipped_run.clone(),
+            active: self.active.clone(),
+            weights: self.weights.clone(),
+            steps: self.steps,
+        }
+    }
+
+    /// A gate continuing from a saved state, which is checked as untrusted input: equal
+    /// lengths within the patch bound, valid settings, finite non-negative values, `seen`
+    /// at most 2, no skip run beyond K.
+    pub fn from_state(st: GateState) -> Result<Self, GateError> {
+        let mut g = Self::new(st.r_bar.len(), st.cfg)?;
+        let n = g.patches();
+        for got in [
+            st.delta.len(),
+            st.seen.len(),
+            st.skipped_run.len(),
+            st.active.len(),
+            st.weights.len(),
+        ] {
+            if got != n {
+                return Err(GateError::BadBuffer { expected: n, got });
+            }
+        }
+        for (i, &v) in st
+            .r_bar
+            .iter()
+            .chain(&st.delta)
+            .chain(&st.weights)
+            .enumerate()
+        {
+            if !(v.is_finite() && v >= 0.0) {
+                return Err(GateError::BadImportance {
+                    patch: i % n,
+                    value: v,
+                });
+            }
+        }
+        if let Some(i) = st.seen.iter().position(|&s| s > 2) {
+            return Err(GateError::BadPatch {
+                patch: i,
+                patches: n,
+            });
+        }
+        if let Some(i) = st.skipped_run.iter().position(|&k| k > st.cfg.max_skip) {
+            return Err(GateError::BadPatch {
+                patch: i,
+                patches: n,
+            });
+        }
+        g.r_bar = st.r_bar;
+        g.delta = st.delta;
+        g.seen = st.seen;
+        g.skipped_run = st.skipped_run;
+        g.active = st.active;
+        g.weights = st.weights;
+        g.steps = st.steps;
+        Ok(g)
+    }
+
     /// A gate for `patches` patches right after a partition (no history).
     pub fn new(patches: usize, cfg: GateConfig) -> Result<Self, GateError> {
         if patches == 0 {
             return Err(GateError::NoPatches);
+        }
+        if patches > MAX_PATCHES {
+            return Err(GateError::TooManyPatches(patches));
         }
         check_epsilon(cfg.epsilon)?;
         if !(cfg.eta.is_finite() && cfg.eta >= 0.0) {

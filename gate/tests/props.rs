@@ -2,7 +2,7 @@
 //! paper's worked rules hold; bad input is refused by name.
 
 use flashdiff_gate::checker::GateChecker;
-use flashdiff_gate::{Gate, GateConfig, GateError, LoadAdaptiveEpsilon};
+use flashdiff_gate::{Gate, GateConfig, GateError, LoadAdaptiveEpsilon, MAX_PATCHES};
 use proptest::prelude::*;
 
 fn drive(r: usize, cfg: GateConfig, stream: &[f32]) -> Result<Vec<Vec<bool>>, String> {
@@ -247,4 +247,21 @@ fn checker_rejects_wrong_decisions() {
         .unwrap_err()
         .contains("weight"));
     c.check(&[true, false], &[0.5, 0.5]).unwrap_err();
+}
+
+#[test]
+fn patch_counts_and_loads_have_bounds() {
+    assert_eq!(
+        Gate::new(MAX_PATCHES + 1, GateConfig::default()).unwrap_err(),
+        GateError::TooManyPatches(MAX_PATCHES + 1)
+    );
+    assert!(Gate::new(MAX_PATCHES, GateConfig::default()).is_ok());
+    let h = LoadAdaptiveEpsilon::default();
+    for bad in [f32::NAN, -1.0, f32::INFINITY, f32::NEG_INFINITY] {
+        assert!(
+            matches!(h.try_epsilon(bad), Err(GateError::BadLoad(_))),
+            "{bad}"
+        );
+    }
+    assert_eq!(h.try_epsilon(1.0).unwrap(), h.epsilon(1.0));
 }

@@ -50,6 +50,7 @@ use flashdiff_partitioner::{
 pub use flashdiff_scheduler::QueueOrder;
 use flashdiff_scheduler::{Completion, SchedError, Scheduler, SchedulerConfig, Tag, WARMUP_PATCH};
 
+use crate::checkpoint::{self, Checkpoint};
 use crate::exec::{self, Task};
 use crate::proc::{Event, Order, Pool, Report as WorkerReport};
 use crate::state::{Layout, Region, SharedState};
@@ -463,6 +464,10 @@ pub fn noise(seed: u64, n: usize) -> Vec<f32> {
 
 struct Request {
     cfg: RequestConfig,
+    /// The prompt (kept for checkpoints).
+    prompt: String,
+    /// Submission time on the wall clock (a resumed request's latency counts from it).
+    submitted_unix: std::time::SystemTime,
     /// Whether each of the prompt's words is salient (the saliency map's columns).
     salient: Vec<bool>,
     /// The prompt's conditioning on the model's device.
@@ -507,7 +512,74 @@ enum Executor {
         pool: Box<Pool>,
         busy: Vec<Option<(Tag, Instant)>>,
         replacements: u32,
+        health: Health,
     },
+}
+
+/// Consecutive losses of workers before they were ready after which the engine stops
+/// starting replacements and fails the requests in flight (a worker executable that exits
+/// at once must not be respawned forever).
+const MAX_STARTUP_FAILURES: u32 = 3;
+
+/// When a silent worker counts as hung: a monotask may run `factor` times the longest one
+/// of its kind (warm-up or patch-step) seen so far, and never less than `floor`; before the
+/// first of its kind completed, and for a worker not yet ready, `first` more.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct HangPolicy {
+    /// Smallest limit.
+    pub floor: Duration,
+    /// Multiple of the longest monotask of the same kind seen so far.
+    pub factor: f64,
+    /// Limit before any monotask of the kind completed (and extra time for a worker that is
+    /// still loading its model).
+    pub first: Duration,
+}
+
+impl Default for HangPolicy {
+    fn default() -> Self {
+        Self {
+            floor: Duration::from_secs(10),
+            factor: 20.0,
+            first: Duration::from_secs(300),
+        }
+    }
+}
+
+/// Worker health: who is ready, failed starts in a row, measured monotask times.
+#[derive(Debug, Default)]
+struct Health {
+    ready: Vec<bool>,
+    startup_failures: u32,
+    /// Longest warm-up and longest patch monotask seen.
+    longest: [Option<Duration>; 2],
+    policy: HangPolicy,
+}
+
+impl Health {
+    fn new(workers: u32) -> Self {
+        Self {
+            ready: vec![false; workers as usize],
+            ..Self::default()
+        }
+    }
+
+    fn limit(&self, w: u32, tag: Tag) -> Duration {
+        let kind = usize::from(tag.patch != WARMUP_PATCH);
+        let p = self.policy;
+        let mut limit = match self.longest[kind] {
+            None => p.first,
+            Some(d) => d.mul_f64(p.factor).max(p.floor),
+        };
+        if !self.ready.get(w as usize).copied().unwrap_or(false) {
+            limit += p.first;
+        }
+        limit
+    }
+
+    fn observed(&mut self, tag: Tag, d: Duration) {
+        let kind = usize::from(tag.patch != WARMUP_PATCH);
+        self.longest[kind] = Some(self.longest[kind].map_or(d, |l| l.max(d)));
+    }
 }
 
 /// The engine: one model, a scheduler over `workers` virtual workers, the adaptive-R
@@ -524,6 +596,8 @@ pub struct Engine {
     shm: Option<PathBuf>,
     /// The engine's clock origin (deadlines are seconds since it).
     origin: Instant,
+    /// Where every request's checkpoint is replaced at each step boundary, if anywhere.
+    checkpoints: Option<PathBuf>,
 }
 
 impl fmt::Debug for Engine {
@@ -582,6 +656,7 @@ impl Engine {
             pool,
             busy: vec![None; workers as usize],
             replacements: 0,
+            health: Health::new(workers),
         };
         Ok(e)
     }
@@ -600,6 +675,7 @@ impl Engine {
             pool,
             busy: vec![None; workers as usize],
             replacements: 0,
+            health: Health::new(workers),
         };
         Ok(e)
     }
@@ -664,6 +740,7 @@ impl Engine {
             exec: Executor::InProcess,
             shm,
             origin: Instant::now(),
+            checkpoints: None,
         })
     }
 
@@ -777,6 +854,8 @@ impl Engine {
                 reuse_norm2: 0.0,
                 deadline_met: None,
             },
+            prompt: prompt.to_string(),
+            submitted_unix: std::time::SystemTime::now(),
             cfg,
             submitted,
             tea: None,
@@ -852,10 +931,25 @@ impl Engine {
         if self.requests.is_empty() {
             return;
         }
+        if let Executor::Workers { pool, health, .. } = &mut self.exec {
+            // Every worker is gone (they kept dying at start, or none could be started): new
+            // requests get a fresh try at starting one.
+            if !(0..self.sched.workers()).any(|w| pool.is_live(w) && self.sched.is_alive(w)) {
+                health.startup_failures = 0;
+                self.start_replacement();
+                if self.requests.is_empty() {
+                    return;
+                }
+            }
+        }
         let mut dispatched = false;
         for w in 0..self.sched.workers() {
-            if let Executor::Workers { busy, .. } = &self.exec {
-                if busy.get(w as usize).is_none_or(|b| b.is_some()) {
+            if let Executor::Workers { busy, health, .. } = &self.exec {
+                // A worker gets monotasks once it is ready (model loaded): one that dies
+                // while starting has run nothing, so its death costs no monotask an attempt.
+                if busy.get(w as usize).is_none_or(|b| b.is_some())
+                    || !health.ready.get(w as usize).copied().unwrap_or(false)
+                {
                     continue;
                 }
             }
@@ -908,9 +1002,14 @@ impl Engine {
                 }
             }
         }
-        if let Executor::Workers { .. } = self.exec {
-            let any_busy = matches!(&self.exec, Executor::Workers { busy, .. } if busy.iter().any(Option::is_some));
-            if any_busy {
+        if let Executor::Workers {
+            busy, health, pool, ..
+        } = &self.exec
+        {
+            let starting = (0..self.sched.workers()).any(|w| {
+                pool.is_live(w) && !health.ready.get(w as usize).copied().unwrap_or(false)
+            });
+            if starting || busy.iter().any(Option::is_some) {
                 self.wait_worker(progress, timeout);
                 return;
             }
@@ -923,83 +1022,222 @@ impl Engine {
         }
     }
 
-    /// Handles one event from the worker processes.
+    /// Sets when a silent worker counts as hung (see [`HangPolicy`]); without workers it
+    /// has no effect.
+    pub fn set_hang_policy(&mut self, policy: HangPolicy) -> Result<(), EngineError> {
+        if !(policy.factor.is_finite() && policy.factor >= 1.0) || policy.floor.is_zero() {
+            return Err(EngineError::Config(format!(
+                "hang policy {policy:?}: factor must be finite and >= 1, floor above zero"
+            )));
+        }
+        if let Executor::Workers { health, .. } = &mut self.exec {
+            health.policy = policy;
+        }
+        Ok(())
+    }
+
+    /// Handles one event from the workers, waiting at most `timeout` (less when a busy
+    /// worker's hang limit comes first); kills workers silent past their limit.
     fn wait_worker(&mut self, progress: &mut dyn FnMut(u64, u32, u32), timeout: Duration) {
-        let Executor::Workers { pool, .. } = &mut self.exec else {
+        let Executor::Workers {
+            pool, busy, health, ..
+        } = &mut self.exec
+        else {
             return;
         };
-        let Some((w, ev)) = (match pool.recv_timeout(timeout) {
+        let now = Instant::now();
+        let first_limit = busy
+            .iter()
+            .enumerate()
+            .filter_map(|(w, b)| b.map(|(tag, t0)| t0 + health.limit(w as u32, tag)))
+            .min();
+        let wait = first_limit.map_or(timeout, |t| timeout.min(t.saturating_duration_since(now)));
+        let got = match pool.recv_timeout(wait) {
             Ok(x) => Some(x),
-            Err(std::sync::mpsc::RecvTimeoutError::Timeout) => return,
-            Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => None,
-        }) else {
-            return self.fail_all(EngineError::Config("all worker processes are gone".into()));
-        };
-        match ev {
-            Event::Report(rep) => {
-                let (tag, err) = match rep {
-                    WorkerReport::Done {
-                        request,
-                        step,
-                        patch,
-                    } => (
-                        Tag {
-                            request,
-                            step,
-                            patch,
-                        },
-                        None,
-                    ),
-                    WorkerReport::Failed {
-                        request,
-                        step,
-                        patch,
-                        error,
-                    } => (
-                        Tag {
-                            request,
-                            step,
-                            patch,
-                        },
-                        Some(error),
-                    ),
-                };
-                let started = match &mut self.exec {
-                    Executor::Workers { busy, .. } => {
-                        busy.get_mut(w as usize).and_then(Option::take)
-                    }
-                    Executor::InProcess => None,
-                };
-                if let Some((_, t0)) = started {
-                    self.account(tag, t0.elapsed());
-                }
-                match err {
-                    None => self.completed(w, tag, progress),
-                    Some(e) => self.failed(w, tag, e),
-                }
+            Err(std::sync::mpsc::RecvTimeoutError::Timeout) => None,
+            Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => {
+                return self.fail_all(EngineError::Config("all workers are gone".into()));
             }
-            Event::Lost(why) => {
-                let Executor::Workers {
-                    pool,
-                    busy,
-                    replacements,
-                } = &mut self.exec
-                else {
-                    return;
-                };
-                pool.reap(w);
-                if let Some(b) = busy.get_mut(w as usize) {
-                    *b = None;
+        };
+        if let Some((w, ev)) = got {
+            self.worker_event(w, ev, progress);
+        }
+        self.kill_hung();
+    }
+
+    /// Workers silent past their hang limit are killed; their monotasks run again.
+    fn kill_hung(&mut self) {
+        let Executor::Workers { busy, health, .. } = &self.exec else {
+            return;
+        };
+        let now = Instant::now();
+        let hung: Vec<(u32, Tag, Duration)> = busy
+            .iter()
+            .enumerate()
+            .filter_map(|(w, b)| {
+                let (tag, t0) = (*b)?;
+                let limit = health.limit(w as u32, tag);
+                (now.duration_since(t0) > limit).then_some((w as u32, tag, limit))
+            })
+            .collect();
+        for (w, tag, limit) in hung {
+            self.lose_worker(
+                w,
+                format!(
+                    "silent for more than {:.1} s while running {tag} (hung); killed",
+                    limit.as_secs_f64()
+                ),
+            );
+        }
+    }
+
+    fn worker_event(&mut self, w: u32, ev: Event, progress: &mut dyn FnMut(u64, u32, u32)) {
+        let Executor::Workers { pool, health, .. } = &mut self.exec else {
+            return;
+        };
+        if !pool.is_live(w) {
+            // A late word from a worker already reaped (lost, hung): its monotasks were
+            // re-queued; nothing it says counts.
+            return;
+        }
+        let (tag, err) = match ev {
+            Event::Lost(why) => return self.lose_worker(w, why),
+            Event::Report(WorkerReport::Ready) => {
+                if let Some(r) = health.ready.get_mut(w as usize) {
+                    *r = true;
                 }
-                eprintln!("flashdiff: worker {w} lost ({why}); re-running its monotasks on the others and starting a replacement");
-                let _ = self.sched.worker_lost(w);
-                let id = self.sched.add_worker();
-                if let Err(e) = pool.spawn(id) {
-                    eprintln!("flashdiff: {e}");
+                health.startup_failures = 0;
+                return;
+            }
+            Event::Report(WorkerReport::Done {
+                request,
+                step,
+                patch,
+            }) => (
+                Tag {
+                    request,
+                    step,
+                    patch,
+                },
+                None,
+            ),
+            Event::Report(WorkerReport::Failed {
+                request,
+                step,
+                patch,
+                error,
+            }) => (
+                Tag {
+                    request,
+                    step,
+                    patch,
+                },
+                Some(error),
+            ),
+        };
+        let started = match &mut self.exec {
+            Executor::Workers { busy, health, .. } => {
+                let s = busy.get_mut(w as usize).and_then(Option::take);
+                if let Some((t, t0)) = s.filter(|(t, _)| *t == tag) {
+                    health.observed(t, t0.elapsed());
                 }
+                s
+            }
+            Executor::InProcess => None,
+        };
+        if let Some((_, t0)) = started {
+            self.account(tag, t0.elapsed());
+        }
+        match err {
+            None => self.completed(w, tag, progress),
+            Some(e) => self.failed(w, tag, e),
+        }
+    }
+
+    /// Worker `w` is gone (exited, killed, hung, unreadable): its monotasks run again on the
+    /// others (its running one counts an attempt), and a replacement starts unless workers
+    /// keep dying before they are ready.
+    fn lose_worker(&mut self, w: u32, why: String) {
+        let Executor::Workers {
+            pool, busy, health, ..
+        } = &mut self.exec
+        else {
+            return;
+        };
+        if !pool.is_live(w) {
+            return;
+        }
+        pool.reap(w);
+        if let Some(b) = busy.get_mut(w as usize) {
+            *b = None;
+        }
+        let was_ready = health.ready.get(w as usize).copied().unwrap_or(false);
+        if !was_ready {
+            health.startup_failures += 1;
+        }
+        let give_up = health.startup_failures >= MAX_STARTUP_FAILURES;
+        log::warn!("worker {w} lost ({why})");
+        let lost = self.sched.worker_lost(w).unwrap_or_default();
+        if let Some(id) = lost.failed {
+            self.fail(
+                id,
+                EngineError::Config(format!(
+                    "a monotask of request {id} was running on a lost worker for the {} time \
+                     (last: {why}); the request fails, the others go on",
+                    self.sched.config().max_attempts
+                )),
+            );
+        }
+        if give_up {
+            self.fail_all(EngineError::Config(format!(
+                "workers keep exiting before they are ready ({MAX_STARTUP_FAILURES} in a row; \
+                 last: {why}); no replacement is started until the next request"
+            )));
+            return;
+        }
+        self.start_replacement();
+    }
+
+    /// Starts one more worker in place of a lost one; if that fails and no worker is left,
+    /// the requests in flight fail instead of waiting forever.
+    fn start_replacement(&mut self) {
+        let Executor::Workers {
+            pool,
+            busy,
+            replacements,
+            health,
+        } = &mut self.exec
+        else {
+            return;
+        };
+        let started = self
+            .sched
+            .add_worker()
+            .map_err(|e| e.to_string())
+            .and_then(|id| {
+                let r = pool.spawn(id);
+                if r.is_err() {
+                    let _ = self.sched.worker_lost(id);
+                }
+                r.map(|()| id)
+            });
+        match started {
+            Ok(id) => {
                 *replacements += 1;
                 if busy.len() <= id as usize {
                     busy.resize(id as usize + 1, None);
+                }
+                if health.ready.len() <= id as usize {
+                    health.ready.resize(id as usize + 1, false);
+                }
+            }
+            Err(e) => {
+                log::error!("cannot start a replacement worker: {e}");
+                let alive = (0..self.sched.workers()).any(|w| self.sched.is_alive(w));
+                if !alive {
+                    self.fail_all(EngineError::Config(format!(
+                        "no worker is left and none can be started: {e}"
+                    )));
                 }
             }
         }
@@ -1039,7 +1277,7 @@ impl Engine {
     }
 
     fn failed(&mut self, w: u32, tag: Tag, why: String) {
-        eprintln!("flashdiff: monotask {tag} failed on worker {w}: {why}");
+        log::warn!("monotask {tag} failed on worker {w}: {why}");
         match self.sched.fail(w, tag) {
             Ok(Completion::RequestFailed(id)) => self.fail(
                 id,
@@ -1067,9 +1305,205 @@ impl Engine {
         }
     }
 
+    /// Keeps a checkpoint of every request in `dir` (created, mode 0700), replaced at each
+    /// step boundary and removed when the request ends: after a crash, [`Engine::resume`]
+    /// continues each from its last committed step. `None` stops (the default).
+    pub fn set_checkpoint_dir(&mut self, dir: Option<PathBuf>) -> Result<(), EngineError> {
+        if let Some(d) = &dir {
+            create_private_dir(d).map_err(|e| {
+                EngineError::Config(format!("checkpoint directory {}: {e}", d.display()))
+            })?;
+        }
+        self.checkpoints = dir;
+        Ok(())
+    }
+
+    fn save_checkpoint(&mut self, id: u64) {
+        let (Some(dir), Some(r)) = (&self.checkpoints, self.requests.get(&id)) else {
+            return;
+        };
+        let Some(c) = to_checkpoint(id, r, self.model.dims()) else {
+            return;
+        };
+        let path = checkpoint::path(dir, id);
+        if let Err(e) = checkpoint::write_atomic(&path, &checkpoint::encode(&c), false) {
+            log::error!(
+                "cannot write the checkpoint {}: {e}; request {id} would restart from scratch after a crash",
+                path.display()
+            );
+        }
+    }
+
+    /// Continues a request from its checkpoint (written by an engine of the same model,
+    /// perhaps in a process that died): the rest of its steps run as they would have, so
+    /// its output is bit-identical to an uninterrupted run's.
+    pub fn resume(&mut self, c: Checkpoint) -> Result<(), EngineError> {
+        let bad = |m: String| EngineError::Config(format!("checkpoint of request {}: {m}", c.id));
+        let dims = self.model.dims().clone();
+        if c.dims != self.layout.dims_words() {
+            return Err(bad(format!(
+                "made for a model of dimensions {:?}, this one has {:?}",
+                c.dims,
+                self.layout.dims_words()
+            )));
+        }
+        if self.requests.contains_key(&c.id) {
+            return Err(bad("the request is already in flight".into()));
+        }
+        let cfg = from_config_record(&c.cfg).map_err(bad)?;
+        check_request(&*self.model, &cfg)?;
+        if c.step < cfg.warmup || c.step >= cfg.steps {
+            return Err(bad(format!(
+                "step {} is outside {}..{} (after the warm-up, before the end)",
+                c.step, cfg.warmup, cfg.steps
+            )));
+        }
+        let g = dims.grid;
+        let grid = Grid::new(g.frames as u32, g.height as u32, g.width as u32)?;
+        let layout = PatchLayout::from_assignment(grid, c.patch_of.clone(), c.patches)?;
+        let gate = Gate::from_state(flashdiff_gate::GateState {
+            cfg: GateConfig {
+                epsilon: c.gate.epsilon,
+                eta: c.gate.eta,
+                max_skip: c.gate.max_skip,
+            },
+            r_bar: c.gate.r_bar.clone(),
+            delta: c.gate.delta.clone(),
+            seen: c.gate.seen.clone(),
+            skipped_run: c.gate.skipped_run.clone(),
+            active: c.gate.active.clone(),
+            weights: c.gate.weights.clone(),
+            steps: c.gate.steps,
+        })?;
+        if gate.patches() != layout.patches() as usize || c.active.len() != gate.patches() {
+            return Err(bad("gate and layout disagree on the patch count".into()));
+        }
+        let tokens = dims.grid.tokens();
+        let vel = tokens * dims.channels;
+        let kv = dims.kv_layers * tokens * dims.kv_dim;
+        let track = match &c.track {
+            None => None,
+            Some(t) => {
+                let ok = [&t.k_base, &t.v_base_kv, &t.k_slope, &t.v_slope_kv]
+                    .iter()
+                    .all(|v| v.len() == kv)
+                    && t.v_base.len() == vel
+                    && t.v_slope.len() == vel
+                    && t.last.len() == tokens;
+                if !ok {
+                    return Err(bad("extrapolation state of the wrong size".into()));
+                }
+                Some(Track {
+                    kv_weight: t.kv_weight,
+                    kv_base: [t.k_base.clone(), t.v_base_kv.clone()],
+                    kv_slope: [t.k_slope.clone(), t.v_slope_kv.clone()],
+                    v_base: t.v_base.clone(),
+                    v_slope: t.v_slope.clone(),
+                    last: t.last.clone(),
+                })
+            }
+        };
+        // TeaCache's block-0 input is tokens x the model's width.
+        if c.tea.as_ref().is_some_and(|(v, _)| v.len() % tokens != 0)
+            || c.ras_prev.as_ref().is_some_and(|v| v.len() != vel)
+        {
+            return Err(bad("cached velocities of the wrong size".into()));
+        }
+        let cond = self.model.condition(&c.prompt)?;
+        let context = Tensor::from_slice(&cond.context, cond.context.len(), self.model.device())
+            .map_err(ModelError::from)?;
+        let mut state = SharedState::create(self.layout.clone(), self.shm.as_deref(), c.id)
+            .map_err(|e| EngineError::Config(format!("cannot create request state: {e}")))?;
+        if c.regions.len() != checkpoint::SAVED_REGIONS.len() {
+            return Err(bad(format!(
+                "{} regions, expected {}",
+                c.regions.len(),
+                checkpoint::SAVED_REGIONS.len()
+            )));
+        }
+        for (&region, data) in checkpoint::SAVED_REGIONS.iter().zip(&c.regions) {
+            let dst = state.get_mut(region);
+            if dst.len() != data.len() {
+                return Err(bad(format!(
+                    "region {region:?} has {} values, expected {}",
+                    data.len(),
+                    dst.len()
+                )));
+            }
+            dst.copy_from_slice(data);
+        }
+        state
+            .get_mut(Region::Context)
+            .copy_from_slice(&cond.context);
+        let now_unix = std::time::SystemTime::now();
+        let submitted_unix = std::time::UNIX_EPOCH + Duration::from_nanos(c.submitted_unix_ns);
+        let age = now_unix.duration_since(submitted_unix).unwrap_or_default();
+        let submitted = Instant::now().checked_sub(age).unwrap_or_else(Instant::now);
+        let deadline = cfg
+            .deadline
+            .map(|d| (d.as_secs_f64() - age.as_secs_f64()) + self.origin.elapsed().as_secs_f64());
+        self.sched
+            .resume(c.id, cfg.priority, deadline, c.step - 1)?;
+        let rr = &c.report;
+        let t = rr.time_ns.map(Duration::from_nanos);
+        let report = Report {
+            id: c.id,
+            steps: cfg.steps,
+            warmup: cfg.warmup,
+            patches: rr.patches,
+            patch_steps: rr.patch_steps,
+            computed: rr.computed,
+            computed_tokens: rr.computed_tokens,
+            active_per_step: rr.active_per_step.clone(),
+            time: TimeSplit {
+                warmup: t[0],
+                partition: t[1],
+                gate: t[2],
+                compute: t[3],
+                schedule: t[4],
+                io: t[5],
+                queue: Duration::ZERO,
+            },
+            latency: Duration::ZERO,
+            work_skipped: 0.0,
+            epsilon_sum: rr.epsilon_sum,
+            epsilon_steps: rr.epsilon_steps,
+            reuse_err2: rr.reuse_err2,
+            reuse_norm2: rr.reuse_norm2,
+            deadline_met: None,
+        };
+        let id = c.id;
+        self.requests.insert(
+            id,
+            Request {
+                prompt: c.prompt,
+                submitted_unix,
+                salient: cond.salient,
+                context,
+                conds: Vec::new(),
+                state,
+                layout: Some(layout),
+                gate: Some(gate),
+                step: c.step,
+                active: c.active,
+                report,
+                cfg,
+                submitted,
+                tea: c.tea.filter(|(v, _)| !v.is_empty()),
+                ras_prev: c.ras_prev,
+                track,
+            },
+        );
+        self.open_step(id, &mut |_, _, _| {});
+        Ok(())
+    }
+
     fn forget(&mut self, id: u64) {
         if let Executor::Workers { pool, .. } = &mut self.exec {
             pool.broadcast(&Order::Forget { request: id });
+        }
+        if let Some(dir) = &self.checkpoints {
+            let _ = std::fs::remove_file(checkpoint::path(dir, id));
         }
     }
 
@@ -1193,6 +1627,12 @@ impl Engine {
         if r.step >= r.cfg.steps {
             return self.finish(id);
         }
+        if self.checkpoints.is_some() {
+            self.save_checkpoint(id);
+        }
+        let Some(r) = self.requests.get_mut(&id) else {
+            return;
+        };
         let t0 = Instant::now();
         if r.conds.is_empty() {
             let h = 1.0 / r.cfg.steps as f32;
@@ -1525,6 +1965,149 @@ impl Engine {
             layout,
         }));
     }
+}
+
+/// Creates `dir` (and its parents) if missing, mode 0700; refuses one that is not a
+/// directory.
+pub fn create_private_dir(dir: &Path) -> std::io::Result<()> {
+    use std::os::unix::fs::DirBuilderExt;
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(dir)?;
+    if !dir.is_dir() {
+        return Err(std::io::Error::other("not a directory"));
+    }
+    Ok(())
+}
+
+fn mode_name(m: Mode) -> &'static str {
+    match m {
+        Mode::FlashDiff => "flashdiff",
+        Mode::NoSkip => "no-skip",
+        Mode::Full => "full",
+        Mode::NaivePatch => "naive-patch",
+        Mode::TeaCache => "teacache",
+        Mode::Ras => "ras",
+    }
+}
+
+fn to_config_record(c: &RequestConfig) -> checkpoint::ConfigRecord {
+    checkpoint::ConfigRecord {
+        steps: c.steps,
+        warmup: c.warmup,
+        patches: c.patches,
+        epsilon: c.epsilon,
+        adaptive_epsilon: c.adaptive_epsilon,
+        max_skip: c.max_skip,
+        seed: c.seed,
+        mode: mode_name(c.mode).into(),
+        priority: c.priority,
+        layout: u8::from(c.layout == LayoutKind::Uniform),
+        cache_threshold: c.cache_threshold,
+        ras_ratio: c.ras_ratio,
+        extrapolate: c.extrapolate,
+        monotasks: c.monotasks,
+        deadline_ns: c
+            .deadline
+            .map(|d| d.as_nanos().min(u64::MAX as u128) as u64),
+    }
+}
+
+fn from_config_record(c: &checkpoint::ConfigRecord) -> Result<RequestConfig, String> {
+    Ok(RequestConfig {
+        steps: c.steps,
+        warmup: c.warmup,
+        patches: c.patches,
+        epsilon: c.epsilon,
+        adaptive_epsilon: c.adaptive_epsilon,
+        max_skip: c.max_skip,
+        seed: c.seed,
+        mode: c.mode.parse()?,
+        priority: c.priority,
+        layout: match c.layout {
+            0 => LayoutKind::Saliency,
+            1 => LayoutKind::Uniform,
+            n => return Err(format!("layout {n}: expected 0 or 1")),
+        },
+        cache_threshold: c.cache_threshold,
+        ras_ratio: c.ras_ratio,
+        extrapolate: c.extrapolate,
+        monotasks: c.monotasks,
+        deadline: c.deadline_ns.map(Duration::from_nanos),
+    })
+}
+
+/// A request between steps as a checkpoint (`None` before its partition).
+fn to_checkpoint(id: u64, r: &Request, dims: &Dims) -> Option<Checkpoint> {
+    let layout = r.layout.as_ref()?;
+    let gate = r.gate.as_ref()?.state();
+    let _ = dims;
+    let rep = &r.report;
+    let t = &rep.time;
+    let ns = |d: Duration| d.as_nanos().min(u64::MAX as u128) as u64;
+    Some(Checkpoint {
+        id,
+        prompt: r.prompt.clone(),
+        cfg: to_config_record(&r.cfg),
+        submitted_unix_ns: r
+            .submitted_unix
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(ns)
+            .unwrap_or(0),
+        step: r.step,
+        dims: r.state.layout().dims_words(),
+        patch_of: layout.patch_of().to_vec(),
+        patches: layout.patches(),
+        active: r.active.clone(),
+        gate: checkpoint::GateRecord {
+            epsilon: gate.cfg.epsilon,
+            eta: gate.cfg.eta,
+            max_skip: gate.cfg.max_skip,
+            r_bar: gate.r_bar,
+            delta: gate.delta,
+            seen: gate.seen,
+            skipped_run: gate.skipped_run,
+            active: gate.active,
+            weights: gate.weights,
+            steps: gate.steps,
+        },
+        track: r.track.as_ref().map(|t| checkpoint::TrackRecord {
+            kv_weight: t.kv_weight,
+            k_base: t.kv_base[0].clone(),
+            v_base_kv: t.kv_base[1].clone(),
+            k_slope: t.kv_slope[0].clone(),
+            v_slope_kv: t.kv_slope[1].clone(),
+            v_base: t.v_base.clone(),
+            v_slope: t.v_slope.clone(),
+            last: t.last.clone(),
+        }),
+        tea: r.tea.clone(),
+        ras_prev: r.ras_prev.clone(),
+        report: checkpoint::ReportRecord {
+            patches: rep.patches,
+            patch_steps: rep.patch_steps,
+            computed: rep.computed,
+            computed_tokens: rep.computed_tokens,
+            active_per_step: rep.active_per_step.clone(),
+            time_ns: [
+                ns(t.warmup),
+                ns(t.partition),
+                ns(t.gate),
+                ns(t.compute),
+                ns(t.schedule),
+                ns(t.io),
+            ],
+            epsilon_sum: rep.epsilon_sum,
+            epsilon_steps: rep.epsilon_steps,
+            reuse_err2: rep.reuse_err2,
+            reuse_norm2: rep.reuse_norm2,
+        },
+        regions: checkpoint::SAVED_REGIONS
+            .iter()
+            .map(|&reg| r.state.get(reg).to_vec())
+            .collect(),
+    })
 }
 
 /// Checks a request's settings against `model`; the error names the setting and its valid

@@ -12,6 +12,7 @@
 //!
 //! The `flashdiff` command lives in `server/`, the evaluation in `bench/`.
 
+pub mod checkpoint;
 pub mod engine;
 pub mod exec;
 #[cfg(feature = "fuzzing")]

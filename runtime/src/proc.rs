@@ -9,7 +9,7 @@
 use std::collections::HashMap;
 use std::io::{BufReader, BufWriter, Read, Write};
 use std::path::{Path, PathBuf};
-use std::process::{Child, ChildStdin, Command, Stdio};
+use std::process::{Child, Command, Stdio};
 use std::sync::mpsc::{channel, Receiver, Sender};
 use std::sync::Arc;
 
@@ -19,7 +19,7 @@ use flashdiff_models::{Denoiser, Device, TinyDit};
 use rkyv::rancor::Error as RkyvError;
 
 const MAGIC: [u8; 4] = *b"FDRC";
-const VERSION: u16 = 1;
+const VERSION: u16 = 2;
 /// Largest record accepted: far above any real one (a path and a few integers).
 const MAX_RECORD: u32 = 1 << 16;
 
@@ -61,6 +61,8 @@ mod records {
     /// Worker -> coordinator.
     #[derive(Archive, Serialize, Deserialize, Debug, Clone, PartialEq)]
     pub enum Report {
+        /// The worker loaded its model and reads orders (its first record).
+        Ready,
         /// The monotask's outputs are in the state.
         Done {
             /// Request.
@@ -207,8 +209,20 @@ fn handle(
     }
 }
 
+/// Fault injection for the fault-tolerance tests, from `FLASHDIFF_WORKER_FAULT`:
+/// `abort:REQUEST:STEP` makes the worker abort (as a crash would) whenever it is given a
+/// monotask of that request's step; unset (always, outside tests) it does nothing.
+fn injected_abort() -> Option<(u64, u32)> {
+    let v = std::env::var("FLASHDIFF_WORKER_FAULT").ok()?;
+    let mut it = v.strip_prefix("abort:")?.split(':');
+    let request = it.next()?.parse().ok()?;
+    let step = it.next()?.parse().ok()?;
+    Some((request, step))
+}
+
 /// The worker process's main loop (`flashdiff worker --weights PATH`).
 pub fn worker_main(weights: &Path) -> Result<(), String> {
+    let abort_on = injected_abort();
     flashdiff_kernels::flush_denormals_to_zero();
     let model = TinyDit::load(weights, &Device::Cpu).map_err(|e| e.to_string())?;
     let layout = Layout::new(model.dims());
@@ -217,8 +231,16 @@ pub fn worker_main(weights: &Path) -> Result<(), String> {
     let stdout = std::io::stdout();
     let mut out = BufWriter::new(stdout.lock());
     let mut states: HashMap<u64, SharedState> = HashMap::new();
+    write_frame(&mut out, &encode_report(&Report::Ready))
+        .map_err(|e| format!("writing the ready report: {e}"))?;
     while let Some(frame) = read_frame(&mut input)? {
-        if let Some(report) = handle(&model, &layout, &mut states, decode_order(&frame)?) {
+        let order = decode_order(&frame)?;
+        if let (Some(at), Order::Run { request, step, .. }) = (abort_on, &order) {
+            if at == (*request, *step) {
+                std::process::abort();
+            }
+        }
+        if let Some(report) = handle(&model, &layout, &mut states, order) {
             write_frame(&mut out, &encode_report(&report))
                 .map_err(|e| format!("writing report: {e}"))?;
         }
@@ -238,6 +260,9 @@ fn thread_main(
 ) {
     flashdiff_kernels::flush_denormals_to_zero();
     let mut states: HashMap<u64, SharedState> = HashMap::new();
+    if events.send((id, Event::Report(Report::Ready))).is_err() {
+        return;
+    }
     while let Ok(order) = orders.recv() {
         let res = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
             handle(&*model, &layout, &mut states, order)
@@ -273,7 +298,8 @@ pub enum Event {
 enum Slot {
     Process {
         child: Child,
-        stdin: Option<ChildStdin>,
+        /// Orders for the worker's writer thread, which owns its stdin.
+        orders: Sender<Order>,
     },
     Thread {
         orders: Sender<Order>,
@@ -314,6 +340,21 @@ impl std::fmt::Debug for Pool {
     }
 }
 
+/// Blocks SIGPIPE in the calling thread, for good: a write to a dead worker's pipe then
+/// fails with EPIPE instead of killing the host process (a C host need not ignore SIGPIPE).
+/// The signal such a write raises stays pending on this thread alone and is discarded when
+/// the thread ends.
+fn block_sigpipe_in_this_thread() {
+    // SAFETY: sigemptyset/sigaddset initialise the local set before pthread_sigmask reads it;
+    // pthread_sigmask changes only the calling thread's mask (a writer thread of ours).
+    unsafe {
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut set);
+        libc::sigaddset(&mut set, libc::SIGPIPE);
+        libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
+    }
+}
+
 impl Pool {
     /// Starts `n` workers running `exe worker --weights weights`.
     pub fn new(exe: &Path, weights: &Path, n: u32) -> Result<Self, String> {
@@ -346,7 +387,13 @@ impl Pool {
         Ok(p)
     }
 
-    /// Starts worker `id` (a new one, or a replacement in a lost one's place).
+    /// Whether the pool runs worker processes (not threads).
+    pub fn is_processes(&self) -> bool {
+        matches!(self.kind, Kind::Processes { .. })
+    }
+
+    /// Starts worker `id` (a new one, or a replacement in a lost one's place). Its first
+    /// event is `Report::Ready` once its model is loaded, or `Lost` if it dies before.
     pub fn spawn(&mut self, id: u32) -> Result<(), String> {
         let slot = match &self.kind {
             Kind::Threads { model, layout } => {
@@ -365,32 +412,69 @@ impl Pool {
                     .arg(weights)
                     .stdin(Stdio::piped())
                     .stdout(Stdio::piped())
-                    .stderr(Stdio::inherit())
+                    .stderr(Stdio::piped())
                     .spawn()
                     .map_err(|e| format!("cannot start worker process {}: {e}", exe.display()))?;
                 let stdout = child.stdout.take().expect("piped");
+                let stderr = child.stderr.take().expect("piped");
+                let mut stdin = child.stdin.take().expect("piped");
                 let tx = self.tx.clone();
-                std::thread::spawn(move || {
-                    let mut r = BufReader::new(stdout);
-                    loop {
-                        let ev = match read_frame(&mut r) {
-                            Ok(Some(f)) => match decode_report(&f) {
-                                Ok(rep) => Event::Report(rep),
+                let reader = std::thread::Builder::new()
+                    .name(format!("flashdiff-reader-{id}"))
+                    .spawn(move || {
+                        let mut r = BufReader::new(stdout);
+                        loop {
+                            let ev = match read_frame(&mut r) {
+                                Ok(Some(f)) => match decode_report(&f) {
+                                    Ok(rep) => Event::Report(rep),
+                                    Err(e) => Event::Lost(e),
+                                },
+                                Ok(None) => Event::Lost(
+                                    "worker closed its output (exited or killed)".into(),
+                                ),
                                 Err(e) => Event::Lost(e),
-                            },
-                            Ok(None) => {
-                                Event::Lost("worker closed its output (exited or killed)".into())
+                            };
+                            let lost = matches!(ev, Event::Lost(_));
+                            if tx.send((id, ev)).is_err() || lost {
+                                break;
                             }
-                            Err(e) => Event::Lost(e),
-                        };
-                        let lost = matches!(ev, Event::Lost(_));
-                        if tx.send((id, ev)).is_err() || lost {
-                            break;
                         }
-                    }
-                });
-                let stdin = child.stdin.take();
-                Slot::Process { child, stdin }
+                    });
+                // The worker's own messages (a load error, a panic) go to the host's log,
+                // never straight to its stderr.
+                let errs = std::thread::Builder::new()
+                    .name(format!("flashdiff-stderr-{id}"))
+                    .spawn(move || {
+                        use std::io::BufRead;
+                        for line in BufReader::new(stderr).lines() {
+                            match line {
+                                Ok(l) => log::warn!("worker {id}: {l}"),
+                                Err(_) => break,
+                            }
+                        }
+                    });
+                let (orders, rx) = channel::<Order>();
+                let tx = self.tx.clone();
+                let writer = std::thread::Builder::new()
+                    .name(format!("flashdiff-writer-{id}"))
+                    .spawn(move || {
+                        block_sigpipe_in_this_thread();
+                        while let Ok(o) = rx.recv() {
+                            if let Err(e) = write_frame(&mut stdin, &encode_order(&o)) {
+                                let _ = tx.send((
+                                    id,
+                                    Event::Lost(format!("cannot write to the worker: {e}")),
+                                ));
+                                break;
+                            }
+                        }
+                    });
+                if let Err(e) = reader.and(errs).and(writer) {
+                    let _ = child.kill();
+                    let _ = child.wait();
+                    return Err(format!("cannot start the threads of worker {id}: {e}"));
+                }
+                Slot::Process { child, orders }
             }
         };
         let idx = id as usize;
@@ -401,13 +485,18 @@ impl Pool {
         Ok(())
     }
 
-    /// Sends an order; `false` when the worker is gone (it will be reported lost).
+    /// Whether worker `id` is started and not reaped.
+    pub fn is_live(&self, id: u32) -> bool {
+        matches!(self.slots.get(id as usize), Some(Some(_)))
+    }
+
+    /// Sends an order; `false` when the worker is gone (it will be reported lost). Never
+    /// blocks and never writes to a pipe on the caller's thread.
     pub fn send(&mut self, id: u32, o: &Order) -> bool {
         match self.slots.get_mut(id as usize) {
-            Some(Some(Slot::Process {
-                stdin: Some(stdin), ..
-            })) => write_frame(stdin, &encode_order(o)).is_ok(),
-            Some(Some(Slot::Thread { orders })) => orders.send(o.clone()).is_ok(),
+            Some(Some(Slot::Process { orders, .. })) | Some(Some(Slot::Thread { orders })) => {
+                orders.send(o.clone()).is_ok()
+            }
             _ => false,
         }
     }
@@ -432,14 +521,18 @@ impl Pool {
         self.rx.recv_timeout(timeout)
     }
 
-    /// Reaps a lost worker (a thread ends once its order channel is dropped).
+    /// Reaps a lost (or hung) worker: a process is killed and waited for; a thread is
+    /// abandoned (it ends once its order channel is dropped and its monotask returns; a
+    /// report it sends after that is ignored).
     pub fn reap(&mut self, id: u32) {
-        if let Some(Slot::Process { mut child, stdin }) =
+        if let Some(Slot::Process { mut child, orders }) =
             self.slots.get_mut(id as usize).and_then(Option::take)
         {
-            drop(stdin);
+            drop(orders);
             let _ = child.kill();
             let _ = child.wait();
+        } else if let Some(slot) = self.slots.get_mut(id as usize) {
+            *slot = None;
         }
     }
 

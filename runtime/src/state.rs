@@ -109,6 +109,11 @@ impl Layout {
         }
     }
 
+    /// The dimensions a state header records: tokens, channels, kv_dim, kv_layers, words.
+    pub fn dims_words(&self) -> [u32; 5] {
+        self.dims
+    }
+
     /// Bytes of a state.
     pub fn bytes(&self) -> usize {
         HEADER + self.off[REGIONS] * 4
@@ -241,6 +246,11 @@ impl SharedState {
             ));
         }
         Ok(())
+    }
+
+    /// The layout this state was made with.
+    pub fn layout(&self) -> &Layout {
+        &self.layout
     }
 
     /// The file path, when file-backed.

@@ -492,3 +492,103 @@ fn a_lone_request_spends_almost_no_time_queued() {
     );
     assert!(t.io > std::time::Duration::ZERO);
 }
+
+/// A request continued from the checkpoint of any step, in a fresh engine (as after a
+/// crash), ends bit-identical to the uninterrupted run, in every mode; the checkpoint is
+/// gone once the request ends.
+#[test]
+fn a_request_resumed_from_any_checkpoint_ends_bit_identical() {
+    use flashdiff_runtime::checkpoint;
+    let dir = std::env::temp_dir().join(format!("fd-resume-{}", std::process::id()));
+    for mode in [
+        Mode::FlashDiff,
+        Mode::NoSkip,
+        Mode::TeaCache,
+        Mode::Ras,
+        Mode::Full,
+    ] {
+        let c = RequestConfig {
+            adaptive_epsilon: mode == Mode::FlashDiff,
+            ..cfg(mode)
+        };
+        let mut a = Engine::new(&default_weights(), 1).unwrap();
+        a.set_checkpoint_dir(Some(dir.clone())).unwrap();
+        let file = checkpoint::path(&dir, 5);
+        let mut saved = Vec::new();
+        a.submit(5, PROMPT, c.clone()).unwrap();
+        let out = a.run(&mut |_, step, _| {
+            // The file holds the previous step boundary's checkpoint here.
+            if let Ok(b) = std::fs::read(&file) {
+                saved.push((step, b));
+            }
+        });
+        let want = out[0].as_ref().unwrap();
+        assert!(
+            !file.exists(),
+            "{mode:?}: checkpoint left after the request ended"
+        );
+        assert!(
+            saved.len() >= 6,
+            "{mode:?}: only {} checkpoints",
+            saved.len()
+        );
+        for (step, bytes) in &saved {
+            let ck = checkpoint::decode(bytes).unwrap();
+            let mut b = Engine::new(&default_weights(), 1).unwrap();
+            b.resume(ck).unwrap();
+            let got = b.run(&mut |_, _, _| {});
+            let got = got[0].as_ref().unwrap();
+            assert_eq!(
+                got.latent, want.latent,
+                "{mode:?}: resumed before step {step}, the output changed"
+            );
+            assert_eq!(got.report.active_per_step, want.report.active_per_step);
+            assert_eq!(got.report.computed, want.report.computed);
+        }
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn a_damaged_or_foreign_checkpoint_is_refused() {
+    use flashdiff_runtime::checkpoint;
+    let dir = std::env::temp_dir().join(format!("fd-resume-bad-{}", std::process::id()));
+    let mut a = Engine::new(&default_weights(), 1).unwrap();
+    a.set_checkpoint_dir(Some(dir.clone())).unwrap();
+    let file = checkpoint::path(&dir, 9);
+    let mut bytes = None;
+    a.submit(9, PROMPT, cfg(Mode::FlashDiff)).unwrap();
+    a.run(&mut |_, step, _| {
+        if step == 6 {
+            bytes = std::fs::read(&file).ok();
+        }
+    });
+    let ck = checkpoint::decode(&bytes.unwrap()).unwrap();
+    let mut b = Engine::new(&default_weights(), 1).unwrap();
+    let mut wrong = ck.clone();
+    wrong.dims[0] += 1;
+    assert!(b
+        .resume(wrong)
+        .unwrap_err()
+        .to_string()
+        .contains("dimensions"));
+    let mut wrong = ck.clone();
+    wrong.patch_of.pop();
+    assert!(b.resume(wrong).is_err());
+    let mut wrong = ck.clone();
+    wrong.gate.r_bar[0] = f32::NAN;
+    assert!(b.resume(wrong).is_err());
+    let mut wrong = ck.clone();
+    wrong.regions[1].truncate(3);
+    assert!(b.resume(wrong).unwrap_err().to_string().contains("region"));
+    let mut wrong = ck.clone();
+    wrong.cfg.mode = "bogus".into();
+    assert!(b.resume(wrong).is_err());
+    let mut wrong = ck.clone();
+    wrong.step = 1;
+    assert!(b.resume(wrong).unwrap_err().to_string().contains("step"));
+    // The real one still resumes after all those refusals.
+    b.resume(ck).unwrap();
+    assert!(b.run(&mut |_, _, _| {})[0].is_ok());
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -78,6 +78,10 @@ pub struct SchedChecker {
     admitted: u64,
     pushes: u64,
     finished: u64,
+    /// Executions of each monotask that ended in a failure or its worker's loss.
+    attempts: HashMap<Tag, u32>,
+    /// A request whose monotask just used its last attempt: the next event must end it.
+    must_fail: Option<RequestId>,
 }
 
 impl SchedChecker {
@@ -90,6 +94,20 @@ impl SchedChecker {
             admitted: 0,
             pushes: 0,
             finished: 0,
+            attempts: HashMap::new(),
+            must_fail: None,
+        }
+    }
+
+    /// Counts one lost execution of `tag`; at the last allowed one its request must fail.
+    fn attempt_lost(&mut self, tag: Tag) {
+        if !self.requests.contains_key(&tag.request) {
+            return;
+        }
+        let n = self.attempts.entry(tag).or_insert(0);
+        *n += 1;
+        if *n >= self.cfg.max_attempts {
+            self.must_fail = Some(tag.request);
         }
     }
 
@@ -380,6 +398,20 @@ impl SchedChecker {
 
     /// Checks one event.
     pub fn check(&mut self, e: &Event) -> Result<(), String> {
+        if let Some(r) = self.must_fail.take() {
+            if *e
+                != (Event::RequestEnded {
+                    request: r,
+                    failed: true,
+                })
+            {
+                return Err(format!(
+                    "a monotask of request {r} used its last of {} attempts, but the request \
+                     did not fail next",
+                    self.cfg.max_attempts
+                ));
+            }
+        }
         match *e {
             Event::Admitted {
                 request,
@@ -487,8 +519,17 @@ impl SchedChecker {
                     r.open = None;
                 }
             }
-            Event::Dropped { worker, tag } | Event::Failed { worker, tag } => {
-                self.release(worker, tag)?
+            Event::Dropped { worker, tag } => self.release(worker, tag)?,
+            Event::Failed { worker, tag } => {
+                let ended = self
+                    .workers
+                    .get(worker as usize)
+                    .and_then(|w| w.running)
+                    .is_some_and(|r| r.3);
+                self.release(worker, tag)?;
+                if !ended {
+                    self.attempt_lost(tag);
+                }
             }
             Event::Requeued { tag } => {
                 // After `Failed` or `WorkerLost`, which freed its worker: its `Ready` follows.
@@ -499,8 +540,20 @@ impl SchedChecker {
                 {
                     return Err(format!("{tag} re-queued while a worker still runs it"));
                 }
+                if self
+                    .attempts
+                    .get(&tag)
+                    .is_some_and(|&n| n >= self.cfg.max_attempts)
+                {
+                    return Err(format!(
+                        "{tag} re-queued after {} lost attempts",
+                        self.cfg.max_attempts
+                    ));
+                }
             }
             Event::WorkerLost(w) => {
+                let wv = self.worker(w)?;
+                let lost = wv.running.filter(|r| !r.3).map(|r| r.0);
                 let wv = self.worker(w)?;
                 wv.alive = false;
                 wv.load = 0.0;
@@ -508,6 +561,9 @@ impl SchedChecker {
                 wv.queue.clear();
                 for r in self.requests.values_mut() {
                     r.holders.remove(&w);
+                }
+                if let Some(tag) = lost {
+                    self.attempt_lost(tag);
                 }
             }
             Event::WorkerAdded(w) => {
@@ -521,6 +577,7 @@ impl SchedChecker {
                     .requests
                     .remove(&request)
                     .ok_or_else(|| format!("request {request} ended but was not admitted"))?;
+                self.attempts.retain(|t, _| t.request != request);
                 for w in &mut self.workers {
                     if let Some(r) = w.running.as_mut().filter(|r| r.0.request == request) {
                         r.3 = true;

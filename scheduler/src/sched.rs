@@ -41,6 +41,26 @@ pub struct SchedulerConfig {
     pub order: QueueOrder,
 }
 
+/// Most workers a scheduler holds, the lost ones included (`new` and `add_worker` refuse
+/// beyond).
+pub const MAX_WORKERS: u32 = 1 << 16;
+/// Largest `max_requests`.
+pub const MAX_REQUESTS: usize = 1 << 20;
+/// Largest `max_queued`.
+pub const MAX_QUEUED: usize = 1 << 26;
+/// Largest `max_attempts`.
+pub const MAX_ATTEMPTS: u32 = 1000;
+
+/// What [`Scheduler::worker_lost`] did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Lost {
+    /// Monotasks placed on other workers.
+    pub requeued: usize,
+    /// The request whose running monotask had now been lost `max_attempts` times with its
+    /// worker: it failed (ended) instead of running again.
+    pub failed: Option<RequestId>,
+}
+
 impl Default for SchedulerConfig {
     fn default() -> Self {
         Self {
@@ -402,6 +422,18 @@ impl Scheduler {
                 "workers, max_requests, max_queued and max_attempts must be >= 1".into(),
             ));
         }
+        if cfg.workers > MAX_WORKERS
+            || cfg.max_requests > MAX_REQUESTS
+            || cfg.max_queued > MAX_QUEUED
+            || cfg.max_attempts > MAX_ATTEMPTS
+        {
+            return Err(SchedError::BadConfig(format!(
+                "workers {} (at most {MAX_WORKERS}), max_requests {} (at most {MAX_REQUESTS}), \
+                 max_queued {} (at most {MAX_QUEUED}), max_attempts {} (at most {MAX_ATTEMPTS}): \
+                 one is above its bound",
+                cfg.workers, cfg.max_requests, cfg.max_queued, cfg.max_attempts
+            )));
+        }
         check_cost(cfg.switch_cost)
             .and(check_cost(cfg.transfer_cost))
             .map_err(|_| {
@@ -461,48 +493,8 @@ impl Scheduler {
         warmup_cost: f64,
         deadline: Option<f64>,
     ) -> Result<(), SchedError> {
-        if let Some(d) = deadline.filter(|d| !d.is_finite()) {
-            return Err(SchedError::BadDeadline(d));
-        }
-        if self.requests.contains_key(&request) {
-            return Err(SchedError::DuplicateRequest(request));
-        }
-        if priority as usize >= PRIORITY_LEVELS {
-            return Err(SchedError::BadPriority(priority));
-        }
         check_cost(warmup_cost)?;
-        if self.requests.len() >= self.cfg.max_requests {
-            return Err(SchedError::Full {
-                what: "requests",
-                limit: self.cfg.max_requests,
-            });
-        }
-        if self.queued >= self.cfg.max_queued {
-            return Err(SchedError::Full {
-                what: "queued monotasks",
-                limit: self.cfg.max_queued,
-            });
-        }
-        let epoch = self.next_epoch;
-        self.next_epoch += 1;
-        self.requests.insert(
-            request,
-            Req {
-                priority,
-                deadline,
-                open: Some(0),
-                last_done: None,
-                outstanding: 1,
-                pending: vec![WARMUP_PATCH],
-                holders: Vec::new(),
-                epoch,
-            },
-        );
-        self.log(|| Event::Admitted {
-            request,
-            priority,
-            deadline,
-        });
+        let epoch = self.admit(request, priority, deadline, Some(0), None)?;
         self.log(|| Event::StepOpened {
             request,
             step: 0,
@@ -522,6 +514,75 @@ impl Scheduler {
         };
         self.place(m);
         Ok(())
+    }
+
+    /// Admits a request that resumes between steps (restored from a checkpoint after a
+    /// restart): no warm-up; its next [`Scheduler::submit_step`] must be after `last_done`.
+    pub fn resume(
+        &mut self,
+        request: RequestId,
+        priority: u8,
+        deadline: Option<f64>,
+        last_done: u32,
+    ) -> Result<(), SchedError> {
+        self.admit(request, priority, deadline, None, Some(last_done))
+            .map(|_| ())
+    }
+
+    fn admit(
+        &mut self,
+        request: RequestId,
+        priority: u8,
+        deadline: Option<f64>,
+        open: Option<u32>,
+        last_done: Option<u32>,
+    ) -> Result<u64, SchedError> {
+        if let Some(d) = deadline.filter(|d| !d.is_finite()) {
+            return Err(SchedError::BadDeadline(d));
+        }
+        if self.requests.contains_key(&request) {
+            return Err(SchedError::DuplicateRequest(request));
+        }
+        if priority as usize >= PRIORITY_LEVELS {
+            return Err(SchedError::BadPriority(priority));
+        }
+        if self.requests.len() >= self.cfg.max_requests {
+            return Err(SchedError::Full {
+                what: "requests",
+                limit: self.cfg.max_requests,
+            });
+        }
+        if open.is_some() && self.queued >= self.cfg.max_queued {
+            return Err(SchedError::Full {
+                what: "queued monotasks",
+                limit: self.cfg.max_queued,
+            });
+        }
+        let epoch = self.next_epoch;
+        self.next_epoch += 1;
+        self.requests.insert(
+            request,
+            Req {
+                priority,
+                deadline,
+                open,
+                last_done,
+                outstanding: u32::from(open.is_some()),
+                pending: if open.is_some() {
+                    vec![WARMUP_PATCH]
+                } else {
+                    Vec::new()
+                },
+                holders: Vec::new(),
+                epoch,
+            },
+        );
+        self.log(|| Event::Admitted {
+            request,
+            priority,
+            deadline,
+        });
+        Ok(epoch)
     }
 
     /// Opens `step` of a request with its active patches `(patch, cost)`, after its previous
@@ -915,14 +976,16 @@ impl Scheduler {
     }
 
     /// Declares worker `w` lost: its running and queued monotasks are placed on the others
-    /// (they run again; completions stay at most once). Returns how many were re-queued.
-    pub fn worker_lost(&mut self, w: WorkerId) -> Result<usize, SchedError> {
+    /// (they run again; completions stay at most once). A running monotask counts the loss
+    /// as one of its `max_attempts` executions: at the last one its request fails instead
+    /// (a monotask that kills every worker it runs on must not be retried forever).
+    pub fn worker_lost(&mut self, w: WorkerId) -> Result<Lost, SchedError> {
         let slot = self
             .workers
             .get_mut(w as usize)
             .ok_or(SchedError::UnknownWorker(w))?;
         if !slot.alive {
-            return Ok(0);
+            return Ok(Lost::default());
         }
         slot.alive = false;
         slot.load = 0.0;
@@ -938,24 +1001,38 @@ impl Scheduler {
             queued.extend(level.into_iter().map(|q| q.m));
         }
         self.queued -= queued.len();
-        let moved: Vec<Monotask> = running.into_iter().chain(queued).collect();
         for r in self.requests.values_mut() {
             r.holders.retain(|&h| h != w);
         }
         self.log(|| Event::WorkerLost(w));
-        let mut n = 0;
-        for m in moved {
+        let mut out = Lost::default();
+        if let Some(m) = running {
+            if self.is_current(&m) && m.attempt >= self.cfg.max_attempts {
+                out.failed = Some(m.tag.request);
+                self.end(m.tag.request, true);
+            } else if self.is_current(&m) {
+                self.log(|| Event::Requeued { tag: m.tag });
+                self.place(m);
+                out.requeued += 1;
+            }
+        }
+        for m in queued {
             if self.is_current(&m) {
                 self.log(|| Event::Requeued { tag: m.tag });
                 self.place(m);
-                n += 1;
+                out.requeued += 1;
             }
         }
-        Ok(n)
+        Ok(out)
     }
 
     /// Adds a worker (a replacement); monotasks waiting for any worker go to it.
-    pub fn add_worker(&mut self) -> WorkerId {
+    pub fn add_worker(&mut self) -> Result<WorkerId, SchedError> {
+        if self.workers.len() >= MAX_WORKERS as usize {
+            return Err(SchedError::BadConfig(format!(
+                "cannot add a worker: the scheduler already holds {MAX_WORKERS}, lost ones included"
+            )));
+        }
         self.workers.push(WorkerSlot::new());
         let w = (self.workers.len() - 1) as WorkerId;
         self.log(|| Event::WorkerAdded(w));
@@ -964,7 +1041,7 @@ impl Scheduler {
         for m in orphans {
             self.place(m);
         }
-        w
+        Ok(w)
     }
 
     /// The engine is done with a request (after its last step): frees its admission slot.

@@ -254,7 +254,7 @@ fn lost_worker_work_runs_again_and_applies_once() {
     s.submit_step(1, 1, &[(0, 1.0), (1, 1.0)]).unwrap();
     let a = s.next(0).unwrap().unwrap();
     let b = s.next(1).unwrap().unwrap();
-    assert_eq!(s.worker_lost(1).unwrap(), 1);
+    assert_eq!(s.worker_lost(1).unwrap().requeued, 1);
     // The lost worker's late report is stale; its monotask runs on worker 0.
     assert_eq!(s.complete(1, b.task.tag).unwrap(), Completion::Stale);
     assert_eq!(s.next(1), Err(SchedError::WorkerDead(1)));
@@ -267,7 +267,7 @@ fn lost_worker_work_runs_again_and_applies_once() {
         Completion::StepDone(1, 1)
     );
     assert_eq!(s.complete(0, again.task.tag).unwrap(), Completion::Stale);
-    let w = s.add_worker();
+    let w = s.add_worker().unwrap();
     assert_eq!(w, 2);
     s.finish(1).unwrap();
     let mut checker = SchedChecker::new(s.config());
@@ -279,8 +279,8 @@ fn lost_worker_work_runs_again_and_applies_once() {
 fn orphaned_work_waits_for_a_replacement_worker() {
     let mut s = Scheduler::new(cfg(1)).unwrap();
     s.submit(1, 0, 1.0).unwrap();
-    assert_eq!(s.worker_lost(0).unwrap(), 1);
-    let w = s.add_worker();
+    assert_eq!(s.worker_lost(0).unwrap().requeued, 1);
+    let w = s.add_worker().unwrap();
     run_warmup(&mut s, w, 1);
 }
 
@@ -297,6 +297,87 @@ fn failures_retry_then_fail_the_request() {
     assert_eq!(s.fail(0, a.task.tag).unwrap(), Completion::RequestFailed(1));
     assert_eq!(s.next(0).unwrap(), None);
     assert_eq!(s.load().requests, 0);
+}
+
+/// A monotask that takes its worker down every time it runs (a poison input) fails its
+/// request after `max_attempts` losses; the other request finishes on the replacements.
+#[test]
+fn a_monotask_that_kills_its_workers_fails_its_request_only() {
+    let mut c = cfg(1);
+    c.max_attempts = 3;
+    c.record_events = true;
+    let mut s = Scheduler::new(c).unwrap();
+    s.submit(1, 0, 1.0).unwrap();
+    s.submit(2, 0, 1.0).unwrap();
+    let mut w = 0;
+    for attempt in 0..3 {
+        let a = s.next(w).unwrap().unwrap();
+        assert_eq!(a.task.tag.request, 1, "request 1 was admitted first");
+        assert_eq!(a.task.attempt, attempt);
+        let lost = s.worker_lost(w).unwrap();
+        if attempt < 2 {
+            assert_eq!(lost.failed, None);
+            assert_eq!(
+                lost.requeued, 2,
+                "the poison monotask and request 2's warm-up"
+            );
+        } else {
+            assert_eq!(lost.failed, Some(1), "third loss: the request fails");
+            assert_eq!(lost.requeued, 1, "only request 2's warm-up moves");
+        }
+        w = s.add_worker().unwrap();
+    }
+    assert!(!s.is_alive(0));
+    run_warmup(&mut s, w, 2);
+    assert_eq!(s.load().requests, 1);
+    let mut checker = SchedChecker::new(s.config());
+    checker.check_all(&s.take_events()).unwrap();
+}
+
+#[test]
+fn the_checker_refuses_a_retry_past_max_attempts() {
+    let mut c = cfg(1);
+    c.max_attempts = 1;
+    c.record_events = true;
+    let mut s = Scheduler::new(c).unwrap();
+    s.submit(1, 0, 1.0).unwrap();
+    s.next(0).unwrap().unwrap();
+    assert_eq!(s.worker_lost(0).unwrap().failed, Some(1));
+    let mut events = s.take_events();
+    // Forge the old behaviour: the request survives and its monotask is queued again.
+    let at = events
+        .iter()
+        .position(|e| matches!(e, Event::RequestEnded { .. }))
+        .unwrap();
+    let tag = Tag {
+        request: 1,
+        step: 0,
+        patch: WARMUP_PATCH,
+    };
+    events[at] = Event::Requeued { tag };
+    let err = SchedChecker::new(s.config())
+        .check_all(&events)
+        .unwrap_err();
+    assert!(err.contains("attempts"), "{err}");
+}
+
+#[test]
+fn sizes_have_upper_bounds() {
+    for (workers, req, queued, attempts) in [
+        (u32::MAX, 1, 1, 1),
+        (1, usize::MAX, 1, 1),
+        (1, 1, usize::MAX, 1),
+        (1, 1, 1, u32::MAX),
+    ] {
+        let c = SchedulerConfig {
+            workers,
+            max_requests: req,
+            max_queued: queued,
+            max_attempts: attempts,
+            ..SchedulerConfig::default()
+        };
+        assert!(matches!(Scheduler::new(c), Err(SchedError::BadConfig(_))));
+    }
 }
 
 /// Found by the fuzz harness once it checked the event log after misuse: a request

@@ -286,8 +286,30 @@ fn keep_freed_memory() {
     }
 }
 
+/// The library's log lines (worker losses, retries, a worker's own stderr) on stderr,
+/// prefixed like the CLI's own messages.
+struct StderrLog;
+
+impl log::Log for StderrLog {
+    fn enabled(&self, m: &log::Metadata) -> bool {
+        m.level() <= log::Level::Warn
+    }
+
+    fn log(&self, r: &log::Record) {
+        if self.enabled(r.metadata()) {
+            eprintln!("flashdiff: {}", r.args());
+        }
+    }
+
+    fn flush(&self) {}
+}
+
 fn main() -> ExitCode {
     keep_freed_memory();
+    static LOG: StderrLog = StderrLog;
+    if log::set_logger(&LOG).is_ok() {
+        log::set_max_level(log::LevelFilter::Warn);
+    }
     let cli = Cli::parse();
     let result = match cli.cmd {
         Cmd::Generate(a) => generate(a),

@@ -131,7 +131,10 @@ int main(int argc, char **argv) {
   fd_load_epsilon le = fd_load_epsilon_default();
   le.eps_min = 0.5f;
   expect("load epsilon bad bounds", fd_load_epsilon_for(&le, 1.0f, &eps), FD_ERR_CONFIG, "eps_min");
-  expect("load epsilon defaults", fd_load_epsilon_for(NULL, NAN, &eps), FD_OK, NULL);
+  expect("load epsilon defaults", fd_load_epsilon_for(NULL, 0.7f, &eps), FD_OK, NULL);
+  expect("load epsilon NaN load", fd_load_epsilon_for(NULL, NAN, &eps), FD_ERR_VALUE, "load");
+  expect("load epsilon negative load", fd_load_epsilon_for(NULL, -1.0f, &eps), FD_ERR_VALUE, "load");
+  expect("load epsilon infinite load", fd_load_epsilon_for(NULL, INFINITY, &eps), FD_ERR_VALUE, "load");
   fd_gate_free(&gate);
   fd_gate_free(NULL);
 
