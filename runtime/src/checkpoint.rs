@@ -162,6 +162,9 @@ pub fn decode(bytes: &[u8]) -> Result<Checkpoint, String> {
             bytes.len() - HEADER
         ));
     }
+    if bytes[20..24] != [0u8; 4] {
+        return Err("checkpoint corrupt: reserved header bytes are not zero".into());
+    }
     let payload = &bytes[HEADER..];
     let crc = u32::from_le_bytes(bytes[16..20].try_into().expect("4 bytes"));
     if crc32fast::hash(payload) != crc {
@@ -222,67 +225,68 @@ pub fn read(path: &Path) -> Result<Checkpoint, String> {
     decode(&map).map_err(|e| format!("checkpoint {}: {e}", path.display()))
 }
 
+/// A small, valid checkpoint (for tests and the fuzz harness).
+#[doc(hidden)]
+pub fn sample() -> Checkpoint {
+    Checkpoint {
+        id: 3,
+        prompt: "a red circle".into(),
+        cfg: ConfigRecord {
+            steps: 10,
+            warmup: 2,
+            patches: Some(4),
+            epsilon: 0.1,
+            adaptive_epsilon: false,
+            max_skip: 3,
+            seed: 9,
+            mode: "flashdiff".into(),
+            priority: 1,
+            layout: 0,
+            cache_threshold: 0.1,
+            ras_ratio: 0.5,
+            extrapolate: true,
+            monotasks: None,
+            deadline_ns: Some(5),
+        },
+        submitted_unix_ns: 1,
+        step: 4,
+        dims: [4, 3, 2, 1, 2],
+        patch_of: vec![0, 1, 2, 3],
+        patches: 4,
+        active: vec![true; 4],
+        gate: GateRecord {
+            epsilon: 0.1,
+            eta: 0.0,
+            max_skip: 3,
+            r_bar: vec![0.0; 4],
+            delta: vec![0.0; 4],
+            seen: vec![0; 4],
+            skipped_run: vec![0; 4],
+            active: vec![true; 4],
+            weights: vec![0.25; 4],
+            steps: 2,
+        },
+        track: None,
+        tea: None,
+        ras_prev: Some(vec![1.0, 2.0]),
+        report: ReportRecord {
+            patches: 4,
+            patch_steps: 8,
+            computed: 7,
+            computed_tokens: 7,
+            active_per_step: vec![4, 3],
+            time_ns: [1, 2, 3, 4, 5, 6],
+            epsilon_sum: 0.0,
+            epsilon_steps: 0,
+            reuse_err2: 0.0,
+            reuse_norm2: 0.0,
+        },
+        regions: vec![vec![0.5; 12]; 7],
+    }
+}
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn sample() -> Checkpoint {
-        Checkpoint {
-            id: 3,
-            prompt: "a red circle".into(),
-            cfg: ConfigRecord {
-                steps: 10,
-                warmup: 2,
-                patches: Some(4),
-                epsilon: 0.1,
-                adaptive_epsilon: false,
-                max_skip: 3,
-                seed: 9,
-                mode: "flashdiff".into(),
-                priority: 1,
-                layout: 0,
-                cache_threshold: 0.1,
-                ras_ratio: 0.5,
-                extrapolate: true,
-                monotasks: None,
-                deadline_ns: Some(5),
-            },
-            submitted_unix_ns: 1,
-            step: 4,
-            dims: [4, 3, 2, 1, 2],
-            patch_of: vec![0, 1, 2, 3],
-            patches: 4,
-            active: vec![true; 4],
-            gate: GateRecord {
-                epsilon: 0.1,
-                eta: 0.0,
-                max_skip: 3,
-                r_bar: vec![0.0; 4],
-                delta: vec![0.0; 4],
-                seen: vec![0; 4],
-                skipped_run: vec![0; 4],
-                active: vec![true; 4],
-                weights: vec![0.25; 4],
-                steps: 2,
-            },
-            track: None,
-            tea: None,
-            ras_prev: Some(vec![1.0, 2.0]),
-            report: ReportRecord {
-                patches: 4,
-                patch_steps: 8,
-                computed: 7,
-                computed_tokens: 7,
-                active_per_step: vec![4, 3],
-                time_ns: [1, 2, 3, 4, 5, 6],
-                epsilon_sum: 0.0,
-                epsilon_steps: 0,
-                reuse_err2: 0.0,
-                reuse_norm2: 0.0,
-            },
-            regions: vec![vec![0.5; 12]; 7],
-        }
-    }
 
     #[test]
     fn round_trip_and_every_damage_is_refused() {

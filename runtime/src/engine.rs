@@ -594,6 +594,8 @@ pub struct Engine {
     finished: Vec<Result<Output, (u64, EngineError)>>,
     exec: Executor,
     shm: Option<PathBuf>,
+    /// The engine's own directory of state files (inside `shm`), removed on drop.
+    _state_dir: Option<crate::state::StateDir>,
     /// The engine's clock origin (deadlines are seconds since it).
     origin: Instant,
     /// Where every request's checkpoint is replaced at each step boundary, if anywhere.
@@ -729,6 +731,15 @@ impl Engine {
             ..Default::default()
         })?;
         let layout = Layout::new(model.dims());
+        let state_dir = match &shm {
+            None => None,
+            Some(root) => Some(crate::state::StateDir::create(root).map_err(|e| {
+                EngineError::Config(format!(
+                    "cannot create the engine's state directory under {}: {e}",
+                    root.display()
+                ))
+            })?),
+        };
         Ok(Self {
             model,
             layout,
@@ -738,7 +749,8 @@ impl Engine {
             requests: HashMap::new(),
             finished: Vec::new(),
             exec: Executor::InProcess,
-            shm,
+            shm: state_dir.as_ref().map(|d| d.path().to_path_buf()),
+            _state_dir: state_dir,
             origin: Instant::now(),
             checkpoints: None,
         })
@@ -1318,11 +1330,16 @@ impl Engine {
         Ok(())
     }
 
+    /// Where checkpoints go, if anywhere ([`Engine::set_checkpoint_dir`]).
+    pub fn checkpoint_dir(&self) -> Option<&Path> {
+        self.checkpoints.as_deref()
+    }
+
     fn save_checkpoint(&mut self, id: u64) {
         let (Some(dir), Some(r)) = (&self.checkpoints, self.requests.get(&id)) else {
             return;
         };
-        let Some(c) = to_checkpoint(id, r, self.model.dims()) else {
+        let Some(c) = to_checkpoint(id, r) else {
             return;
         };
         let path = checkpoint::path(dir, id);
@@ -1339,7 +1356,6 @@ impl Engine {
     /// its output is bit-identical to an uninterrupted run's.
     pub fn resume(&mut self, c: Checkpoint) -> Result<(), EngineError> {
         let bad = |m: String| EngineError::Config(format!("checkpoint of request {}: {m}", c.id));
-        let dims = self.model.dims().clone();
         if c.dims != self.layout.dims_words() {
             return Err(bad(format!(
                 "made for a model of dimensions {:?}, this one has {:?}",
@@ -1358,121 +1374,33 @@ impl Engine {
                 c.step, cfg.warmup, cfg.steps
             )));
         }
-        let g = dims.grid;
-        let grid = Grid::new(g.frames as u32, g.height as u32, g.width as u32)?;
-        let layout = PatchLayout::from_assignment(grid, c.patch_of.clone(), c.patches)?;
-        let gate = Gate::from_state(flashdiff_gate::GateState {
-            cfg: GateConfig {
-                epsilon: c.gate.epsilon,
-                eta: c.gate.eta,
-                max_skip: c.gate.max_skip,
-            },
-            r_bar: c.gate.r_bar.clone(),
-            delta: c.gate.delta.clone(),
-            seen: c.gate.seen.clone(),
-            skipped_run: c.gate.skipped_run.clone(),
-            active: c.gate.active.clone(),
-            weights: c.gate.weights.clone(),
-            steps: c.gate.steps,
-        })?;
-        if gate.patches() != layout.patches() as usize || c.active.len() != gate.patches() {
-            return Err(bad("gate and layout disagree on the patch count".into()));
-        }
-        let tokens = dims.grid.tokens();
-        let vel = tokens * dims.channels;
-        let kv = dims.kv_layers * tokens * dims.kv_dim;
-        let track = match &c.track {
-            None => None,
-            Some(t) => {
-                let ok = [&t.k_base, &t.v_base_kv, &t.k_slope, &t.v_slope_kv]
-                    .iter()
-                    .all(|v| v.len() == kv)
-                    && t.v_base.len() == vel
-                    && t.v_slope.len() == vel
-                    && t.last.len() == tokens;
-                if !ok {
-                    return Err(bad("extrapolation state of the wrong size".into()));
-                }
-                Some(Track {
-                    kv_weight: t.kv_weight,
-                    kv_base: [t.k_base.clone(), t.v_base_kv.clone()],
-                    kv_slope: [t.k_slope.clone(), t.v_slope_kv.clone()],
-                    v_base: t.v_base.clone(),
-                    v_slope: t.v_slope.clone(),
-                    last: t.last.clone(),
-                })
-            }
-        };
-        // TeaCache's block-0 input is tokens x the model's width.
-        if c.tea.as_ref().is_some_and(|(v, _)| v.len() % tokens != 0)
-            || c.ras_prev.as_ref().is_some_and(|v| v.len() != vel)
-        {
-            return Err(bad("cached velocities of the wrong size".into()));
-        }
+        let (layout, gate, track) =
+            restore_policies(&c, self.model.dims()).map_err(|e| match e {
+                EngineError::Config(m) => bad(m),
+                e => e,
+            })?;
         let cond = self.model.condition(&c.prompt)?;
         let context = Tensor::from_slice(&cond.context, cond.context.len(), self.model.device())
             .map_err(ModelError::from)?;
         let mut state = SharedState::create(self.layout.clone(), self.shm.as_deref(), c.id)
             .map_err(|e| EngineError::Config(format!("cannot create request state: {e}")))?;
-        if c.regions.len() != checkpoint::SAVED_REGIONS.len() {
-            return Err(bad(format!(
-                "{} regions, expected {}",
-                c.regions.len(),
-                checkpoint::SAVED_REGIONS.len()
-            )));
-        }
-        for (&region, data) in checkpoint::SAVED_REGIONS.iter().zip(&c.regions) {
-            let dst = state.get_mut(region);
-            if dst.len() != data.len() {
-                return Err(bad(format!(
-                    "region {region:?} has {} values, expected {}",
-                    data.len(),
-                    dst.len()
-                )));
-            }
-            dst.copy_from_slice(data);
-        }
+        restore_regions(&mut state, &c.regions).map_err(bad)?;
         state
             .get_mut(Region::Context)
             .copy_from_slice(&cond.context);
-        let now_unix = std::time::SystemTime::now();
+        // Latency and the deadline count from the first submission, on the wall clock.
         let submitted_unix = std::time::UNIX_EPOCH + Duration::from_nanos(c.submitted_unix_ns);
-        let age = now_unix.duration_since(submitted_unix).unwrap_or_default();
+        let age = std::time::SystemTime::now()
+            .duration_since(submitted_unix)
+            .unwrap_or_default();
         let submitted = Instant::now().checked_sub(age).unwrap_or_else(Instant::now);
         let deadline = cfg
             .deadline
             .map(|d| (d.as_secs_f64() - age.as_secs_f64()) + self.origin.elapsed().as_secs_f64());
         self.sched
             .resume(c.id, cfg.priority, deadline, c.step - 1)?;
-        let rr = &c.report;
-        let t = rr.time_ns.map(Duration::from_nanos);
-        let report = Report {
-            id: c.id,
-            steps: cfg.steps,
-            warmup: cfg.warmup,
-            patches: rr.patches,
-            patch_steps: rr.patch_steps,
-            computed: rr.computed,
-            computed_tokens: rr.computed_tokens,
-            active_per_step: rr.active_per_step.clone(),
-            time: TimeSplit {
-                warmup: t[0],
-                partition: t[1],
-                gate: t[2],
-                compute: t[3],
-                schedule: t[4],
-                io: t[5],
-                queue: Duration::ZERO,
-            },
-            latency: Duration::ZERO,
-            work_skipped: 0.0,
-            epsilon_sum: rr.epsilon_sum,
-            epsilon_steps: rr.epsilon_steps,
-            reuse_err2: rr.reuse_err2,
-            reuse_norm2: rr.reuse_norm2,
-            deadline_met: None,
-        };
         let id = c.id;
+        let report = report_from(id, &cfg, &c.report);
         self.requests.insert(
             id,
             Request {
@@ -1489,7 +1417,7 @@ impl Engine {
                 report,
                 cfg,
                 submitted,
-                tea: c.tea.filter(|(v, _)| !v.is_empty()),
+                tea: c.tea,
                 ras_prev: c.ras_prev,
                 track,
             },
@@ -1992,7 +1920,8 @@ fn mode_name(m: Mode) -> &'static str {
     }
 }
 
-fn to_config_record(c: &RequestConfig) -> checkpoint::ConfigRecord {
+/// A request's settings as a checkpoint or journal record.
+pub fn to_config_record(c: &RequestConfig) -> checkpoint::ConfigRecord {
     checkpoint::ConfigRecord {
         steps: c.steps,
         warmup: c.warmup,
@@ -2014,7 +1943,9 @@ fn to_config_record(c: &RequestConfig) -> checkpoint::ConfigRecord {
     }
 }
 
-fn from_config_record(c: &checkpoint::ConfigRecord) -> Result<RequestConfig, String> {
+/// Settings from a record (untrusted: the mode and layout are checked; the rest by
+/// [`check_request`] when submitted).
+pub fn from_config_record(c: &checkpoint::ConfigRecord) -> Result<RequestConfig, String> {
     Ok(RequestConfig {
         steps: c.steps,
         warmup: c.warmup,
@@ -2038,11 +1969,123 @@ fn from_config_record(c: &checkpoint::ConfigRecord) -> Result<RequestConfig, Str
     })
 }
 
+/// A checkpoint's patch layout, gate and extrapolation state, each checked against the
+/// model (untrusted input).
+fn restore_policies(
+    c: &Checkpoint,
+    dims: &Dims,
+) -> Result<(PatchLayout, Gate, Option<Track>), EngineError> {
+    let bad = |m: &str| EngineError::Config(m.to_string());
+    let g = dims.grid;
+    let grid = Grid::new(g.frames as u32, g.height as u32, g.width as u32)?;
+    let layout = PatchLayout::from_assignment(grid, c.patch_of.clone(), c.patches)?;
+    let gate = Gate::from_state(flashdiff_gate::GateState {
+        cfg: GateConfig {
+            epsilon: c.gate.epsilon,
+            eta: c.gate.eta,
+            max_skip: c.gate.max_skip,
+        },
+        r_bar: c.gate.r_bar.clone(),
+        delta: c.gate.delta.clone(),
+        seen: c.gate.seen.clone(),
+        skipped_run: c.gate.skipped_run.clone(),
+        active: c.gate.active.clone(),
+        weights: c.gate.weights.clone(),
+        steps: c.gate.steps,
+    })?;
+    if gate.patches() != layout.patches() as usize || c.active.len() != gate.patches() {
+        return Err(bad("gate and layout disagree on the patch count"));
+    }
+    let tokens = g.tokens();
+    let vel = tokens * dims.channels;
+    let kv = dims.kv_layers * tokens * dims.kv_dim;
+    // TeaCache's block-0 input is tokens x the model's width.
+    if c.tea.as_ref().is_some_and(|(v, _)| v.len() % tokens != 0)
+        || c.ras_prev.as_ref().is_some_and(|v| v.len() != vel)
+    {
+        return Err(bad("cached velocities of the wrong size"));
+    }
+    let Some(t) = &c.track else {
+        return Ok((layout, gate, None));
+    };
+    let ok = [&t.k_base, &t.v_base_kv, &t.k_slope, &t.v_slope_kv]
+        .iter()
+        .all(|v| v.len() == kv)
+        && t.v_base.len() == vel
+        && t.v_slope.len() == vel
+        && t.last.len() == tokens;
+    if !ok {
+        return Err(bad("extrapolation state of the wrong size"));
+    }
+    let track = Track {
+        kv_weight: t.kv_weight,
+        kv_base: [t.k_base.clone(), t.v_base_kv.clone()],
+        kv_slope: [t.k_slope.clone(), t.v_slope_kv.clone()],
+        v_base: t.v_base.clone(),
+        v_slope: t.v_slope.clone(),
+        last: t.last.clone(),
+    };
+    Ok((layout, gate, Some(track)))
+}
+
+/// Copies a checkpoint's committed regions into a fresh state, refusing wrong sizes.
+fn restore_regions(state: &mut SharedState, regions: &[Vec<f32>]) -> Result<(), String> {
+    if regions.len() != checkpoint::SAVED_REGIONS.len() {
+        return Err(format!(
+            "{} regions, expected {}",
+            regions.len(),
+            checkpoint::SAVED_REGIONS.len()
+        ));
+    }
+    for (&region, data) in checkpoint::SAVED_REGIONS.iter().zip(regions) {
+        let dst = state.get_mut(region);
+        if dst.len() != data.len() {
+            return Err(format!(
+                "region {region:?} has {} values, expected {}",
+                data.len(),
+                dst.len()
+            ));
+        }
+        dst.copy_from_slice(data);
+    }
+    Ok(())
+}
+
+/// A resumed request's report: the counters so far; latency and shares are set at the end.
+fn report_from(id: u64, cfg: &RequestConfig, rr: &checkpoint::ReportRecord) -> Report {
+    let t = rr.time_ns.map(Duration::from_nanos);
+    Report {
+        id,
+        steps: cfg.steps,
+        warmup: cfg.warmup,
+        patches: rr.patches,
+        patch_steps: rr.patch_steps,
+        computed: rr.computed,
+        computed_tokens: rr.computed_tokens,
+        active_per_step: rr.active_per_step.clone(),
+        time: TimeSplit {
+            warmup: t[0],
+            partition: t[1],
+            gate: t[2],
+            compute: t[3],
+            schedule: t[4],
+            io: t[5],
+            queue: Duration::ZERO,
+        },
+        latency: Duration::ZERO,
+        work_skipped: 0.0,
+        epsilon_sum: rr.epsilon_sum,
+        epsilon_steps: rr.epsilon_steps,
+        reuse_err2: rr.reuse_err2,
+        reuse_norm2: rr.reuse_norm2,
+        deadline_met: None,
+    }
+}
+
 /// A request between steps as a checkpoint (`None` before its partition).
-fn to_checkpoint(id: u64, r: &Request, dims: &Dims) -> Option<Checkpoint> {
+fn to_checkpoint(id: u64, r: &Request) -> Option<Checkpoint> {
     let layout = r.layout.as_ref()?;
     let gate = r.gate.as_ref()?.state();
-    let _ = dims;
     let rep = &r.report;
     let t = &rep.time;
     let ns = |d: Duration| d.as_nanos().min(u64::MAX as u128) as u64;

@@ -1,6 +1,6 @@
 //! Fuzz harness for the untrusted bytes the runtime reads (feature `fuzzing`): control
-//! records from worker pipes and request-state files must be refused with an error, never
-//! panic or misread.
+//! records from worker pipes, request-state files and request checkpoints must be refused
+//! with an error, never panic or misread.
 
 use crate::proc::{decode_order, decode_report, encode_order, encode_report, read_frame};
 use crate::state::{Layout, SharedState};
@@ -17,6 +17,38 @@ pub fn records(data: &[u8]) {
         check_record(&frame);
     }
     state_file(data);
+    checkpoint(data);
+}
+
+/// Checkpoints: arbitrary bytes decode only into a checkpoint that encodes back to itself;
+/// a valid checkpoint truncated, with a flipped bit or another version is refused.
+pub fn checkpoint(data: &[u8]) {
+    use crate::checkpoint::{decode, encode, sample};
+    if let Ok(c) = decode(data) {
+        assert_eq!(
+            decode(&encode(&c)).as_ref(),
+            Ok(&c),
+            "checkpoint round trip"
+        );
+    }
+    let good = encode(&sample());
+    assert!(decode(&good).is_ok());
+    if data.len() >= 9 {
+        let at = u64::from_le_bytes(data[..8].try_into().expect("8 bytes")) as usize % good.len();
+        let flip = data[8].max(1);
+        let mut bad = good.clone();
+        bad[at] ^= flip;
+        let e = decode(&bad);
+        assert!(
+            e.is_err(),
+            "a checkpoint with byte {at} flipped by {flip:#x} was accepted"
+        );
+        assert!(!e.unwrap_err().is_empty());
+        assert!(
+            decode(&good[..at]).is_err(),
+            "a checkpoint cut at {at} was accepted"
+        );
+    }
 }
 
 fn check_record(bytes: &[u8]) {

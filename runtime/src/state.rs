@@ -120,6 +120,103 @@ impl Layout {
     }
 }
 
+/// 16 random bytes from the kernel, as hex: names nobody can guess.
+pub fn random_hex() -> std::io::Result<String> {
+    let mut b = [0u8; 16];
+    let mut got = 0;
+    while got < b.len() {
+        // SAFETY: getrandom writes at most `len - got` bytes into the buffer's tail, which
+        // is valid and writable for that many bytes.
+        let n = unsafe { libc::getrandom(b[got..].as_mut_ptr().cast(), b.len() - got, 0) };
+        if n < 0 {
+            let e = std::io::Error::last_os_error();
+            if e.kind() == std::io::ErrorKind::Interrupted {
+                continue;
+            }
+            return Err(e);
+        }
+        got += n as usize;
+    }
+    Ok(b.iter().map(|x| format!("{x:02x}")).collect())
+}
+
+/// One engine's directory of request state files: `ROOT/flashdiff-UID/ePID-RANDOM`, mode
+/// 0700 (the per-user parent too), removed when the engine is dropped. Creating one sweeps
+/// the directories of engines whose process is gone (a crashed predecessor's state files).
+#[derive(Debug)]
+pub struct StateDir {
+    path: PathBuf,
+}
+
+impl StateDir {
+    /// Creates a fresh engine directory under `root` (e.g. `/dev/shm`), sweeping dead ones.
+    pub fn create(root: &Path) -> std::io::Result<Self> {
+        use std::os::unix::fs::{DirBuilderExt, MetadataExt};
+        // SAFETY: getuid has no preconditions and cannot fail.
+        let uid = unsafe { libc::getuid() };
+        let parent = root.join(format!("flashdiff-{uid}"));
+        match std::fs::DirBuilder::new().mode(0o700).create(&parent) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+            Err(e) => return Err(e),
+        }
+        // Refuse a parent someone else made (or made readable to others): state files hold
+        // prompts' conditioning and latents.
+        let meta = std::fs::symlink_metadata(&parent)?;
+        if !meta.is_dir() || meta.uid() != uid || meta.mode() & 0o077 != 0 {
+            return Err(std::io::Error::other(format!(
+                "{} is not a private directory of this user (owner {}, mode {:o})",
+                parent.display(),
+                meta.uid(),
+                meta.mode() & 0o777
+            )));
+        }
+        sweep(&parent);
+        let path = parent.join(format!("e{}-{}", std::process::id(), random_hex()?));
+        std::fs::DirBuilder::new().mode(0o700).create(&path)?;
+        Ok(Self { path })
+    }
+
+    /// The directory.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+}
+
+impl Drop for StateDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.path);
+    }
+}
+
+/// Removes engine directories under `parent` whose process no longer exists.
+fn sweep(parent: &Path) {
+    let Ok(entries) = std::fs::read_dir(parent) else {
+        return;
+    };
+    for e in entries.flatten() {
+        let name = e.file_name();
+        let Some(pid) = name
+            .to_str()
+            .and_then(|n| n.strip_prefix('e'))
+            .and_then(|n| n.split('-').next())
+            .and_then(|p| p.parse::<i32>().ok())
+        else {
+            continue;
+        };
+        // SAFETY: kill with signal 0 only checks whether the process exists.
+        let gone = unsafe { libc::kill(pid, 0) } != 0
+            && std::io::Error::last_os_error().raw_os_error() == Some(libc::ESRCH);
+        if gone {
+            log::info!(
+                "removing {} left by a process that is gone",
+                e.path().display()
+            );
+            let _ = std::fs::remove_dir_all(e.path());
+        }
+    }
+}
+
 enum Backing {
     Anon,
     File(PathBuf),
@@ -143,22 +240,18 @@ impl std::fmt::Debug for SharedState {
 
 impl SharedState {
     /// A fresh zeroed state: anonymous memory when `dir` is `None`, else a new file in `dir`
-    /// (e.g. `/dev/shm`) named after the request and this process.
+    /// (an engine's [`StateDir`]) with an unpredictable name, mode 0600.
     pub fn create(layout: Layout, dir: Option<&Path>, request: u64) -> std::io::Result<Self> {
         let (map, backing) = match dir {
             None => (MmapMut::map_anon(layout.bytes())?, Backing::Anon),
             Some(d) => {
-                // Process id and a per-process counter: engines in one process never collide.
-                static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
-                let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                let path = d.join(format!(
-                    "flashdiff-{}-{n}-{request}.state",
-                    std::process::id()
-                ));
+                use std::os::unix::fs::OpenOptionsExt;
+                let path = d.join(format!("r{request}-{}.state", random_hex()?));
                 let file = OpenOptions::new()
                     .read(true)
                     .write(true)
                     .create_new(true)
+                    .mode(0o600)
                     .open(&path)?;
                 file.set_len(layout.bytes() as u64)?;
                 // SAFETY: the file was just created by this process with create_new, sized
@@ -397,5 +490,41 @@ mod tests {
         assert!(SharedState::open(&path, layout)
             .unwrap_err()
             .contains("cannot open"));
+    }
+
+    #[test]
+    fn engine_directories_are_private_and_swept_after_their_process() {
+        use std::os::unix::fs::PermissionsExt;
+        let root = std::env::temp_dir().join(format!("fd-statedir-{}", std::process::id()));
+        std::fs::create_dir_all(&root).unwrap();
+        let a = StateDir::create(&root).unwrap();
+        let parent = a.path().parent().unwrap().to_path_buf();
+        // A crashed predecessor (no such pid) and a live one (this process).
+        let dead = parent.join("e999999999-0123");
+        std::fs::create_dir_all(&dead).unwrap();
+        std::fs::write(dead.join("r1-x.state"), b"left behind").unwrap();
+        let b = StateDir::create(&root).unwrap();
+        assert!(!dead.exists(), "a dead engine's directory was not swept");
+        assert!(a.path().exists(), "a live engine's directory was swept");
+        assert_ne!(a.path(), b.path());
+        let mode = |p: &Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode(&parent), 0o700);
+        assert_eq!(mode(b.path()), 0o700);
+        let layout = Layout::new(&dims(4));
+        let s1 = SharedState::create(layout.clone(), Some(b.path()), 7).unwrap();
+        let s2 = SharedState::create(layout, Some(b.path()), 7).unwrap();
+        assert_eq!(mode(s1.path().unwrap()), 0o600);
+        assert_ne!(s1.path(), s2.path(), "names must not be predictable");
+        let kept = b.path().to_path_buf();
+        drop((s1, s2, b));
+        assert!(!kept.exists(), "an engine's directory outlived it");
+        // A shared parent made by someone else (here: readable by others) is refused.
+        drop(a);
+        std::fs::set_permissions(&parent, std::fs::Permissions::from_mode(0o755)).unwrap();
+        assert!(StateDir::create(&root)
+            .unwrap_err()
+            .to_string()
+            .contains("private"));
+        std::fs::remove_dir_all(&root).unwrap();
     }
 }

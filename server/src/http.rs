@@ -13,6 +13,11 @@
 //! `GET /metrics` (Prometheus text). Errors are JSON `{"error": {"message", "type"}}` naming
 //! the field. Past `--max-queue` unfinished jobs new work gets 429 with `Retry-After`.
 //! SIGTERM and SIGINT stop accepting, finish what was admitted, then exit.
+//!
+//! With a state directory ([`crate::journal`]) every job's admission and end are journaled
+//! (synced), results saved, and requests checkpointed at every step: a server killed at any
+//! point, started again on the same directory, resumes every unfinished job from its last
+//! step (or from its start when it had none) and answers for the finished ones.
 
 use std::collections::HashMap;
 use std::convert::Infallible;
@@ -31,7 +36,13 @@ use base64::Engine as _;
 use serde_json::{json, Map, Value};
 use tokio::sync::{broadcast, watch};
 
-use flashdiff_runtime::engine::{check_request, Engine, Mode, Output, RequestConfig};
+use flashdiff_runtime::checkpoint;
+use flashdiff_runtime::engine::{
+    check_request, from_config_record, to_config_record, Engine, EngineError, Mode, Output,
+    RequestConfig,
+};
+
+use crate::journal::{Entry, JobRecord, Store};
 use flashdiff_runtime::image;
 use flashdiff_runtime::models::scene::IMAGE;
 use flashdiff_runtime::models::Denoiser;
@@ -47,6 +58,8 @@ pub struct HttpConfig {
     pub body_limit: usize,
     /// Request defaults (the serve flags).
     pub base: RequestConfig,
+    /// Where jobs and checkpoints survive a crash (`None`: nothing survives).
+    pub state_dir: Option<std::path::PathBuf>,
 }
 
 /// Where a job stands.
@@ -115,6 +128,12 @@ enum Cmd {
         cfg: RequestConfig,
     },
     Cancel(u64),
+    /// A job the previous server left unfinished: from its checkpoint, else from the start.
+    Resume {
+        id: u64,
+        prompt: String,
+        cfg: RequestConfig,
+    },
 }
 
 struct Hub {
@@ -128,6 +147,8 @@ struct Hub {
     /// The engine's model, to check prompts and settings before admitting them.
     checker: Arc<dyn Denoiser>,
     accepting: std::sync::atomic::AtomicBool,
+    /// The journal and results (locked after `jobs` when both are held).
+    store: Option<Mutex<Store>>,
 }
 
 type Shared = Arc<Hub>;
@@ -158,11 +179,26 @@ fn bad(message: impl Into<String>) -> Response {
 }
 
 /// Runs the server until SIGTERM/SIGINT; returns after draining.
-pub fn serve(engine: Engine, cfg: HttpConfig) -> Result<(), String> {
+pub fn serve(mut engine: Engine, cfg: HttpConfig) -> Result<(), String> {
     let (tx, rx) = mpsc::channel();
+    let mut jobs = HashMap::new();
+    let mut next_id = 1;
+    let store = match &cfg.state_dir {
+        None => None,
+        Some(dir) => {
+            let (mut store, replayed) = Store::open(dir)?;
+            engine
+                .set_checkpoint_dir(Some(store.checkpoints()))
+                .map_err(|e| e.to_string())?;
+            next_id = replayed.iter().map(|j| j.id + 1).max().unwrap_or(1);
+            let kept = restore(&store, replayed, &mut jobs, &tx, cfg.max_queue)?;
+            store.compact(&kept.0, &kept.1)?;
+            Some(Mutex::new(store))
+        }
+    };
     let hub = Arc::new(Hub {
-        jobs: Mutex::new(HashMap::new()),
-        next_id: AtomicU64::new(1),
+        jobs: Mutex::new(jobs),
+        next_id: AtomicU64::new(next_id),
         cmds: Mutex::new(tx),
         metrics: Metrics::default(),
         workers: engine.workers(),
@@ -170,6 +206,7 @@ pub fn serve(engine: Engine, cfg: HttpConfig) -> Result<(), String> {
         checker: engine.shared_model(),
         cfg: cfg.clone(),
         accepting: std::sync::atomic::AtomicBool::new(true),
+        store,
     });
     let driver = {
         let hub = hub.clone();
@@ -210,6 +247,97 @@ pub fn serve(engine: Engine, cfg: HttpConfig) -> Result<(), String> {
     let _ = driver.join();
     eprintln!("flashdiff: stopped");
     res
+}
+
+fn phase_code(p: Phase) -> u8 {
+    match p {
+        Phase::Failed => 1,
+        Phase::Cancelled => 2,
+        _ => 0,
+    }
+}
+
+/// Rebuilds the job table from the journal: finished jobs with their results (the newest
+/// `4 x max_queue` of them; a succeeded job whose result files are gone is forgotten), and
+/// every unfinished one queued to resume. Returns the jobs kept and the ids forgotten.
+fn restore(
+    store: &Store,
+    replayed: Vec<JobRecord>,
+    jobs: &mut HashMap<u64, Job>,
+    tx: &mpsc::Sender<Cmd>,
+    max_queue: usize,
+) -> Result<(Vec<JobRecord>, Vec<u64>), String> {
+    let keep = 4 * max_queue.max(1);
+    let finished = replayed.iter().filter(|j| j.end.is_some()).count();
+    let mut drop_finished = finished.saturating_sub(keep);
+    let (mut kept, mut forgotten) = (Vec::new(), Vec::new());
+    let mut resumed = 0;
+    for j in replayed {
+        let result = match &j.end {
+            Some(_) if drop_finished > 0 => {
+                drop_finished -= 1;
+                forgotten.push(j.id);
+                continue;
+            }
+            Some((0, _)) => match store.load_result(j.id) {
+                Some(r) => Some(r),
+                None => {
+                    log::warn!("job {}: its saved result is gone; forgotten", j.id);
+                    forgotten.push(j.id);
+                    continue;
+                }
+            },
+            _ => None,
+        };
+        let phase = match &j.end {
+            None => Phase::Queued,
+            Some((0, _)) => Phase::Succeeded,
+            Some((2, _)) => Phase::Cancelled,
+            Some(_) => Phase::Failed,
+        };
+        let (png, report) = match result {
+            Some((png, report)) => (Some(png), Some(report)),
+            None => (None, None),
+        };
+        let (phase_tx, _) = watch::channel(phase);
+        jobs.insert(
+            j.id,
+            Job {
+                phase,
+                created: j.created,
+                scale: j.scale.max(1) as usize,
+                report,
+                png,
+                error: j
+                    .end
+                    .as_ref()
+                    .map(|e| e.1.clone())
+                    .filter(|e| !e.is_empty()),
+                last_step: None,
+                last_event: None,
+                events: (!phase.done()).then(|| broadcast::channel(256).0),
+                phase_tx,
+            },
+        );
+        if j.end.is_none() {
+            let cfg =
+                from_config_record(&j.cfg).map_err(|e| format!("journal: job {}: {e}", j.id))?;
+            let _ = tx.send(Cmd::Resume {
+                id: j.id,
+                prompt: j.prompt.clone(),
+                cfg,
+            });
+            resumed += 1;
+        }
+        kept.push(j);
+    }
+    if resumed > 0 || !kept.is_empty() {
+        log::warn!(
+            "state directory: {} job(s) restored, {resumed} of them unfinished and resuming",
+            kept.len()
+        );
+    }
+    Ok((kept, forgotten))
 }
 
 async fn shutdown(hub: Shared) {
@@ -307,6 +435,7 @@ fn drive(mut engine: Engine, rx: mpsc::Receiver<Cmd>, hub: Shared) {
                         cancelled.insert(id);
                     }
                 }
+                Cmd::Resume { id, prompt, cfg } => resume_job(&mut engine, &hub, id, &prompt, cfg),
             }
         }
         if engine.in_flight() > 0 {
@@ -335,6 +464,44 @@ fn drive(mut engine: Engine, rx: mpsc::Receiver<Cmd>, hub: Shared) {
                 }
             }
         }
+    }
+}
+
+/// Takes up a job the previous server left unfinished: from its checkpoint when there is a
+/// valid one, else from the start (the output is the same either way).
+fn resume_job(engine: &mut Engine, hub: &Hub, id: u64, prompt: &str, cfg: RequestConfig) {
+    let path = engine
+        .checkpoint_dir()
+        .map(|d| checkpoint::path(d, id))
+        .filter(|p| p.exists());
+    if let Some(p) = path {
+        let resumed = checkpoint::read(&p)
+            .and_then(|c| match c.id == id {
+                true => Ok(c),
+                false => Err(format!("checkpoint {} is of request {}", p.display(), c.id)),
+            })
+            .map_err(EngineError::Config)
+            .and_then(|c| {
+                let step = c.step;
+                engine.resume(c).map(|()| step)
+            });
+        match resumed {
+            Ok(step) => return log::info!("job {id}: resumed at step {step}"),
+            Err(e) => log::warn!("job {id}: {e}; starting it again"),
+        }
+    }
+    if let Err(e) = engine.submit(id, prompt, cfg) {
+        finish_err(hub, id, Phase::Failed, e.to_string());
+    }
+}
+
+/// Runs `f` on the store, if the server has one.
+fn journal(hub: &Hub, f: impl FnOnce(&mut Store) -> Result<(), String>) -> Result<(), String> {
+    match &hub.store {
+        None => Ok(()),
+        Some(store) => f(&mut *store
+            .lock()
+            .map_err(|_| "the store is poisoned".to_string())?),
     }
 }
 
@@ -418,7 +585,19 @@ fn finish_ok(hub: &Hub, o: Output) {
         return;
     };
     let report = report_json(&o);
-    j.png = Some(image::png(&o.rgb, IMAGE, IMAGE, j.scale));
+    let png = image::png(&o.rgb, IMAGE, IMAGE, j.scale);
+    // Saved and journaled before anyone can read "succeeded".
+    if let Err(e) = journal(hub, |s| {
+        s.save_result(id, &png, &report)?;
+        s.append(&Entry::Finished {
+            id,
+            phase: 0,
+            error: String::new(),
+        })
+    }) {
+        log::error!("job {id}: {e}");
+    }
+    j.png = Some(png);
     j.report = Some(report.clone());
     j.phase = Phase::Succeeded;
     j.last_event = None;
@@ -440,6 +619,15 @@ fn finish_err(hub: &Hub, id: u64, phase: Phase, msg: String) {
     let Some(j) = jobs.get_mut(&id) else {
         return;
     };
+    if let Err(e) = journal(hub, |s| {
+        s.append(&Entry::Finished {
+            id,
+            phase: phase_code(phase),
+            error: msg.clone(),
+        })
+    }) {
+        log::error!("job {id}: {e}");
+    }
     j.phase = phase;
     j.error = Some(msg.clone());
     j.last_event = None;
@@ -641,6 +829,10 @@ fn admit(hub: &Hub, g: &GenRequest) -> Result<Vec<(u64, watch::Receiver<Phase>)>
         done.sort_unstable();
         for (_, id) in done.iter().take(jobs.len() + g.n as usize - keep) {
             jobs.remove(id);
+            let _ = journal(hub, |s| {
+                s.remove_result(*id);
+                Ok(())
+            });
         }
     }
     let cmds = hub.cmds.lock().map_err(|_| {
@@ -676,6 +868,22 @@ fn admit(hub: &Hub, g: &GenRequest) -> Result<Vec<(u64, watch::Receiver<Phase>)>
             seed: g.cfg.seed.wrapping_add(i as u64),
             ..g.cfg.clone()
         };
+        if let Err(e) = journal(hub, |s| {
+            s.append(&Entry::Submitted {
+                id,
+                prompt: g.prompt.clone(),
+                cfg: to_config_record(&cfg),
+                scale: g.scale as u32,
+                created: now_s(),
+            })
+        }) {
+            jobs.remove(&id);
+            return Err(Box::new(error(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "internal",
+                format!("cannot record the job: {e}"),
+            )));
+        }
         if cmds
             .send(Cmd::Submit {
                 id,

@@ -1,6 +1,7 @@
 //! `flashdiff`: generate with the built-in model, serve a request stream, run the bench.
 
 mod http;
+mod journal;
 
 use std::io::{BufRead, IsTerminal, Write};
 use std::path::PathBuf;
@@ -77,6 +78,15 @@ struct ServeArgs {
     /// With --port: largest request body in bytes.
     #[arg(long, default_value_t = 65_536, requires = "port", value_parser = clap::value_parser!(u32).range(64..=16_777_216))]
     max_body: u32,
+    /// With --port: where jobs, results and per-step checkpoints live, so that a server
+    /// killed at any point and started again on the same directory resumes every unfinished
+    /// job and still answers for finished ones (default: $XDG_STATE_HOME/flashdiff, else
+    /// ~/.local/state/flashdiff). One server per directory.
+    #[arg(long, requires = "port", conflicts_with = "ephemeral")]
+    state_dir: Option<PathBuf>,
+    /// With --port: keep no state; nothing survives a restart.
+    #[arg(long, requires = "port")]
+    ephemeral: bool,
     /// Requests file (JSON lines); standard input when absent or "-".
     #[arg(long)]
     input: Option<PathBuf>,
@@ -292,7 +302,7 @@ struct StderrLog;
 
 impl log::Log for StderrLog {
     fn enabled(&self, m: &log::Metadata) -> bool {
-        m.level() <= log::Level::Warn
+        m.level() <= log::Level::Info
     }
 
     fn log(&self, r: &log::Record) {
@@ -308,7 +318,7 @@ fn main() -> ExitCode {
     keep_freed_memory();
     static LOG: StderrLog = StderrLog;
     if log::set_logger(&LOG).is_ok() {
-        log::set_max_level(log::LevelFilter::Warn);
+        log::set_max_level(log::LevelFilter::Info);
     }
     let cli = Cli::parse();
     let result = match cli.cmd {
@@ -491,6 +501,11 @@ fn serve(o: ServeArgs) -> Result<(), String> {
                 max_queue: o.max_queue as usize,
                 body_limit: o.max_body as usize,
                 base,
+                state_dir: if o.ephemeral {
+                    None
+                } else {
+                    Some(o.state_dir.clone().unwrap_or_else(journal::default_dir))
+                },
             },
         );
     }

@@ -17,17 +17,36 @@ struct Server {
 impl Server {
     /// Starts a server on a free port with short requests (8 steps) unless `args` say else.
     fn start(args: &[&str]) -> Self {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_flashdiff"))
-            .args(["serve", "--port", "0", "--workers", "1", "--steps", "8"])
+        // Each server its own state directory (the per-user default allows one server).
+        static N: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+        let state = std::env::temp_dir().join(format!(
+            "fd-http-state-{}-{}",
+            std::process::id(),
+            N.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+        ));
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_flashdiff"));
+        cmd.args(["serve", "--port", "0", "--workers", "1", "--steps", "8"])
             .args(["--warmup", "2"])
-            .args(args)
+            .args(args);
+        if !args
+            .iter()
+            .any(|a| *a == "--state-dir" || *a == "--ephemeral")
+        {
+            cmd.arg("--state-dir").arg(&state);
+        }
+        let mut child = cmd
             .stderr(Stdio::piped())
             .stdout(Stdio::null())
             .spawn()
             .expect("start flashdiff serve");
         let mut err = BufReader::new(child.stderr.take().expect("stderr"));
         let mut line = String::new();
-        err.read_line(&mut line).expect("first line");
+        while !line.contains("http://") {
+            line.clear();
+            if err.read_line(&mut line).expect("a line") == 0 {
+                panic!("the server exited before it served");
+            }
+        }
         let addr = line
             .split("http://")
             .nth(1)

@@ -26,10 +26,27 @@ proptest! {
     /// panic (bytecheck validation).
     #[test]
     fn records_harness_framed(payload in prop::collection::vec(any::<u8>(), 0..120)) {
-        let mut framed = b"FDRC\x01\x00\x00\x00".to_vec();
+        let mut framed = b"FDRC\x02\x00\x00\x00".to_vec();
         framed.extend_from_slice(&(payload.len() as u32).to_le_bytes());
         framed.extend_from_slice(&payload);
         flashdiff_runtime::fuzzing::records(&framed);
+    }
+
+    /// Checkpoints: random bytes, and a valid checkpoint damaged at a random byte.
+    #[test]
+    fn checkpoint_harness(data in prop::collection::vec(any::<u8>(), 0..200)) {
+        flashdiff_runtime::fuzzing::checkpoint(&data);
+    }
+
+    /// A checkpoint's own header with random payloads: refused (checksum), never a panic.
+    #[test]
+    fn checkpoint_harness_framed(payload in prop::collection::vec(any::<u8>(), 0..300)) {
+        let mut b = b"FDCK\x01\x00\x00\x00".to_vec();
+        b.extend_from_slice(&(payload.len() as u64).to_le_bytes());
+        b.extend_from_slice(&crc32fast::hash(&payload).to_le_bytes());
+        b.extend_from_slice(&[0; 4]);
+        b.extend_from_slice(&payload);
+        flashdiff_runtime::fuzzing::checkpoint(&b);
     }
 
     #[test]
