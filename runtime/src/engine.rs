@@ -488,6 +488,8 @@ struct Request {
     ras_prev: Option<Vec<f32>>,
     /// Extrapolation state ([`RequestConfig::extrapolate`]), from the first commit on.
     track: Option<Track>,
+    /// When its last checkpoint was written.
+    checkpointed: Option<Instant>,
 }
 
 /// Per token: the last computed K, V (every block) and velocity, their per-step slopes, and
@@ -598,8 +600,10 @@ pub struct Engine {
     _state_dir: Option<crate::state::StateDir>,
     /// The engine's clock origin (deadlines are seconds since it).
     origin: Instant,
-    /// Where every request's checkpoint is replaced at each step boundary, if anywhere.
+    /// Where every request's checkpoint is replaced at step boundaries, if anywhere.
     checkpoints: Option<PathBuf>,
+    /// Least time between two checkpoints of one request.
+    checkpoint_every: Duration,
 }
 
 impl fmt::Debug for Engine {
@@ -753,6 +757,7 @@ impl Engine {
             _state_dir: state_dir,
             origin: Instant::now(),
             checkpoints: None,
+            checkpoint_every: Duration::ZERO,
         })
     }
 
@@ -873,6 +878,7 @@ impl Engine {
             tea: None,
             ras_prev: None,
             track: None,
+            checkpointed: None,
         };
         self.requests.insert(id, req);
         Ok(())
@@ -1317,16 +1323,24 @@ impl Engine {
         }
     }
 
-    /// Keeps a checkpoint of every request in `dir` (created, mode 0700), replaced at each
-    /// step boundary and removed when the request ends: after a crash, [`Engine::resume`]
-    /// continues each from its last committed step. `None` stops (the default).
-    pub fn set_checkpoint_dir(&mut self, dir: Option<PathBuf>) -> Result<(), EngineError> {
+    /// Keeps a checkpoint of every request in `dir` (created, mode 0700), replaced at a step
+    /// boundary once `every` has passed since the request's last one (`Duration::ZERO`: at
+    /// every step boundary; the first right after the partition), removed when the request
+    /// ends: after a crash, [`Engine::resume`] continues each from its last checkpointed
+    /// step, bit-identically. A checkpoint of the built-in model's request is about 1.6 MB,
+    /// so every step costs throughput (README); `None` stops (the default).
+    pub fn set_checkpoint_dir(
+        &mut self,
+        dir: Option<PathBuf>,
+        every: Duration,
+    ) -> Result<(), EngineError> {
         if let Some(d) = &dir {
             create_private_dir(d).map_err(|e| {
                 EngineError::Config(format!("checkpoint directory {}: {e}", d.display()))
             })?;
         }
         self.checkpoints = dir;
+        self.checkpoint_every = every;
         Ok(())
     }
 
@@ -1420,6 +1434,7 @@ impl Engine {
                 tea: c.tea,
                 ras_prev: c.ras_prev,
                 track,
+                checkpointed: Some(Instant::now()),
             },
         );
         self.open_step(id, &mut |_, _, _| {});
@@ -1555,7 +1570,11 @@ impl Engine {
         if r.step >= r.cfg.steps {
             return self.finish(id);
         }
-        if self.checkpoints.is_some() {
+        if self.checkpoints.is_some()
+            && r.checkpointed
+                .is_none_or(|t| t.elapsed() >= self.checkpoint_every)
+        {
+            r.checkpointed = Some(Instant::now());
             self.save_checkpoint(id);
         }
         let Some(r) = self.requests.get_mut(&id) else {

@@ -3,6 +3,7 @@
 
 use flashdiff_runtime::engine::{default_weights, noise, Engine, EngineError, Mode, RequestConfig};
 use flashdiff_runtime::models::{StepInput, Tensor};
+use std::time::Duration;
 
 const PROMPT: &str = "a red circle top left and a blue square bottom right on a white background";
 
@@ -512,7 +513,8 @@ fn a_request_resumed_from_any_checkpoint_ends_bit_identical() {
             ..cfg(mode)
         };
         let mut a = Engine::new(&default_weights(), 1).unwrap();
-        a.set_checkpoint_dir(Some(dir.clone())).unwrap();
+        a.set_checkpoint_dir(Some(dir.clone()), Duration::ZERO)
+            .unwrap();
         let file = checkpoint::path(&dir, 5);
         let mut saved = Vec::new();
         a.submit(5, PROMPT, c.clone()).unwrap();
@@ -554,7 +556,8 @@ fn a_damaged_or_foreign_checkpoint_is_refused() {
     use flashdiff_runtime::checkpoint;
     let dir = std::env::temp_dir().join(format!("fd-resume-bad-{}", std::process::id()));
     let mut a = Engine::new(&default_weights(), 1).unwrap();
-    a.set_checkpoint_dir(Some(dir.clone())).unwrap();
+    a.set_checkpoint_dir(Some(dir.clone()), Duration::ZERO)
+        .unwrap();
     let file = checkpoint::path(&dir, 9);
     let mut bytes = None;
     a.submit(9, PROMPT, cfg(Mode::FlashDiff)).unwrap();

@@ -60,6 +60,8 @@ pub struct HttpConfig {
     pub base: RequestConfig,
     /// Where jobs and checkpoints survive a crash (`None`: nothing survives).
     pub state_dir: Option<std::path::PathBuf>,
+    /// Least time between two checkpoints of a request (zero: every step).
+    pub checkpoint_every: Duration,
 }
 
 /// Where a job stands.
@@ -188,7 +190,7 @@ pub fn serve(mut engine: Engine, cfg: HttpConfig) -> Result<(), String> {
         Some(dir) => {
             let (mut store, replayed) = Store::open(dir)?;
             engine
-                .set_checkpoint_dir(Some(store.checkpoints()))
+                .set_checkpoint_dir(Some(store.checkpoints()), cfg.checkpoint_every)
                 .map_err(|e| e.to_string())?;
             next_id = replayed.iter().map(|j| j.id + 1).max().unwrap_or(1);
             let kept = restore(&store, replayed, &mut jobs, &tx, cfg.max_queue)?;

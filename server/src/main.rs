@@ -84,6 +84,11 @@ struct ServeArgs {
     /// ~/.local/state/flashdiff). One server per directory.
     #[arg(long, requires = "port", conflicts_with = "ephemeral")]
     state_dir: Option<PathBuf>,
+    /// With --port and a state directory: least milliseconds between two checkpoints of a
+    /// request; after a crash it resumes from its last one (0: every step, which costs
+    /// throughput; see the README).
+    #[arg(long, default_value_t = 1000, requires = "port", value_parser = clap::value_parser!(u64).range(0..=3_600_000))]
+    checkpoint_every_ms: u64,
     /// With --port: keep no state; nothing survives a restart.
     #[arg(long, requires = "port")]
     ephemeral: bool,
@@ -501,6 +506,7 @@ fn serve(o: ServeArgs) -> Result<(), String> {
                 max_queue: o.max_queue as usize,
                 body_limit: o.max_body as usize,
                 base,
+                checkpoint_every: std::time::Duration::from_millis(o.checkpoint_every_ms),
                 state_dir: if o.ephemeral {
                     None
                 } else {

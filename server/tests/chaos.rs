@@ -35,7 +35,11 @@ impl Server {
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_flashdiff"));
         cmd.args(["serve", "--port", "0"]).args(FLAGS).args(extra);
         match state {
-            Some(d) => cmd.arg("--state-dir").arg(d),
+            // A checkpoint at every step: resumed jobs lose nothing they computed.
+            Some(d) => cmd
+                .arg("--state-dir")
+                .arg(d)
+                .args(["--checkpoint-every-ms", "0"]),
             None => cmd.arg("--ephemeral"),
         };
         let mut child = cmd

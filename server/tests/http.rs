@@ -535,3 +535,24 @@ fn the_page_generates_in_a_real_browser() {
         "the error does not name the word: {dom}"
     );
 }
+
+#[test]
+fn a_state_directory_serves_one_server_at_a_time() {
+    let dir = std::env::temp_dir().join(format!("fd-http-lock-{}", std::process::id()));
+    let d = dir.to_str().unwrap();
+    let _a = Server::start(&["--state-dir", d]);
+    let out = Command::new(env!("CARGO_BIN_EXE_flashdiff"))
+        .args(["serve", "--port", "0", "--state-dir", d])
+        .output()
+        .expect("run a second server");
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("in use by another flashdiff server"), "{err}");
+    let out = Command::new(env!("CARGO_BIN_EXE_flashdiff"))
+        .args(["serve", "--port", "0", "--state-dir", d, "--ephemeral"])
+        .output()
+        .expect("run with conflicting flags");
+    assert!(!out.status.success());
+    drop(_a);
+    let _ = std::fs::remove_dir_all(&dir);
+}
