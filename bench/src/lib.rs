@@ -192,6 +192,44 @@ pub fn run(
             .and_then(|a| a[key].as_f64())
             .unwrap_or(f64::NAN)
     };
+    md.push_str(&default_targets(&get));
+    let scale = scale_section(cfg, &base, &get, &mut md);
+    let distrifusion = ms_list
+        .iter()
+        .find(|m| m.name == "distrifusion")
+        .map(|m| (m.cfg)(&base))
+        .expect("distrifusion is in methods()");
+    let serving = serving::study(engine, cfg, &base, &distrifusion, &mut md, progress)?;
+    let ordering = serving::ordering(engine, cfg, &base, &mut md, progress)?;
+    md.push_str(&wall_time::section(engine, cfg, progress)?);
+    progress("final-step profile");
+    let jump = final_step_profile(engine, cfg.seed, cfg.prompts.min(8), cfg.steps)?;
+    md.push_str(&jump.0);
+    let (sweeps, full_ms) = sweeps(engine, cfg, &base, &mut md, progress)?;
+    md.push_str(&operating_points(&sweeps, full_ms));
+    plots(out, &summary, &sweeps, &serving, &scale)
+        .map_err(|e| EngineError::Config(format!("plotting: {e}")))?;
+    md.push_str("\nPlots: `quality_vs_work.svg`, `completion_cdf.svg`, `scale.svg`.\n");
+    let per_run: Vec<Value> = rows
+        .iter()
+        .map(|r| json!({"method": r.method, "prompt": r.prompt, "latency_ms": r.latency_ms, "work": r.work, "patch_steps_skipped": r.skipped, "psnr_db": if r.psnr.is_finite() { r.psnr } else { 99.0 }, "ssim": r.ssim, "all_correct": r.all_correct, "agrees_with_full": r.agrees_with_full}))
+        .collect();
+    let doc = json!({"config": {"prompts": cfg.prompts, "seed": cfg.seed, "steps": cfg.steps, "patches": cfg.patches, "epsilon": base.epsilon, "max_skip": base.max_skip, "extrapolate": base.extrapolate, "monotasks": base.monotasks, "workers": engine.workers()}, "summary": summary, "runs": per_run, "scale_simulated": scale, "serving": serving, "ordering": ordering, "sweeps": sweeps, "final_step": jump.1});
+    let write = |name: &str, body: &str| {
+        std::fs::write(out.join(name), body).map_err(|e| {
+            EngineError::Config(format!("cannot write {}: {e}", out.join(name).display()))
+        })
+    };
+    write(
+        "bench.json",
+        &serde_json::to_string_pretty(&doc).unwrap_or_default(),
+    )?;
+    write("report.md", &md)?;
+    Ok(md)
+}
+
+/// The targets at the default settings, judged from the summary table.
+fn default_targets(get: &dyn Fn(&str, &str) -> f64) -> String {
     let fd_skipped = 1.0 - get("flashdiff", "work");
     let targets = [
         (
@@ -223,92 +261,87 @@ pub fn run(
             ">= 1.8x",
         ),
     ];
-    md.push_str("\n## Targets at the default settings (issue 6)\n\n| target | measured | wanted | verdict |\n| --- | --- | --- | --- |\n");
+    let mut md = String::from("\n## Targets at the default settings (issue 6)\n\n| target | measured | wanted | verdict |\n| --- | --- | --- | --- |\n");
     for (t, m, ok, want) in &targets {
         md.push_str(&format!("| {t} | {m} | {want} | {} |\n", verdict(*ok)));
     }
-    let scale = scale_section(cfg, &base, &get, &mut md);
-    let distrifusion = ms_list
-        .iter()
-        .find(|m| m.name == "distrifusion")
-        .map(|m| (m.cfg)(&base))
-        .expect("distrifusion is in methods()");
-    let serving = serving::study(engine, cfg, &base, &distrifusion, &mut md, progress)?;
-    let ordering = serving::ordering(engine, cfg, &base, &mut md, progress)?;
-    md.push_str(&wall_time::section(engine, cfg, progress)?);
-    progress("final-step profile");
-    let jump = final_step_profile(engine, cfg.seed, cfg.prompts.min(8), cfg.steps)?;
-    md.push_str(&jump.0);
-    // Sweeps: quality against work for FlashDiff's knobs and the other ways to save work.
+    md
+}
+
+/// The settings the sweeps try: FlashDiff's knobs one at a time, and the other ways to
+/// save work at several strengths.
+fn sweep_variants(
+    cfg: &BenchConfig,
+    base: &RequestConfig,
+) -> Vec<(&'static str, String, RequestConfig)> {
+    let with = |knob: &'static str, value: String, c: RequestConfig| (knob, value, c);
+    let mut v = Vec::new();
+    for e in [0.02f32, 0.05, 0.1, 0.2, 0.3, 0.5, 1.0] {
+        v.push(with(
+            "epsilon",
+            format!("{e}"),
+            RequestConfig {
+                epsilon: e,
+                ..base.clone()
+            },
+        ));
+    }
+    for r in [4u32, 8, 16] {
+        v.push(with(
+            "patches",
+            format!("{r}"),
+            RequestConfig {
+                patches: Some(r),
+                ..base.clone()
+            },
+        ));
+    }
+    for w in [2u32, 5, 10] {
+        let c = RequestConfig {
+            warmup: w.min(cfg.steps - 1),
+            ..base.clone()
+        };
+        v.push(with("warmup", format!("{w}"), c));
+    }
+    for t in [0.05f32, 0.1, 0.2, 0.4] {
+        let c = RequestConfig {
+            mode: Mode::TeaCache,
+            cache_threshold: t,
+            ..base.clone()
+        };
+        v.push(with("teacache", format!("{t}"), c));
+    }
+    for q in [0.25f32, 0.5, 0.75] {
+        let c = RequestConfig {
+            mode: Mode::Ras,
+            ras_ratio: q,
+            ..base.clone()
+        };
+        v.push(with("ras", format!("{q}"), c));
+    }
+    for n in [10u32, 20, 30, 40] {
+        let c = RequestConfig {
+            mode: Mode::Full,
+            steps: n,
+            warmup: base.warmup.min(n - 1),
+            ..base.clone()
+        };
+        v.push(with("fewer-steps", format!("{n}"), c));
+    }
+    v
+}
+
+/// Quality against work for every sweep setting, against full computation on the first
+/// prompts; appends its table to `md`. Returns the rows and full computation's mean latency.
+fn sweeps(
+    engine: &mut Engine,
+    cfg: &BenchConfig,
+    base: &RequestConfig,
+    md: &mut String,
+    progress: &mut dyn FnMut(&str),
+) -> Result<(Vec<Value>, f64), EngineError> {
     let sweep_prompts = cfg.prompts.min(if cfg.prompts <= 8 { 4 } else { 16 }) as u64;
-    let mut sweeps: Vec<Value> = Vec::new();
-    let variants: Vec<(&str, String, RequestConfig)> = [0.02f32, 0.05, 0.1, 0.2, 0.3, 0.5, 1.0]
-        .iter()
-        .map(|&e| {
-            (
-                "epsilon",
-                format!("{e}"),
-                RequestConfig {
-                    epsilon: e,
-                    ..base.clone()
-                },
-            )
-        })
-        .chain([4u32, 8, 16].iter().map(|&r| {
-            (
-                "patches",
-                format!("{r}"),
-                RequestConfig {
-                    patches: Some(r),
-                    ..base.clone()
-                },
-            )
-        }))
-        .chain([2u32, 5, 10].iter().map(|&w| {
-            (
-                "warmup",
-                format!("{w}"),
-                RequestConfig {
-                    warmup: w.min(cfg.steps - 1),
-                    ..base.clone()
-                },
-            )
-        }))
-        .chain([0.05f32, 0.1, 0.2, 0.4].iter().map(|&t| {
-            (
-                "teacache",
-                format!("{t}"),
-                RequestConfig {
-                    mode: Mode::TeaCache,
-                    cache_threshold: t,
-                    ..base.clone()
-                },
-            )
-        }))
-        .chain([0.25f32, 0.5, 0.75].iter().map(|&q| {
-            (
-                "ras",
-                format!("{q}"),
-                RequestConfig {
-                    mode: Mode::Ras,
-                    ras_ratio: q,
-                    ..base.clone()
-                },
-            )
-        }))
-        .chain([10u32, 20, 30, 40].iter().map(|&n| {
-            (
-                "fewer-steps",
-                format!("{n}"),
-                RequestConfig {
-                    mode: Mode::Full,
-                    steps: n,
-                    warmup: base.warmup.min(n - 1),
-                    ..base.clone()
-                },
-            )
-        }))
-        .collect();
+    let variants = sweep_variants(cfg, base);
     progress(&format!(
         "sweeps: {} settings x {sweep_prompts} prompts",
         variants.len()
@@ -326,6 +359,7 @@ pub fn run(
         full_ms += o.report.latency.as_secs_f64() * 1e3 / sweep_prompts as f64;
         refs.push((scene.clone(), o.rgb));
     }
+    let mut sweeps: Vec<Value> = Vec::new();
     for (knob, value, c) in &variants {
         let (mut w, mut q, mut worst, mut ms) = (0.0, 0.0, f64::INFINITY, 0.0);
         for (i, (scene, full)) in refs.iter().enumerate() {
@@ -358,26 +392,7 @@ pub fn run(
             v["latency_ms"].as_f64().unwrap_or(0.0)
         ));
     }
-    md.push_str(&operating_points(&sweeps, full_ms));
-    plots(out, &summary, &sweeps, &serving, &scale)
-        .map_err(|e| EngineError::Config(format!("plotting: {e}")))?;
-    md.push_str("\nPlots: `quality_vs_work.svg`, `completion_cdf.svg`, `scale.svg`.\n");
-    let per_run: Vec<Value> = rows
-        .iter()
-        .map(|r| json!({"method": r.method, "prompt": r.prompt, "latency_ms": r.latency_ms, "work": r.work, "patch_steps_skipped": r.skipped, "psnr_db": if r.psnr.is_finite() { r.psnr } else { 99.0 }, "ssim": r.ssim, "all_correct": r.all_correct, "agrees_with_full": r.agrees_with_full}))
-        .collect();
-    let doc = json!({"config": {"prompts": cfg.prompts, "seed": cfg.seed, "steps": cfg.steps, "patches": cfg.patches, "epsilon": base.epsilon, "max_skip": base.max_skip, "extrapolate": base.extrapolate, "monotasks": base.monotasks, "workers": engine.workers()}, "summary": summary, "runs": per_run, "scale_simulated": scale, "serving": serving, "ordering": ordering, "sweeps": sweeps, "final_step": jump.1});
-    let write = |name: &str, body: &str| {
-        std::fs::write(out.join(name), body).map_err(|e| {
-            EngineError::Config(format!("cannot write {}: {e}", out.join(name).display()))
-        })
-    };
-    write(
-        "bench.json",
-        &serde_json::to_string_pretty(&doc).unwrap_or_default(),
-    )?;
-    write("report.md", &md)?;
-    Ok(md)
+    Ok((sweeps, full_ms))
 }
 
 /// The scheduler's simulator beyond this machine, with the costs measured in this run.
@@ -825,9 +840,15 @@ fn plots(
     serving: &[Value],
     scale: &[Value],
 ) -> PlotResult {
-    use plotters::prelude::*;
-    let f = |v: &Value, k: &str| v[k].as_f64().unwrap_or(0.0);
-    let colours = [
+    plot_quality(out, summary, sweeps)?;
+    plot_completion(out, serving)?;
+    plot_scale(out, scale)
+}
+
+fn colours() -> [plotters::style::RGBColor; 8] {
+    use plotters::style::colors::*;
+    use plotters::style::RGBColor;
+    [
         RED,
         BLUE,
         GREEN,
@@ -836,8 +857,14 @@ fn plots(
         BLACK,
         RGBColor(200, 120, 0),
         RGBColor(120, 120, 120),
-    ];
+    ]
+}
 
+/// Quality against work: a curve per sweep family, a point per method.
+fn plot_quality(out: &Path, summary: &[Value], sweeps: &[Value]) -> PlotResult {
+    use plotters::prelude::*;
+    let f = |v: &Value, k: &str| v[k].as_f64().unwrap_or(0.0);
+    let colours = colours();
     // Quality against work: a curve per sweep family, a point per method.
     let path = out.join("quality_vs_work.svg");
     let root = SVGBackend::new(&path, (760, 480)).into_drawing_area();
@@ -907,6 +934,13 @@ fn plots(
         .draw()?;
     root.present()?;
 
+    Ok(())
+}
+
+/// Completion times under load (CDF).
+fn plot_completion(out: &Path, serving: &[Value]) -> PlotResult {
+    use plotters::prelude::*;
+    let colours = colours();
     // CDF of completion times under load.
     let path = out.join("completion_cdf.svg");
     let root = SVGBackend::new(&path, (760, 480)).into_drawing_area();
@@ -964,6 +998,14 @@ fn plots(
         .draw()?;
     root.present()?;
 
+    Ok(())
+}
+
+/// Throughput against devices (simulated).
+fn plot_scale(out: &Path, scale: &[Value]) -> PlotResult {
+    use plotters::prelude::*;
+    let f = |v: &Value, k: &str| v[k].as_f64().unwrap_or(0.0);
+    let colours = colours();
     // Simulated scale.
     let path = out.join("scale.svg");
     let root = SVGBackend::new(&path, (760, 480)).into_drawing_area();

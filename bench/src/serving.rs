@@ -198,29 +198,7 @@ pub(crate) fn study(
             };
             let mut r = serve_trace(e, &arrivals, &s.cfg, s.fifo, cfg.seed)?;
             let overloaded = rate > cap;
-            // Under 100 requests the 99th percentile is the largest completion time: say so.
-            let p99 = r["p99_s"].as_f64().unwrap_or(0.0);
-            let p99 = if n < 100 {
-                format!("{p99:.2} (max of {n})")
-            } else {
-                format!("{p99:.2}")
-            };
-            md.push_str(&format!(
-                "| {load} | {} | {rate:.2} | {cap:.2} | {:.2} | {:.2} | {:.2} | {p99} | {:.2} | {} | {} |\n",
-                s.name,
-                r["throughput_rps"].as_f64().unwrap_or(0.0),
-                r["p50_s"].as_f64().unwrap_or(0.0),
-                r["p95_s"].as_f64().unwrap_or(0.0),
-                r["work"].as_f64().unwrap_or(0.0),
-                r["mean_epsilon"]
-                    .as_f64()
-                    .map_or("-".to_string(), |e| format!("{e:.3}")),
-                if overloaded {
-                    "**overloaded**"
-                } else {
-                    "stable"
-                },
-            ));
+            md.push_str(&load_row(load, s.name, rate, cap, n, &r));
             r["load"] = json!(load);
             r["method"] = json!(s.name);
             r["arrival_rps"] = json!(rate);
@@ -231,6 +209,32 @@ pub(crate) fn study(
     }
     verdicts(&rows, &list, &capacity, md);
     Ok(rows)
+}
+
+/// One method's row of the serving table at one load.
+fn load_row(load: f64, name: &str, rate: f64, cap: f64, n: usize, r: &Value) -> String {
+    // Under 100 requests the 99th percentile is the largest completion time: say so.
+    let p99 = r["p99_s"].as_f64().unwrap_or(0.0);
+    let p99 = if n < 100 {
+        format!("{p99:.2} (max of {n})")
+    } else {
+        format!("{p99:.2}")
+    };
+    format!(
+        "| {load} | {name} | {rate:.2} | {cap:.2} | {:.2} | {:.2} | {:.2} | {p99} | {:.2} | {} | {} |\n",
+        r["throughput_rps"].as_f64().unwrap_or(0.0),
+        r["p50_s"].as_f64().unwrap_or(0.0),
+        r["p95_s"].as_f64().unwrap_or(0.0),
+        r["work"].as_f64().unwrap_or(0.0),
+        r["mean_epsilon"]
+            .as_f64()
+            .map_or("-".to_string(), |e| format!("{e:.3}")),
+        if rate > cap {
+            "**overloaded**"
+        } else {
+            "stable"
+        },
+    )
 }
 
 /// The serving targets at the load they are stated for, and FlashDiff against every other
@@ -551,6 +555,27 @@ pub(crate) fn ordering(
         "\nScheduler vs FIFO: {inverted} completions out of arrival order over every run (FIFO order means 0); worst p99 ratio per model time {worst:.2} (<= 1.05 counts as no worse). Bar met: {}.\n",
         verdict(worst <= 1.05 && inverted == 0)
     ));
+    rows.extend(deadline_study(
+        &mut one, cfg, base, loads, n, cap, md, progress,
+    )?);
+    Ok(rows)
+}
+
+/// Deadline attainment under arrival order and earliest deadline first on the same traces:
+/// request i must finish within 2, 4 or 8 times a lone request's time.
+#[allow(clippy::too_many_arguments)]
+fn deadline_study(
+    one: &mut Engine,
+    cfg: &BenchConfig,
+    base: &RequestConfig,
+    loads: &[f64],
+    n: usize,
+    cap: f64,
+    md: &mut String,
+    progress: &mut dyn FnMut(&str),
+) -> Result<Vec<Value>, EngineError> {
+    let quick = cfg.prompts <= 8;
+    let mut rows = Vec::new();
     // Deadlines: request i may take 2, 4 or 8 times a lone request's latency.
     let lone = 1.0 / cap;
     let slack = |i: usize| [2.0, 4.0, 8.0][(i * 7 + 3) % 3] * lone;
@@ -564,7 +589,7 @@ pub(crate) fn ordering(
                 "ordering: deadlines at load {load}, {order:?} order"
             ));
             one.set_queue_order(order)?;
-            let mut r = serve_shaped(&mut one, &arrivals, base, false, cfg.seed, &|i| {
+            let mut r = serve_shaped(one, &arrivals, base, false, cfg.seed, &|i| {
                 (0, Some(Duration::from_secs_f64(slack(i))))
             })?;
             r["study"] = json!("deadlines");

@@ -641,8 +641,14 @@ impl Engine {
     /// one, monotasks run on the coordinator's thread; with more, on that many worker
     /// threads sharing the model (request state in files under [`state_dir`]).
     pub fn new(weights: &Path, workers: u32) -> Result<Self, EngineError> {
+        Self::new_on(weights, workers, &Device::Cpu)
+    }
+
+    /// [`Engine::new`] with the model on `device` (see `flashdiff_models::device`); request
+    /// state stays in host memory and is copied to the device per monotask.
+    pub fn new_on(weights: &Path, workers: u32, device: &Device) -> Result<Self, EngineError> {
         flashdiff_kernels::flush_denormals_to_zero();
-        let model: Arc<dyn Denoiser> = Arc::new(TinyDit::load(weights, &Device::Cpu)?);
+        let model: Arc<dyn Denoiser> = Arc::new(TinyDit::load(weights, device)?);
         if workers <= 1 {
             return Self::with_model(model, workers, None);
         }
@@ -1602,71 +1608,12 @@ impl Engine {
             }
         }
         let t0 = Instant::now();
-        let final_full = r.step + FINAL_FULL_STEPS >= r.cfg.steps;
-        if r.cfg.mode == Mode::Ras {
-            if let Err(e) = Self::ras_select(&*self.model, r, final_full) {
-                return self.fail(id, EngineError::Config(e));
-            }
-        } else {
-            let gate = r.gate.as_mut().expect("partitioned");
-            let eps = if final_full {
-                // ε = 0 never skips: the gate itself records every patch as run.
-                Some(0.0)
-            } else if r.cfg.adaptive_epsilon && r.cfg.mode == Mode::FlashDiff {
-                let e = adaptive_epsilon(r.cfg.epsilon).epsilon(load);
-                r.report.epsilon_sum += e as f64;
-                r.report.epsilon_steps += 1;
-                Some(e)
-            } else {
-                None
-            };
-            if let Some(e) = eps {
-                if let Err(e) = gate.set_epsilon(e) {
-                    return self.fail(id, e.into());
-                }
-            }
-            if let Err(e) = gate.decide(&mut r.active) {
-                return self.fail(id, e.into());
-            }
+        if let Err(e) = Self::choose_active(&*self.model, r, load) {
+            return self.fail(id, e);
         }
         r.report.time.gate += t0.elapsed();
         let t0 = Instant::now();
-        let layout = r.layout.as_ref().expect("partitioned");
-        let active: Vec<(u32, usize)> = (0..layout.patches())
-            .filter(|&p| r.active[p as usize])
-            .map(|p| (p, layout.patch_tokens(p).len()))
-            .collect();
-        let monotask_of = pack_monotasks(&active, monotask_limit(&r.cfg, self.workers));
-        let which = r.state.get_mut(Region::Monotask);
-        which.fill(-1.0);
-        // Monotasks are numbered consecutively from 0.
-        let mut cost = vec![0.0f64; monotask_of.last().map_or(0, |&m| m as usize + 1)];
-        for (&(p, n), &m) in active.iter().zip(&monotask_of) {
-            for &t in layout.patch_tokens(p) {
-                which[t as usize] = m as f32;
-            }
-            cost[m as usize] += n as f64;
-        }
-        if let Some(tr) = r.track.as_ref() {
-            // Every row a monotask reads: with one monotask, the skipped patches' tokens.
-            let split = cost.len() > 1;
-            let read: Vec<bool> = r
-                .state
-                .get(Region::Monotask)
-                .iter()
-                .map(|&m| split || m < 0.0)
-                .collect();
-            write_cache(&mut r.state, tr, r.step, &read, self.model.dims());
-        }
-        let list: Vec<(u32, f64)> = cost
-            .iter()
-            .enumerate()
-            .map(|(m, &c)| (m as u32, c))
-            .collect();
-        r.report.active_per_step.push(active.len() as u32);
-        r.report.patch_steps += layout.patches() as u64;
-        r.report.computed += active.len() as u64;
-        r.report.computed_tokens += active.iter().map(|p| p.1 as u64).sum::<u64>();
+        let list = Self::pack_step(&*self.model, r, self.workers);
         let len = self.model.dims().cond_len;
         let at = r.step as usize * len;
         let (conds, state) = (&r.conds, &mut r.state);
@@ -1683,6 +1630,72 @@ impl Engine {
         if let Err(e) = submitted {
             self.fail(id, e.into());
         }
+    }
+
+    /// Decides the step's active patches: RAS picks its regions, the others ask the gate
+    /// (every patch in the final steps; the load's ε with load-adaptive ε).
+    fn choose_active(model: &dyn Denoiser, r: &mut Request, load: f32) -> Result<(), EngineError> {
+        let final_full = r.step + FINAL_FULL_STEPS >= r.cfg.steps;
+        if r.cfg.mode == Mode::Ras {
+            return Self::ras_select(model, r, final_full).map_err(EngineError::Config);
+        }
+        let gate = r.gate.as_mut().expect("partitioned");
+        let eps = if final_full {
+            // ε = 0 never skips: the gate itself records every patch as run.
+            Some(0.0)
+        } else if r.cfg.adaptive_epsilon && r.cfg.mode == Mode::FlashDiff {
+            let e = adaptive_epsilon(r.cfg.epsilon).epsilon(load);
+            r.report.epsilon_sum += e as f64;
+            r.report.epsilon_steps += 1;
+            Some(e)
+        } else {
+            None
+        };
+        if let Some(e) = eps {
+            gate.set_epsilon(e)?;
+        }
+        gate.decide(&mut r.active)?;
+        Ok(())
+    }
+
+    /// Packs the step's active patches into monotasks (numbered from 0, written to the
+    /// state's monotask map), writes the extrapolated K/V rows they will read, counts the
+    /// step in the report, and returns each monotask's cost (its tokens).
+    fn pack_step(model: &dyn Denoiser, r: &mut Request, workers: u32) -> Vec<(u32, f64)> {
+        let layout = r.layout.as_ref().expect("partitioned");
+        let active: Vec<(u32, usize)> = (0..layout.patches())
+            .filter(|&p| r.active[p as usize])
+            .map(|p| (p, layout.patch_tokens(p).len()))
+            .collect();
+        let monotask_of = pack_monotasks(&active, monotask_limit(&r.cfg, workers));
+        let which = r.state.get_mut(Region::Monotask);
+        which.fill(-1.0);
+        let mut cost = vec![0.0f64; monotask_of.last().map_or(0, |&m| m as usize + 1)];
+        for (&(p, n), &m) in active.iter().zip(&monotask_of) {
+            for &t in layout.patch_tokens(p) {
+                which[t as usize] = m as f32;
+            }
+            cost[m as usize] += n as f64;
+        }
+        if let Some(tr) = r.track.as_ref() {
+            // Every row a monotask reads: with one monotask, the skipped patches' tokens.
+            let split = cost.len() > 1;
+            let read: Vec<bool> = r
+                .state
+                .get(Region::Monotask)
+                .iter()
+                .map(|&m| split || m < 0.0)
+                .collect();
+            write_cache(&mut r.state, tr, r.step, &read, model.dims());
+        }
+        r.report.active_per_step.push(active.len() as u32);
+        r.report.patch_steps += layout.patches() as u64;
+        r.report.computed += active.len() as u64;
+        r.report.computed_tokens += active.iter().map(|p| p.1 as u64).sum::<u64>();
+        cost.iter()
+            .enumerate()
+            .map(|(m, &c)| (m as u32, c))
+            .collect()
     }
 
     /// Whole-step caching: skips the step (advancing with the cached velocity) when the

@@ -46,42 +46,15 @@ fn host(t: &Tensor) -> Result<Vec<f32>, String> {
 pub fn run(model: &dyn Denoiser, st: &mut SharedState, task: Task) -> Result<(), String> {
     let dims = model.dims().clone();
     let dev = model.device().clone();
-    let (tokens, pd, d, layers, words) = (
+    let (tokens, pd, d, layers) = (
         dims.grid.tokens(),
         dims.channels,
         dims.kv_dim,
         dims.kv_layers,
-        dims.words,
     );
     let context = tensor(st.get(Region::Context), &[dims.context_len], &dev)?;
     match task {
-        Task::Warmup { steps, warmup } => {
-            if steps == 0 || warmup == 0 || warmup >= steps {
-                return Err(format!(
-                    "warm-up of {warmup} steps out of {steps} is not valid"
-                ));
-            }
-            let mut x = st.get(Region::X0).to_vec();
-            let mut cross = vec![0.0f32; tokens * words];
-            let mut last = None;
-            for n in 0..warmup {
-                let out =
-                    euler_full_step(model, &mut x, &context, n, steps, true).map_err(model_err)?;
-                if let Some(s) = &out.saliency {
-                    for (a, b) in cross.iter_mut().zip(host(s)?) {
-                        *a += b / warmup as f32;
-                    }
-                }
-                last = Some(out);
-            }
-            let out = last.expect("warm-up has at least one step");
-            st.get_mut(Region::X).copy_from_slice(&x);
-            st.get_mut(Region::V).copy_from_slice(&host(&out.velocity)?);
-            st.get_mut(Region::Cross).copy_from_slice(&cross);
-            st.get_mut(Region::CacheK).copy_from_slice(&host(&out.k)?);
-            st.get_mut(Region::CacheV).copy_from_slice(&host(&out.v)?);
-            Ok(())
-        }
+        Task::Warmup { steps, warmup } => warm_up(model, st, &context, steps, warmup),
         Task::Patches { monotask, isolated } => {
             let which = st.get(Region::Monotask);
             let toks: Vec<u32> = (0..tokens as u32)
@@ -161,4 +134,41 @@ pub fn run(model: &dyn Denoiser, st: &mut SharedState, task: Task) -> Result<(),
             Ok(())
         }
     }
+}
+
+/// The warm-up: `warmup` full Euler steps from the initial noise, leaving the latent, the
+/// last velocity and K/V, and the mean cross-attention in the state.
+fn warm_up(
+    model: &dyn Denoiser,
+    st: &mut SharedState,
+    context: &Tensor,
+    steps: u32,
+    warmup: u32,
+) -> Result<(), String> {
+    let dims = model.dims();
+    let (tokens, words) = (dims.grid.tokens(), dims.words);
+    if steps == 0 || warmup == 0 || warmup >= steps {
+        return Err(format!(
+            "warm-up of {warmup} steps out of {steps} is not valid"
+        ));
+    }
+    let mut x = st.get(Region::X0).to_vec();
+    let mut cross = vec![0.0f32; tokens * words];
+    let mut last = None;
+    for n in 0..warmup {
+        let out = euler_full_step(model, &mut x, context, n, steps, true).map_err(model_err)?;
+        if let Some(s) = &out.saliency {
+            for (a, b) in cross.iter_mut().zip(host(s)?) {
+                *a += b / warmup as f32;
+            }
+        }
+        last = Some(out);
+    }
+    let out = last.expect("warm-up has at least one step");
+    st.get_mut(Region::X).copy_from_slice(&x);
+    st.get_mut(Region::V).copy_from_slice(&host(&out.velocity)?);
+    st.get_mut(Region::Cross).copy_from_slice(&cross);
+    st.get_mut(Region::CacheK).copy_from_slice(&host(&out.k)?);
+    st.get_mut(Region::CacheV).copy_from_slice(&host(&out.v)?);
+    Ok(())
 }

@@ -396,6 +396,140 @@ impl SchedChecker {
         }
     }
 
+    fn on_ready(
+        &mut self,
+        tag: Tag,
+        priority: u8,
+        worker: WorkerId,
+        cost: f64,
+    ) -> Result<(), String> {
+        let g = worker as usize;
+        if g >= self.workers.len() {
+            return Err(format!("worker {worker} does not exist"));
+        }
+        if !self.requests.contains_key(&tag.request) {
+            return Err(format!("{tag} queued for a request not admitted"));
+        }
+        if self.workers.iter().any(|w| {
+            w.queue.iter().any(|q| q.tag == tag) || w.running.is_some_and(|r| r.0 == tag && !r.3)
+        }) {
+            return Err(format!("{tag} queued while already queued or running"));
+        }
+        let charged = self.check_placement(tag, cost, g)?;
+        self.workers[g].load += charged;
+        self.workers[g].queue.push(QItem {
+            tag,
+            priority,
+            cost,
+            charged,
+            seq: self.pushes,
+        });
+        self.pushes += 1;
+        if let Some(r) = self.requests.get_mut(&tag.request) {
+            r.holders.insert(worker);
+        }
+        Ok(())
+    }
+
+    fn on_completed(&mut self, worker: WorkerId, tag: Tag) -> Result<(), String> {
+        if self
+            .workers
+            .get(worker as usize)
+            .and_then(|w| w.running)
+            .is_some_and(|r| r.3)
+        {
+            return Err(format!("{tag} applied after its request ended"));
+        }
+        self.release(worker, tag)?;
+        let r = self
+            .requests
+            .get_mut(&tag.request)
+            .ok_or("completion for an unknown request")?;
+        if r.open != Some(tag.step) {
+            return Err(format!("{tag} completed but the open step is {:?}", r.open));
+        }
+        let n = r.completions.entry(tag).or_insert(0);
+        *n += 1;
+        if *n > 1 {
+            return Err(format!("{tag} applied twice"));
+        }
+        r.done_in_open += 1;
+        if r.done_in_open == r.expected {
+            r.open = None;
+        }
+        Ok(())
+    }
+
+    /// After `Failed` or `WorkerLost`, which freed its worker: its `Ready` follows.
+    fn on_requeued(&mut self, tag: Tag) -> Result<(), String> {
+        // After `Failed` or `WorkerLost`, which freed its worker: its `Ready` follows.
+        if self
+            .workers
+            .iter()
+            .any(|w| w.running.is_some_and(|r| r.0 == tag && !r.3))
+        {
+            return Err(format!("{tag} re-queued while a worker still runs it"));
+        }
+        if self
+            .attempts
+            .get(&tag)
+            .is_some_and(|&n| n >= self.cfg.max_attempts)
+        {
+            return Err(format!(
+                "{tag} re-queued after {} lost attempts",
+                self.cfg.max_attempts
+            ));
+        }
+        Ok(())
+    }
+
+    fn on_worker_lost(&mut self, w: WorkerId) -> Result<(), String> {
+        let wv = self.worker(w)?;
+        let lost = wv.running.filter(|r| !r.3).map(|r| r.0);
+        let wv = self.worker(w)?;
+        wv.alive = false;
+        wv.load = 0.0;
+        wv.running = None;
+        wv.queue.clear();
+        for r in self.requests.values_mut() {
+            r.holders.remove(&w);
+        }
+        if let Some(tag) = lost {
+            self.attempt_lost(tag);
+        }
+        Ok(())
+    }
+
+    fn on_request_ended(&mut self, request: RequestId, failed: bool) -> Result<(), String> {
+        let r = self
+            .requests
+            .remove(&request)
+            .ok_or_else(|| format!("request {request} ended but was not admitted"))?;
+        self.attempts.retain(|t, _| t.request != request);
+        for w in &mut self.workers {
+            if let Some(r) = w.running.as_mut().filter(|r| r.0.request == request) {
+                r.3 = true;
+            }
+            let (gone, kept): (Vec<QItem>, Vec<QItem>) = std::mem::take(&mut w.queue)
+                .into_iter()
+                .partition(|q| q.tag.request == request);
+            w.queue = kept;
+            for q in gone {
+                w.load = (w.load - q.charged).max(0.0);
+            }
+        }
+        if !failed {
+            if r.open.is_some() {
+                return Err("request finished with a step in flight".into());
+            }
+            if let Some((t, n)) = r.completions.iter().find(|(_, &n)| n != 1) {
+                return Err(format!("{t} completed {n} times"));
+            }
+            self.finished += 1;
+        }
+        Ok(())
+    }
+
     /// Checks one event.
     pub fn check(&mut self, e: &Event) -> Result<(), String> {
         if let Some(r) = self.must_fail.take() {
@@ -458,67 +592,14 @@ impl SchedChecker {
                 priority,
                 worker,
                 cost,
-            } => {
-                let g = worker as usize;
-                if g >= self.workers.len() {
-                    return Err(format!("worker {worker} does not exist"));
-                }
-                if !self.requests.contains_key(&tag.request) {
-                    return Err(format!("{tag} queued for a request not admitted"));
-                }
-                if self.workers.iter().any(|w| {
-                    w.queue.iter().any(|q| q.tag == tag)
-                        || w.running.is_some_and(|r| r.0 == tag && !r.3)
-                }) {
-                    return Err(format!("{tag} queued while already queued or running"));
-                }
-                let charged = self.check_placement(tag, cost, g)?;
-                self.workers[g].load += charged;
-                self.workers[g].queue.push(QItem {
-                    tag,
-                    priority,
-                    cost,
-                    charged,
-                    seq: self.pushes,
-                });
-                self.pushes += 1;
-                if let Some(r) = self.requests.get_mut(&tag.request) {
-                    r.holders.insert(worker);
-                }
-            }
+            } => self.on_ready(tag, priority, worker, cost)?,
             Event::Dispatched {
                 worker,
                 tag,
                 priority,
                 pick,
             } => self.check_dispatch(worker, tag, priority, pick)?,
-            Event::Completed { worker, tag } => {
-                if self
-                    .workers
-                    .get(worker as usize)
-                    .and_then(|w| w.running)
-                    .is_some_and(|r| r.3)
-                {
-                    return Err(format!("{tag} applied after its request ended"));
-                }
-                self.release(worker, tag)?;
-                let r = self
-                    .requests
-                    .get_mut(&tag.request)
-                    .ok_or("completion for an unknown request")?;
-                if r.open != Some(tag.step) {
-                    return Err(format!("{tag} completed but the open step is {:?}", r.open));
-                }
-                let n = r.completions.entry(tag).or_insert(0);
-                *n += 1;
-                if *n > 1 {
-                    return Err(format!("{tag} applied twice"));
-                }
-                r.done_in_open += 1;
-                if r.done_in_open == r.expected {
-                    r.open = None;
-                }
-            }
+            Event::Completed { worker, tag } => self.on_completed(worker, tag)?,
             Event::Dropped { worker, tag } => self.release(worker, tag)?,
             Event::Failed { worker, tag } => {
                 let ended = self
@@ -531,75 +612,15 @@ impl SchedChecker {
                     self.attempt_lost(tag);
                 }
             }
-            Event::Requeued { tag } => {
-                // After `Failed` or `WorkerLost`, which freed its worker: its `Ready` follows.
-                if self
-                    .workers
-                    .iter()
-                    .any(|w| w.running.is_some_and(|r| r.0 == tag && !r.3))
-                {
-                    return Err(format!("{tag} re-queued while a worker still runs it"));
-                }
-                if self
-                    .attempts
-                    .get(&tag)
-                    .is_some_and(|&n| n >= self.cfg.max_attempts)
-                {
-                    return Err(format!(
-                        "{tag} re-queued after {} lost attempts",
-                        self.cfg.max_attempts
-                    ));
-                }
-            }
-            Event::WorkerLost(w) => {
-                let wv = self.worker(w)?;
-                let lost = wv.running.filter(|r| !r.3).map(|r| r.0);
-                let wv = self.worker(w)?;
-                wv.alive = false;
-                wv.load = 0.0;
-                wv.running = None;
-                wv.queue.clear();
-                for r in self.requests.values_mut() {
-                    r.holders.remove(&w);
-                }
-                if let Some(tag) = lost {
-                    self.attempt_lost(tag);
-                }
-            }
+            Event::Requeued { tag } => self.on_requeued(tag)?,
+            Event::WorkerLost(w) => self.on_worker_lost(w)?,
             Event::WorkerAdded(w) => {
                 if w as usize != self.workers.len() {
                     return Err(format!("worker {w} added, expected {}", self.workers.len()));
                 }
                 self.workers.push(WorkerView::new());
             }
-            Event::RequestEnded { request, failed } => {
-                let r = self
-                    .requests
-                    .remove(&request)
-                    .ok_or_else(|| format!("request {request} ended but was not admitted"))?;
-                self.attempts.retain(|t, _| t.request != request);
-                for w in &mut self.workers {
-                    if let Some(r) = w.running.as_mut().filter(|r| r.0.request == request) {
-                        r.3 = true;
-                    }
-                    let (gone, kept): (Vec<QItem>, Vec<QItem>) = std::mem::take(&mut w.queue)
-                        .into_iter()
-                        .partition(|q| q.tag.request == request);
-                    w.queue = kept;
-                    for q in gone {
-                        w.load = (w.load - q.charged).max(0.0);
-                    }
-                }
-                if !failed {
-                    if r.open.is_some() {
-                        return Err("request finished with a step in flight".into());
-                    }
-                    if let Some((t, n)) = r.completions.iter().find(|(_, &n)| n != 1) {
-                        return Err(format!("{t} completed {n} times"));
-                    }
-                    self.finished += 1;
-                }
-            }
+            Event::RequestEnded { request, failed } => self.on_request_ended(request, failed)?,
         }
         Ok(())
     }

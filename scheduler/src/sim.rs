@@ -170,6 +170,36 @@ struct ReqSim {
     admitted: f64,
 }
 
+impl ReqSim {
+    /// The patches that run this step under the request's activity model (at least one;
+    /// none skipped more than `max_skip` steps in a row), updating the skip runs.
+    fn draw_active(&mut self, r: &SimRequest) -> Vec<usize> {
+        let mut active = Vec::new();
+        for p in 0..r.patches as usize {
+            let run = match r.active {
+                ActiveModel::All => true,
+                ActiveModel::Bernoulli { p: prob, max_skip } => {
+                    self.step == 1 || self.skip_run[p] >= max_skip || self.rng.unit() < prob
+                }
+            };
+            if run {
+                active.push(p);
+            }
+        }
+        if active.is_empty() {
+            active.push((self.rng.next_u64() % r.patches as u64) as usize);
+        }
+        let mut run = vec![false; r.patches as usize];
+        for &p in &active {
+            run[p] = true;
+        }
+        for (p, &ran) in run.iter().enumerate() {
+            self.skip_run[p] = if ran { 0 } else { self.skip_run[p] + 1 };
+        }
+        active
+    }
+}
+
 /// Runs `requests` on a scheduler built from `cfg` until every request completes.
 pub fn simulate(
     cfg: SchedulerConfig,
@@ -256,30 +286,7 @@ pub fn simulate(
                         }
                     } else {
                         st.step += 1;
-                        let mut active = Vec::new();
-                        for p in 0..r.patches as usize {
-                            let run = match r.active {
-                                ActiveModel::All => true,
-                                ActiveModel::Bernoulli { p: prob, max_skip } => {
-                                    st.step == 1
-                                        || st.skip_run[p] >= max_skip
-                                        || st.rng.unit() < prob
-                                }
-                            };
-                            if run {
-                                active.push(p);
-                            }
-                        }
-                        if active.is_empty() {
-                            active.push((st.rng.next_u64() % r.patches as u64) as usize);
-                        }
-                        let mut run = vec![false; r.patches as usize];
-                        for &p in &active {
-                            run[p] = true;
-                        }
-                        for (p, &ran) in run.iter().enumerate() {
-                            st.skip_run[p] = if ran { 0 } else { st.skip_run[p] + 1 };
-                        }
+                        let active = st.draw_active(r);
                         st.patch_steps += active.len() as u64;
                         let list: Vec<(u32, f64)> =
                             active.iter().map(|&p| (p as u32, r.patch_cost)).collect();

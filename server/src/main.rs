@@ -207,6 +207,10 @@ struct RunArgs {
     /// Model file (default: the shipped models/tinydit/tinydit.safetensors).
     #[arg(long)]
     weights: Option<PathBuf>,
+    /// Where the model runs: cpu, or cuda (GPU 0; needs a build with --features cuda and an
+    /// NVIDIA GPU; worker processes run on the CPU only for now).
+    #[arg(long, default_value = "cpu", value_parser = ["cpu", "cuda"])]
+    device: String,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -515,6 +519,11 @@ fn serve(o: ServeArgs) -> Result<(), String> {
             },
         );
     }
+    serve_lines(o, base)
+}
+
+/// `serve` without `--port`: JSON lines in, a result line out as each request finishes.
+fn serve_lines(o: ServeArgs, base: RequestConfig) -> Result<(), String> {
     if let Some(d) = &o.out_dir {
         std::fs::create_dir_all(d).map_err(|e| format!("cannot create {}: {e}", d.display()))?;
     }
@@ -793,8 +802,16 @@ fn cores() -> u32 {
 fn make_engine(o: &RunArgs, default_workers: u32) -> Result<Engine, String> {
     let weights = o.weights.clone().unwrap_or_else(default_weights);
     let workers = o.workers.unwrap_or(default_workers);
+    let cuda = o.device == "cuda";
+    let device = flashdiff_runtime::models::device(cuda)
+        .map_err(|e| format!("--device {}: {e}", o.device))?;
     if !o.processes {
-        return Engine::new(&weights, workers).map_err(|e| e.to_string());
+        return Engine::new_on(&weights, workers, &device).map_err(|e| e.to_string());
+    }
+    if cuda {
+        return Err(
+            "--device cuda with --processes: worker processes run on the CPU only for now".into(),
+        );
     }
     let exe = std::env::current_exe()
         .map_err(|e| format!("cannot find the flashdiff executable: {e}"))?;

@@ -330,3 +330,32 @@ fn serve_answers_each_line_before_the_input_ends() {
     assert!(lines.next().is_none());
     assert!(child.wait().unwrap().success());
 }
+
+/// `--device cuda` runs on GPU 0 where the build and the machine have CUDA; anywhere else
+/// it is a clear error naming the flag and what is missing, never a crash.
+#[test]
+fn device_cuda_works_or_says_what_is_missing() {
+    let out = flashdiff()
+        .args(["generate", "a red circle top left on a blue background"])
+        .args(["--steps", "4", "--warmup", "1", "--device", "cuda", "-o"])
+        .arg(std::env::temp_dir().join(format!("fd-cuda-{}.png", std::process::id())))
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    if out.status.success() {
+        eprintln!("CUDA present: generated on the GPU");
+        return;
+    }
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(err.contains("--device cuda"), "{err}");
+    assert!(
+        err.contains("--features cuda") || err.contains("no usable CUDA device"),
+        "{err}"
+    );
+    let out = flashdiff()
+        .args(["generate", "x", "--device", "tpu"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--device"));
+}
