@@ -1,0 +1,98 @@
+//! The same model on CUDA and on the CPU (the `cuda` feature on a machine with an NVIDIA
+//! GPU): full forward, saliency and the token-subset forward agree within a stated
+//! tolerance. Elsewhere the test says it skipped and why; `scripts/gpu-check.sh` runs it.
+
+use std::path::PathBuf;
+
+use flashdiff_models::{device, Denoiser, Device, KvCache, Patches, StepInput, Tensor, TinyDit};
+
+fn weights() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../models/tinydit/tinydit.safetensors")
+}
+
+fn host(t: &Tensor) -> Vec<f32> {
+    t.flatten_all().unwrap().to_vec1().unwrap()
+}
+
+/// Largest |a - b| / (1 + |b|).
+fn worst(a: &[f32], b: &[f32]) -> f32 {
+    assert_eq!(a.len(), b.len());
+    a.iter()
+        .zip(b)
+        .map(|(x, y)| (x - y).abs() / (1.0 + y.abs()))
+        .fold(0.0, f32::max)
+}
+
+// TF32 matmuls may be on by default for f32 on Ampere and later; 2e-3 covers them.
+const TOL: f32 = 2e-3;
+
+#[test]
+fn cuda_matches_the_cpu_or_says_it_skipped() {
+    let gpu = match device(true) {
+        Ok(d) => d,
+        Err(e) => {
+            eprintln!("SKIPPED cuda_matches_the_cpu: {e}");
+            return;
+        }
+    };
+    let cpu = TinyDit::load(&weights(), &Device::Cpu).unwrap();
+    let cuda = TinyDit::load(&weights(), &gpu).unwrap();
+    let dims = cpu.dims().clone();
+    let (tokens, ch) = (dims.grid.tokens(), dims.channels);
+    let prompt = "a red circle top left and a blue square bottom right on a white background";
+    let x: Vec<f32> = (0..tokens * ch)
+        .map(|i| ((i * 37 % 101) as f32 / 50.0) - 1.0)
+        .collect();
+    let mut outs = Vec::new();
+    for (m, dev) in [(&cpu, &Device::Cpu), (&cuda, &gpu)] {
+        let c = m.condition(prompt).unwrap();
+        let context = Tensor::from_slice(&c.context, c.context.len(), dev).unwrap();
+        let cond = m.step_cond(&context, 0.6).unwrap();
+        let step = StepInput {
+            context: &context,
+            cond: &cond,
+        };
+        let xt = Tensor::from_slice(&x, (tokens, ch), dev).unwrap();
+        let full = m.full_forward(&xt, step, true).unwrap();
+        // Every other token active, the rest read from the full forward's K/V.
+        let active: Vec<u32> = (0..tokens as u32).step_by(2).collect();
+        let rows: Vec<f32> = active
+            .iter()
+            .flat_map(|&t| x[t as usize * ch..(t as usize + 1) * ch].to_vec())
+            .collect();
+        let xa = Tensor::from_slice(&rows, (active.len(), ch), dev).unwrap();
+        let of: Vec<u32> = (0..tokens as u32).map(|t| t % 4).collect();
+        let sub = m
+            .subset_forward(
+                &xa,
+                &active,
+                step,
+                Some(KvCache {
+                    k: &full.k,
+                    v: &full.v,
+                }),
+                Patches {
+                    of_token: &of,
+                    patches: 4,
+                },
+            )
+            .unwrap();
+        outs.push((
+            host(&full.velocity),
+            host(full.saliency.as_ref().unwrap()),
+            host(&sub.velocity),
+            host(&sub.patch_mass),
+        ));
+    }
+    let (c, g) = (&outs[0], &outs[1]);
+    let errs = [
+        ("full velocity", worst(&g.0, &c.0)),
+        ("saliency", worst(&g.1, &c.1)),
+        ("subset velocity", worst(&g.2, &c.2)),
+        ("patch mass", worst(&g.3, &c.3)),
+    ];
+    for (what, e) in errs {
+        eprintln!("cuda vs cpu, {what}: worst relative difference {e:.2e} (tolerance {TOL:.0e})");
+        assert!(e <= TOL, "{what}: {e:.2e} > {TOL:.0e}");
+    }
+}
