@@ -888,7 +888,8 @@ fd_status fd_partition_saliency(uint32_t frames,
 
 /**
  * Uniform layout (balanced recursive bisection) of a grid into `r` patches: the NaivePatch /
- * DistriFusion baseline and the fallback when no saliency exists.
+ * DistriFusion baseline and the fallback when no saliency exists. A grid holds at most
+ * 2^24 tokens (`FD_ERR_GRID` beyond).
  *
  * # Safety
  * `layout_out` writable.

@@ -147,7 +147,8 @@ pub unsafe extern "C" fn fd_partition_saliency(
 }
 
 /// Uniform layout (balanced recursive bisection) of a grid into `r` patches: the NaivePatch /
-/// DistriFusion baseline and the fallback when no saliency exists.
+/// DistriFusion baseline and the fallback when no saliency exists. A grid holds at most
+/// 2^24 tokens (`FD_ERR_GRID` beyond).
 ///
 /// # Safety
 /// `layout_out` writable.

@@ -46,7 +46,7 @@ impl fmt::Display for PartitionError {
         match self {
             Self::BadGrid { dims } => write!(
                 f,
-                "grid {}x{}x{} (frames x height x width) must have every dimension >= 1 and at most 2^32-1 tokens",
+                "grid {}x{}x{} (frames x height x width) must have every dimension >= 1 and at most 2^24 tokens",
                 dims[0], dims[1], dims[2]
             ),
             Self::LengthMismatch { what, expected, got } => {

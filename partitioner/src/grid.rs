@@ -1,5 +1,9 @@
 use crate::PartitionError;
 
+/// Most tokens a grid may have (2^24: a 4096 x 4096 latent, far above any model served;
+/// bounded so that a layout's per-token arrays are always allocatable).
+pub const MAX_TOKENS: u32 = 1 << 24;
+
 /// A latent grid of `frames x height x width` tokens in raster order (frame, row, column).
 /// An image has `frames == 1`; audio has `frames == height == 1`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -10,10 +14,10 @@ pub struct Grid {
 }
 
 impl Grid {
-    /// A grid, refusing zero dimensions and grids of more than `u32::MAX` tokens.
+    /// A grid, refusing zero dimensions and grids of more than [`MAX_TOKENS`] tokens.
     pub fn new(frames: u32, height: u32, width: u32) -> Result<Self, PartitionError> {
         let tokens = frames as u64 * height as u64 * width as u64;
-        if frames == 0 || height == 0 || width == 0 || tokens > u32::MAX as u64 {
+        if frames == 0 || height == 0 || width == 0 || tokens > MAX_TOKENS as u64 {
             return Err(PartitionError::BadGrid {
                 dims: [frames as u64, height as u64, width as u64],
             });

@@ -39,7 +39,7 @@ mod salient;
 
 pub use adaptive::{objective, GranularityConfig, GranularityController};
 pub use error::PartitionError;
-pub use grid::Grid;
+pub use grid::{Grid, MAX_TOKENS};
 pub use layout::PatchLayout;
 pub use otsu::{otsu, Otsu, BINS};
 pub use partition::{

@@ -206,3 +206,21 @@ fn drawbench_prompts_keep_content_words() {
     let words = split_words("A black colored dog.");
     assert_eq!(salient_mask(&words), [false, true, true, true]);
 }
+
+#[test]
+fn grids_have_a_token_bound() {
+    use flashdiff_partitioner::MAX_TOKENS;
+    assert!(Grid::new(1, 4096, 4096).is_ok());
+    assert_eq!(4096 * 4096, MAX_TOKENS);
+    for (f, h, w) in [
+        (1, 4096, 4097),
+        (2, 4096, 4096),
+        (1, 65535, 65535),
+        (u32::MAX, u32::MAX, 1),
+    ] {
+        assert!(
+            matches!(Grid::new(f, h, w), Err(PartitionError::BadGrid { .. })),
+            "{f}x{h}x{w}"
+        );
+    }
+}

@@ -333,6 +333,24 @@ fn restore(
         }
         kept.push(j);
     }
+    // Checkpoints of jobs that ended (or were forgotten) before a crash could remove them.
+    let unfinished: std::collections::HashSet<u64> = kept
+        .iter()
+        .filter(|j| j.end.is_none())
+        .map(|j| j.id)
+        .collect();
+    if let Ok(entries) = std::fs::read_dir(store.checkpoints()) {
+        for e in entries.flatten() {
+            let name = e.file_name().to_string_lossy().to_string();
+            let id = name
+                .strip_prefix("request-")
+                .and_then(|n| n.split('.').next())
+                .and_then(|n| n.parse::<u64>().ok());
+            if id.is_none_or(|id| !unfinished.contains(&id) || name.ends_with(".tmp")) {
+                let _ = std::fs::remove_file(e.path());
+            }
+        }
+    }
     if resumed > 0 || !kept.is_empty() {
         log::warn!(
             "state directory: {} job(s) restored, {resumed} of them unfinished and resuming",

@@ -258,9 +258,18 @@ fn two_hundred_jobs_survive_killed_workers_and_two_killed_servers() {
             "job {id}: the image differs from the clean run's"
         );
     }
-    // Finished jobs still answer after one more restart.
+    // Finished jobs still answer after one more restart, and checkpoints nobody needs
+    // (as a crash between a job's end and its checkpoint's removal leaves) are swept.
     server.kill();
+    std::fs::write(state.join("checkpoints/request-7.ckpt"), b"stale").unwrap();
     let server = Server::start(&["--processes"], Some(&state));
+    assert_eq!(
+        std::fs::read_dir(state.join("checkpoints"))
+            .unwrap()
+            .count(),
+        0,
+        "stale checkpoints were not swept"
+    );
     let (st, v) = server.call("GET", "/v1/jobs/1", None).expect("server up");
     assert_eq!(st, 200);
     assert_eq!(v["b64_json"].as_str(), want.get(&1).map(String::as_str));

@@ -170,6 +170,10 @@ int main(int argc, char **argv) {
   sc.max_attempts = 4294967295u;
   EXPECT(fd_scheduler_new(&sc, &s) == FD_ERR_CONFIG && s == NULL);
 
+  fd_layout *layout = NULL;
+  EXPECT(fd_partition_uniform(1, 65535, 65535, 4, &layout) == FD_ERR_GRID && layout == NULL);
+  EXPECT(fd_partition_uniform(1, 4096, 4097, 4, &layout) == FD_ERR_GRID && layout == NULL);
+
   /* 5. Loads must be finite and >= 0. */
   float eps = -1;
   EXPECT(fd_load_epsilon_for(NULL, NAN, &eps) == FD_ERR_VALUE);
