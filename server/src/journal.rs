@@ -301,23 +301,7 @@ mod tests {
     use super::*;
 
     fn cfg() -> ConfigRecord {
-        ConfigRecord {
-            steps: 10,
-            warmup: 2,
-            patches: Some(4),
-            epsilon: 0.1,
-            adaptive_epsilon: false,
-            max_skip: 3,
-            seed: 1,
-            mode: "flashdiff".into(),
-            priority: 0,
-            layout: 0,
-            cache_threshold: 0.1,
-            ras_ratio: 0.5,
-            extrapolate: true,
-            monotasks: None,
-            deadline_ns: None,
-        }
+        flashdiff_runtime::checkpoint::sample().cfg
     }
 
     #[test]

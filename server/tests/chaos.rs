@@ -2,9 +2,10 @@
 //! along, the server itself SIGKILLed twice mid-run and started again on its state
 //! directory: no job is lost and every image is bit-identical to a clean run's.
 
-use std::io::{BufRead, BufReader};
+mod common;
+
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Command};
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
@@ -42,39 +43,11 @@ impl Server {
                 .args(["--checkpoint-every-ms", "0"]),
             None => cmd.arg("--ephemeral"),
         };
-        let mut child = cmd
-            .stderr(Stdio::piped())
-            .stdout(Stdio::null())
-            .spawn()
-            .expect("start flashdiff serve");
-        let mut err = BufReader::new(child.stderr.take().expect("stderr"));
-        let mut line = String::new();
-        while !line.contains("http://") {
-            line.clear();
-            assert!(
-                err.read_line(&mut line).expect("a line") > 0,
-                "server exited"
-            );
-        }
-        let addr = line
-            .split("http://")
-            .nth(1)
-            .and_then(|s| s.split_whitespace().next())
-            .expect("address")
-            .to_string();
-        let log = std::sync::Arc::new(std::sync::Mutex::new(String::new()));
-        let sink = log.clone();
-        std::thread::spawn(move || {
-            for l in err.lines().map_while(Result::ok) {
-                let mut s = sink.lock().unwrap();
-                s.push_str(&l);
-                s.push('\n');
-            }
-        });
+        let s = common::spawn(&mut cmd);
         Self {
-            child,
-            base: format!("http://{addr}"),
-            log,
+            child: s.child,
+            base: s.base,
+            log: s.log,
         }
     }
 

@@ -1,6 +1,7 @@
 //! `flashdiff serve --port`: the HTTP API driven over real sockets on 127.0.0.1.
 
-use std::io::{BufRead, BufReader, Read};
+mod common;
+
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -34,33 +35,10 @@ impl Server {
         {
             cmd.arg("--state-dir").arg(&state);
         }
-        let mut child = cmd
-            .stderr(Stdio::piped())
-            .stdout(Stdio::null())
-            .spawn()
-            .expect("start flashdiff serve");
-        let mut err = BufReader::new(child.stderr.take().expect("stderr"));
-        let mut line = String::new();
-        while !line.contains("http://") {
-            line.clear();
-            if err.read_line(&mut line).expect("a line") == 0 {
-                panic!("the server exited before it served");
-            }
-        }
-        let addr = line
-            .split("http://")
-            .nth(1)
-            .and_then(|s| s.split_whitespace().next())
-            .unwrap_or_else(|| panic!("no address in {line:?}"))
-            .to_string();
-        // Keep draining stderr so the server never blocks on a full pipe.
-        std::thread::spawn(move || {
-            let mut sink = String::new();
-            let _ = err.read_to_string(&mut sink);
-        });
+        let s = common::spawn(&mut cmd);
         Self {
-            child,
-            base: format!("http://{addr}"),
+            child: s.child,
+            base: s.base,
         }
     }
 
