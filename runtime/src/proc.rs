@@ -387,11 +387,6 @@ impl Pool {
         Ok(p)
     }
 
-    /// Whether the pool runs worker processes (not threads).
-    pub fn is_processes(&self) -> bool {
-        matches!(self.kind, Kind::Processes { .. })
-    }
-
     /// Starts worker `id` (a new one, or a replacement in a lost one's place). Its first
     /// event is `Report::Ready` once its model is loaded, or `Lost` if it dies before.
     pub fn spawn(&mut self, id: u32) -> Result<(), String> {
