@@ -294,7 +294,14 @@ pub fn device(cuda: bool) -> Result<Device, ModelError> {
                 .into(),
         ));
     }
-    Device::new_cuda(0).map_err(|e| ModelError::Input(format!("no usable CUDA device: {e}")))
+    // The first line only: candle appends a backtrace when RUST_BACKTRACE is set.
+    Device::new_cuda(0).map_err(|e| {
+        let e = e.to_string();
+        ModelError::Input(format!(
+            "no usable CUDA device: {}",
+            e.lines().next().unwrap_or("")
+        ))
+    })
 }
 
 #[cfg(test)]
