@@ -1049,9 +1049,16 @@ impl Engine {
     /// Sets when a silent worker counts as hung (see [`HangPolicy`]); without workers it
     /// has no effect.
     pub fn set_hang_policy(&mut self, policy: HangPolicy) -> Result<(), EngineError> {
-        if !(policy.factor.is_finite() && policy.factor >= 1.0) || policy.floor.is_zero() {
+        // Bounded, so that no limit overflows when added to a dispatch time.
+        let day = Duration::from_secs(86_400);
+        if !(1.0..=1000.0).contains(&policy.factor)
+            || policy.floor.is_zero()
+            || policy.floor > day
+            || policy.first > day
+        {
             return Err(EngineError::Config(format!(
-                "hang policy {policy:?}: factor must be finite and >= 1, floor above zero"
+                "hang policy {policy:?}: factor must be in 1..=1000, floor above zero, floor \
+                 and first at most a day"
             )));
         }
         if let Executor::Workers { health, .. } = &mut self.exec {

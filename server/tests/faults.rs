@@ -147,6 +147,26 @@ fn a_hung_worker_is_killed_and_its_monotask_runs_again() {
         first: Duration::from_secs(30),
     })
     .unwrap();
+    for bad in [
+        HangPolicy {
+            factor: f64::INFINITY,
+            ..HangPolicy::default()
+        },
+        HangPolicy {
+            factor: 1e300,
+            ..HangPolicy::default()
+        },
+        HangPolicy {
+            first: Duration::MAX,
+            ..HangPolicy::default()
+        },
+        HangPolicy {
+            floor: Duration::ZERO,
+            ..HangPolicy::default()
+        },
+    ] {
+        assert!(e.set_hang_policy(bad).is_err(), "{bad:?} accepted");
+    }
     let victim = e.worker_pids()[1].expect("worker 1 running");
     e.submit(1, PROMPT, long).unwrap();
     let mut stopped = false;
