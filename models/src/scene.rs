@@ -96,7 +96,7 @@ impl fmt::Display for PromptError {
 
 impl std::error::Error for PromptError {}
 
-fn colour(w: &str) -> Option<usize> {
+pub(crate) fn colour(w: &str) -> Option<usize> {
     COLOURS.iter().position(|c| c.0 == w)
 }
 
@@ -196,7 +196,7 @@ pub fn is_salient(word: &str) -> bool {
     !flashdiff_partitioner::is_function_word(word) && word != "background"
 }
 
-fn shape_mask(shape: usize, cx: f32, cy: f32, r: f32) -> Vec<bool> {
+pub(crate) fn shape_mask(shape: usize, cx: f32, cy: f32, r: f32) -> Vec<bool> {
     let mut m = vec![false; IMAGE * IMAGE];
     for y in 0..IMAGE {
         for x in 0..IMAGE {
@@ -231,8 +231,19 @@ fn cell_box(position: usize) -> (usize, usize, usize, usize) {
 }
 
 fn classify(mask: &[bool]) -> Option<usize> {
+    classify_among(mask, &[0, 1, 2, 3], &[3.4, 3.9, 4.4, 4.9], 12)
+}
+
+/// Best-matching shape (index into [`SHAPES`], among `shapes`) of a 32x32 mask: template IoU
+/// at each of `radii` around the mask's centroid; `None` under `min_pixels` pixels.
+pub(crate) fn classify_among(
+    mask: &[bool],
+    shapes: &[usize],
+    radii: &[f32],
+    min_pixels: usize,
+) -> Option<usize> {
     let count = mask.iter().filter(|&&m| m).count();
-    if count < 12 {
+    if count < min_pixels {
         return None;
     }
     let (mut sx, mut sy) = (0.0, 0.0);
@@ -242,8 +253,8 @@ fn classify(mask: &[bool]) -> Option<usize> {
     }
     let (cx, cy) = (sx / count as f32 + 0.5, sy / count as f32 + 0.5);
     let mut best = (None, -1.0f32);
-    for shape in 0..SHAPES.len() {
-        for r in [3.4f32, 3.9, 4.4, 4.9] {
+    for &shape in shapes {
+        for &r in radii {
             // A triangle's centroid lies 0.2 r below the centre used to draw it.
             let offsets: &[f32] = if shape == 2 { &[-0.2, -0.1] } else { &[0.0] };
             for &oy in offsets {
@@ -278,18 +289,22 @@ impl Verdict {
     }
 }
 
-/// Checks an RGB image (`IMAGE x IMAGE x 3`, values in [0, 1], row-major) against a scene.
-pub fn check(rgb: &[f32], scene: &Scene) -> Verdict {
-    assert_eq!(rgb.len(), IMAGE * IMAGE * 3, "check: image must be 32x32x3");
-    let labels: Vec<usize> = rgb
-        .chunks_exact(3)
+/// The nearest palette colour ([`COLOURS`] index) of every pixel of RGB values in [0, 1].
+pub(crate) fn colour_labels(rgb: &[f32]) -> Vec<usize> {
+    rgb.chunks_exact(3)
         .map(|p| {
             let d = |c: &[f32; 3]| (0..3).map(|i| (p[i] - c[i]).powi(2)).sum::<f32>();
             (0..COLOURS.len())
                 .min_by(|&a, &b| d(&COLOURS[a].1).total_cmp(&d(&COLOURS[b].1)))
                 .unwrap_or(0)
         })
-        .collect();
+        .collect()
+}
+
+/// Checks an RGB image (`IMAGE x IMAGE x 3`, values in [0, 1], row-major) against a scene.
+pub fn check(rgb: &[f32], scene: &Scene) -> Verdict {
+    assert_eq!(rgb.len(), IMAGE * IMAGE * 3, "check: image must be 32x32x3");
+    let labels = colour_labels(rgb);
     let mut outside = vec![true; IMAGE * IMAGE];
     for o in &scene.objects {
         let (y0, y1, x0, x1) = cell_box(o.position);
