@@ -357,7 +357,7 @@ fn sweeps(
         };
         let o = engine.generate(&scene::prompt_text(&scene), c, &mut |_, _, _| {})?;
         full_ms += o.report.latency.as_secs_f64() * 1e3 / sweep_prompts as f64;
-        refs.push((scene.clone(), o.rgb));
+        refs.push((scene.clone(), o.sample.rgb));
     }
     let mut sweeps: Vec<Value> = Vec::new();
     for (knob, value, c) in &variants {
@@ -372,7 +372,7 @@ fn sweeps(
                 &mut |_, _, _| {},
             )?;
             w += work(&o, cfg.steps);
-            let p = image::psnr(&o.rgb, full).min(99.0);
+            let p = image::psnr(&o.sample.rgb, full).min(99.0);
             q += p;
             worst = worst.min(p);
             ms += o.report.latency.as_secs_f64() * 1e3;
@@ -479,18 +479,18 @@ fn per_prompt_rows(
             "fewer-steps".to_string(),
             engine.generate(&prompt, c, &mut |_, _, _| {})?,
         ));
-        let full_rgb = results[0].1.rgb.clone();
+        let full_rgb = results[0].1.sample.rgb.clone();
         let full_v = scene::check(&full_rgb, &scene);
         for (name, o) in &results {
-            let v = scene::check(&o.rgb, &scene);
+            let v = scene::check(&o.sample.rgb, &scene);
             rows.push(Row {
                 method: name.clone(),
                 prompt: i,
                 latency_ms: ms(o.report.latency),
                 work: work(o, cfg.steps),
                 skipped: 1.0 - o.report.computed as f64 / o.report.patch_steps.max(1) as f64,
-                psnr: image::psnr(&o.rgb, &full_rgb),
-                ssim: image::ssim(&o.rgb, &full_rgb, IMAGE, IMAGE),
+                psnr: image::psnr(&o.sample.rgb, &full_rgb),
+                ssim: image::ssim(&o.sample.rgb, &full_rgb, IMAGE, IMAGE),
                 all_correct: v.all(),
                 agrees_with_full: v == full_v,
             });

@@ -74,7 +74,7 @@ pub(crate) fn section(
         t_full += bf;
         t_fd += bd;
         w += work(&od, cfg.steps);
-        let p = image::psnr(&od.rgb, &of.rgb).min(99.0);
+        let p = image::psnr(&od.sample.rgb, &of.sample.rgb).min(99.0);
         q += p;
         worst = worst.min(p);
     }

@@ -260,6 +260,17 @@ pub unsafe extern "C" fn fd_engine_new(
             Engine::new(&weights, c.workers)
         }
         .map_err(from_engine)?;
+        let kind = inner.model().kind();
+        if kind != flashdiff_runtime::models::Kind::Image {
+            return Err(Fail::new(
+                fd_status::FD_ERR_CONFIG,
+                format!(
+                    "the C ABI returns square RGB images; this model makes a {} (use the \
+                     flashdiff command for video and sound)",
+                    kind.name()
+                ),
+            ));
+        }
         // The image a request returns: the model decodes a latent of its own grid.
         let dims = inner.model().dims().clone();
         let side = inner
@@ -606,17 +617,17 @@ pub unsafe extern "C" fn fd_engine_result(
             Some(Ok(o)) => o,
         };
         if !rgb.is_empty() {
-            if rgb.len() != o.rgb.len() {
+            if rgb.len() != o.sample.rgb.len() {
                 return Err(Fail::new(
                     fd_status::FD_ERR_LENGTH,
                     format!(
                         "rgb_len is {}, the image has {} floats",
                         rgb.len(),
-                        o.rgb.len()
+                        o.sample.rgb.len()
                     ),
                 ));
             }
-            rgb.copy_from_slice(&o.rgb);
+            rgb.copy_from_slice(&o.sample.rgb);
         }
         if !report_out.is_null() {
             let r = &o.report;

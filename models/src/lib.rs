@@ -21,11 +21,13 @@ use std::fmt;
 
 pub use candle_core::{DType, Device, Tensor};
 
+pub mod clips;
 pub mod scene;
+pub mod sounds;
 mod tinydit;
 mod weights;
 
-pub use tinydit::{Config, TinyDit};
+pub use tinydit::{synthesize, unpatchify, AudioSpec, Config, TinyDit};
 pub use weights::{Weights, WeightsError};
 
 /// The latent grid in tokens: an image has one frame, audio one frame of one row.
@@ -139,15 +141,71 @@ pub struct SubsetOutput {
     pub patch_mass: Tensor,
 }
 
-/// A decoded sample.
-#[derive(Debug, Clone, PartialEq)]
+/// What a model generates (for the built-in models, the weights' `kind` metadata).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    /// An image (TinyDiT).
+    Image,
+    /// Frames of images, frame-major: a 3-D grid (TinyVideo).
+    Video,
+    /// A sound: a 1-D grid over time (TinyAudio).
+    Audio,
+}
+
+impl Kind {
+    /// The metadata spelling.
+    pub fn name(self) -> &'static str {
+        match self {
+            Kind::Image => "image",
+            Kind::Video => "video",
+            Kind::Audio => "audio",
+        }
+    }
+}
+
+/// A decoded sample: an image, a video (frames of images) or a sound.
+#[derive(Debug, Clone, PartialEq, Default)]
 pub struct Sample {
-    /// RGB in [0, 1], row-major, `height x width x 3`.
+    /// RGB in [0, 1], row-major, `frames x height x width x 3` (empty for a sound).
     pub rgb: Vec<f32>,
     /// Pixels per row.
     pub width: usize,
     /// Rows.
     pub height: usize,
+    /// Frames: 1 for an image, 0 for a sound.
+    pub frames: usize,
+    /// Mono samples in [-1, 1] (empty unless a sound).
+    pub audio: Vec<f32>,
+    /// Samples per second of `audio` (0 unless a sound).
+    pub sample_rate: u32,
+}
+
+impl Sample {
+    /// An image or a video: `frames x height x width x 3` RGB values.
+    pub fn frames(rgb: Vec<f32>, width: usize, height: usize, frames: usize) -> Self {
+        Self {
+            rgb,
+            width,
+            height,
+            frames,
+            ..Self::default()
+        }
+    }
+
+    /// A sound.
+    pub fn audio(audio: Vec<f32>, sample_rate: u32) -> Self {
+        Self {
+            audio,
+            sample_rate,
+            ..Self::default()
+        }
+    }
+
+    /// Frame `i` of an image or video (`height x width x 3`).
+    pub fn frame(&self, i: usize) -> &[f32] {
+        let n = self.width * self.height * 3;
+        &self.rgb[i * n..(i + 1) * n]
+    }
 }
 
 /// The contract between the engine and a model. Every tensor is f32 on [`Denoiser::device`];
@@ -156,6 +214,10 @@ pub struct Sample {
 pub trait Denoiser: Send + Sync + fmt::Debug {
     /// Short name for reports ("tinydit").
     fn name(&self) -> &str;
+    /// What [`Denoiser::decode`] makes: an image (the default), a video or a sound.
+    fn kind(&self) -> Kind {
+        Kind::Image
+    }
     /// Sizes of the latent and of what the engine stores per request.
     fn dims(&self) -> &Dims;
     /// Where the model's tensors live.

@@ -10,8 +10,8 @@ use flashdiff_kernels::ops::{self, AttnWants};
 use crate::scene;
 use crate::weights::{Weights, WeightsError};
 use crate::{
-    Conditioning, Denoiser, Dims, FullOutput, KvCache, LatentGrid, ModelError, Patches, Sample,
-    StepInput, SubsetOutput,
+    Conditioning, Denoiser, Dims, FullOutput, Kind, KvCache, LatentGrid, ModelError, Patches,
+    Sample, StepInput, SubsetOutput,
 };
 
 const EPS: f32 = 1e-6;
@@ -39,6 +39,25 @@ pub struct Config {
     pub max_tokens: usize,
     /// MLP hidden = d * mlp_ratio.
     pub mlp_ratio: usize,
+    /// Frames of a video, or time frames (tokens) of an audio clip; 1 for an image.
+    pub frames: usize,
+    /// What the latent is.
+    pub kind: Kind,
+}
+
+/// The audio decoder's constants (the weights' `audio` metadata): band `b` is a sine at
+/// `centres[b]` Hz whose amplitude is the band's magnitude, interpolated between frame
+/// centres `hop` samples apart.
+#[derive(Debug, Clone, PartialEq, serde::Deserialize)]
+pub struct AudioSpec {
+    /// Samples per second.
+    pub rate: u32,
+    /// Samples per latent frame.
+    pub hop: usize,
+    /// Latent -1 is this many dB (and silence below it); latent 1 is 0 dB.
+    pub db_floor: f32,
+    /// Centre frequency of each band, Hz.
+    pub centres: Vec<f32>,
 }
 
 impl Config {
@@ -48,7 +67,26 @@ impl Config {
     }
     /// Latent tokens.
     pub fn tokens(&self) -> usize {
-        self.grid() * self.grid()
+        match self.kind {
+            Kind::Image => self.grid() * self.grid(),
+            Kind::Video => self.frames * self.grid() * self.grid(),
+            Kind::Audio => self.frames,
+        }
+    }
+    /// The latent grid in tokens.
+    pub fn latent_grid(&self) -> LatentGrid {
+        match self.kind {
+            Kind::Image | Kind::Video => LatentGrid {
+                frames: self.frames,
+                height: self.grid(),
+                width: self.grid(),
+            },
+            Kind::Audio => LatentGrid {
+                frames: 1,
+                height: 1,
+                width: self.frames,
+            },
+        }
     }
     /// Values per latent token.
     pub fn patch_dim(&self) -> usize {
@@ -58,6 +96,17 @@ impl Config {
 
 fn parse_config(w: &Weights) -> Result<Config, WeightsError> {
     let bad = |m: String| WeightsError::Metadata(m);
+    // Files written before video and audio carry no kind: they are images.
+    let kind = match w.meta("kind").unwrap_or("image") {
+        "image" => Kind::Image,
+        "video" => Kind::Video,
+        "audio" => Kind::Audio,
+        k => {
+            return Err(bad(format!(
+                "kind {k:?}: expected \"image\", \"video\" or \"audio\""
+            )))
+        }
+    };
     let v: serde_json::Value = serde_json::from_str(w.meta("config")?)
         .map_err(|e| bad(format!("config is not JSON: {e}")))?;
     let get = |k: &str| -> Result<usize, WeightsError> {
@@ -77,13 +126,24 @@ fn parse_config(w: &Weights) -> Result<Config, WeightsError> {
         vocab: get("vocab")?,
         max_tokens: get("max_tokens")?,
         mlp_ratio: get("mlp_ratio")?,
+        frames: match kind {
+            Kind::Image => 1,
+            _ => get("frames")?,
+        },
+        kind,
     };
+    // Bounds far above the built-in models keep every size product far from overflow.
+    let sizes = [cfg.image, cfg.d, cfg.depth, cfg.heads, cfg.frames];
     if cfg.patch == 0
         || cfg.image % cfg.patch != 0
         || cfg.heads == 0
         || cfg.d % cfg.heads != 0
         || cfg.d % 4 != 0
         || cfg.depth == 0
+        || cfg.frames == 0
+        || sizes.iter().any(|&x| x > 1 << 14)
+        || cfg.tokens() > 1 << 20
+        || (kind == Kind::Audio && cfg.patch != 1)
     {
         return Err(bad(format!("inconsistent config {cfg:?}")));
     }
@@ -127,15 +187,21 @@ struct Block {
     fc2: Lin,
 }
 
-/// The built-in image model (see `models/tinydit/model.py`, the reference): a text-conditioned
-/// Diffusion Transformer over an 8x8 grid of 4x4x3 pixel patches, trained with rectified flow
-/// on procedural shapes (`models/tinydit/MODEL_CARD.md`).
+/// The built-in models (see `models/tinydit/model.py`, the reference): a text-conditioned
+/// Diffusion Transformer trained with rectified flow on procedural data. TinyDiT works over an
+/// 8x8 grid of 4x4x3 pixel patches of shapes (`models/tinydit/MODEL_CARD.md`); the same blocks
+/// run TinyVideo's 3-D grid (`models/tinyvideo`) and TinyAudio's 1-D one (`models/tinyaudio`),
+/// chosen by the weights file's [`Kind`].
 pub struct TinyDit {
     cfg: Config,
     dims: Dims,
     device: Device,
     path: PathBuf,
     vocab: Vec<String>,
+    /// The model's own function words (its data's prompt grammar), never salient.
+    function_words: Vec<String>,
+    /// Audio models: the decoder's constants.
+    audio: Option<AudioSpec>,
     saliency_layers: Vec<usize>,
     tok_emb: Tensor,
     txt_pos: Tensor,
@@ -208,6 +274,28 @@ impl Loader<'_> {
     }
 }
 
+fn parse_audio(w: &Weights, bands: usize) -> Result<AudioSpec, WeightsError> {
+    let a: AudioSpec = meta_json(w, "audio")?;
+    if a.rate == 0
+        || a.rate > 1_000_000
+        || a.hop == 0
+        || a.hop > 1 << 16
+        || !(a.db_floor.is_finite() && a.db_floor < 0.0)
+        || a.centres.len() != bands
+        || a.centres.iter().any(|&c| !(c.is_finite() && c > 0.0))
+    {
+        return Err(WeightsError::Metadata(format!(
+            "audio: rate {} (1..=1000000), hop {} (1..=65536), db_floor {} (< 0) and {} \
+             positive centres (one per band, {bands})",
+            a.rate,
+            a.hop,
+            a.db_floor,
+            a.centres.len()
+        )));
+    }
+    Ok(a)
+}
+
 fn meta_json<T: serde::de::DeserializeOwned>(w: &Weights, key: &str) -> Result<T, WeightsError> {
     serde_json::from_str(w.meta(key)?).map_err(|e| WeightsError::Metadata(format!("{key}: {e}")))
 }
@@ -242,6 +330,16 @@ impl TinyDit {
             ))
             .into());
         }
+        // Older image files carry no list: the general function words then decide alone.
+        let function_words: Vec<String> = if w.meta("function_words").is_ok() {
+            meta_json(&w, "function_words")?
+        } else {
+            Vec::new()
+        };
+        let audio = match cfg.kind {
+            Kind::Audio => Some(parse_audio(&w, cfg.channels)?),
+            _ => None,
+        };
         let l = Loader { w: &w, device };
         let (d, h) = (cfg.d, cfg.d * cfg.mlp_ratio);
         let mut text = Vec::new();
@@ -274,11 +372,7 @@ impl TinyDit {
             });
         }
         let dims = Dims {
-            grid: LatentGrid {
-                frames: 1,
-                height: cfg.grid(),
-                width: cfg.grid(),
-            },
+            grid: cfg.latent_grid(),
             channels: cfg.patch_dim(),
             kv_layers: cfg.depth,
             kv_dim: d,
@@ -305,6 +399,8 @@ impl TinyDit {
             device: device.clone(),
             path: path.into(),
             vocab,
+            function_words,
+            audio,
             saliency_layers,
         })
     }
@@ -536,7 +632,10 @@ impl Denoiser for TinyDit {
         let ids = scene::tokenize(prompt, &self.vocab, self.cfg.max_tokens)?;
         let words = scene::words(prompt);
         Ok(Conditioning {
-            salient: words.iter().map(|w| scene::is_salient(w)).collect(),
+            salient: words
+                .iter()
+                .map(|w| scene::is_salient(w) && !self.function_words.contains(w))
+                .collect(),
             words,
             context: self.encode_ids(&ids)?,
         })
@@ -670,6 +769,10 @@ impl Denoiser for TinyDit {
         )?)
     }
 
+    fn kind(&self) -> Kind {
+        self.cfg.kind
+    }
+
     fn decode(&self, latent: &[f32]) -> Result<Sample, ModelError> {
         let (grid, patch) = (self.cfg.grid(), self.cfg.patch);
         if latent.len() != self.cfg.tokens() * self.cfg.patch_dim() {
@@ -679,11 +782,19 @@ impl Denoiser for TinyDit {
                 self.cfg.tokens() * self.cfg.patch_dim()
             )));
         }
-        Ok(Sample {
-            rgb: unpatchify(latent, grid, patch),
-            width: grid * patch,
-            height: grid * patch,
-        })
+        if let Some(a) = &self.audio {
+            return Ok(Sample::audio(synthesize(latent, a), a.rate));
+        }
+        let frame = latent.len() / self.cfg.frames;
+        Ok(Sample::frames(
+            latent
+                .chunks_exact(frame)
+                .flat_map(|f| unpatchify(f, grid, patch))
+                .collect(),
+            grid * patch,
+            grid * patch,
+            self.cfg.frames,
+        ))
     }
 }
 
@@ -708,4 +819,44 @@ pub fn unpatchify(latent: &[f32], grid: usize, patch: usize) -> Vec<f32> {
         }
     }
     img
+}
+
+/// TinyAudio's decoder: `frames x bands` latent values in [-1, 1] (log magnitude, dB over
+/// `db_floor..0`) to a waveform in [-1, 1] by additive synthesis, as `sounds.py` does: band
+/// `b` is a sine at its centre frequency (phase `b`), its amplitude interpolated linearly
+/// between frame centres; the result is scaled to a 0.9 peak.
+pub fn synthesize(latent: &[f32], a: &AudioSpec) -> Vec<f32> {
+    let bands = a.centres.len();
+    let frames = latent.len() / bands.max(1);
+    let n = frames * a.hop;
+    let mag = |t: usize, b: usize| -> f64 {
+        let x = latent[t * bands + b].clamp(-1.0, 1.0) as f64;
+        let db = (x + 1.0) / 2.0 * -(a.db_floor as f64) + a.db_floor as f64;
+        if db <= a.db_floor as f64 + 1e-6 {
+            0.0
+        } else {
+            10f64.powf(db / 20.0)
+        }
+    };
+    let mut out = vec![0.0f64; n];
+    let hop = a.hop as f64;
+    for (b, &f) in a.centres.iter().enumerate() {
+        let m: Vec<f64> = (0..frames).map(|t| mag(t, b)).collect();
+        if m.iter().all(|&v| v <= 0.0) {
+            continue;
+        }
+        let w = 2.0 * std::f64::consts::PI * f as f64 / a.rate as f64;
+        for (i, o) in out.iter_mut().enumerate() {
+            // Frame centres sit at (t + 0.5) hop; before the first and after the last the
+            // amplitude holds (numpy's interp).
+            let pos = (i as f64 / hop - 0.5).clamp(0.0, (frames - 1) as f64);
+            let t0 = pos.floor() as usize;
+            let t1 = (t0 + 1).min(frames - 1);
+            let amp = m[t0] + (m[t1] - m[t0]) * (pos - t0 as f64);
+            *o += amp * (w * i as f64 + b as f64).sin();
+        }
+    }
+    let peak = out.iter().fold(0.0f64, |p, v| p.max(v.abs()));
+    let scale = if peak > 0.0 { 0.9 / peak } else { 0.0 };
+    out.iter().map(|&v| (v * scale) as f32).collect()
 }

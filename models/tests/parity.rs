@@ -321,3 +321,40 @@ fn batched_step_conditioning_equals_one_time_at_a_time_bit_for_bit() {
     let e = m.step_conds(&context, &[f32::NAN]).unwrap_err();
     assert!(e.to_string().contains("finite"), "{e}");
 }
+
+/// The video weights load as a 3-D grid and decode to frames, each frame the image
+/// unpatchify of its own tokens (frame-major order, as `video_model.py` patchifies).
+#[test]
+fn video_weights_load_as_frames() {
+    use flashdiff_models::{Denoiser, Kind, TinyDit};
+    let path =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tinyvideo/tinyvideo.safetensors");
+    let m = TinyDit::load(&path, &candle_core::Device::Cpu).unwrap();
+    assert_eq!(m.kind(), Kind::Video);
+    let d = m.dims();
+    assert_eq!(
+        (d.grid.frames, d.grid.height, d.grid.width, d.channels),
+        (8, 4, 4, 192)
+    );
+    let latent: Vec<f32> = (0..128 * 192)
+        .map(|i| ((i % 97) as f32 / 48.0) - 1.0)
+        .collect();
+    let s = m.decode(&latent).unwrap();
+    assert_eq!((s.frames, s.width, s.height), (8, 32, 32));
+    for f in [0usize, 5] {
+        let want = flashdiff_models::unpatchify(&latent[f * 16 * 192..(f + 1) * 16 * 192], 4, 8);
+        assert_eq!(s.frame(f), &want[..]);
+    }
+    // Salient words: the model's own function words ("moving") are not.
+    let c = m
+        .condition("a red circle top left moving right on a blue background")
+        .unwrap();
+    let salient: Vec<&str> = c
+        .words
+        .iter()
+        .zip(&c.salient)
+        .filter(|(_, &s)| s)
+        .map(|(w, _)| w.as_str())
+        .collect();
+    assert_eq!(salient, ["red", "circle", "top", "left", "right", "blue"]);
+}

@@ -1,24 +1,54 @@
-"""Export a training checkpoint's EMA weights as the built-in model (safetensors, f32).
+"""Export a training checkpoint's EMA weights as a built-in model (safetensors, f32).
 
     python3 models/tinydit/export.py --ckpt RUN/ckpt.pt --out models/tinydit/tinydit.safetensors
+    python3 models/tinydit/export.py --kind video --ckpt RUN/ckpt.pt \
+        --out models/tinyvideo/tinyvideo.safetensors
+    python3 models/tinydit/export.py --kind audio --ckpt RUN/ckpt.pt \
+        --out models/tinyaudio/tinyaudio.safetensors
 
-The file carries its config and vocabulary in the safetensors metadata, and the fixed
-position table as the tensor `pos_embed`, so the Rust runtime needs nothing else.
+The file carries its kind, config and vocabulary in the safetensors metadata, the fixed
+position table as the tensor `pos_embed`, and for audio the decoder's constants, so the Rust
+runtime needs nothing else.
 """
 import argparse
 import json
+import os
+import sys
 
 import torch
 from safetensors.torch import save_file
 
-import shapes
-from model import Config, TinyDiT
+HERE = os.path.dirname(os.path.abspath(__file__))
 
 
-def load(ckpt_path, ema=True):
+def task(kind):
+    """(data module, model class, config class) of a kind of built-in model."""
+    if kind == "image":
+        import shapes
+        from model import Config, TinyDiT
+        return shapes, TinyDiT, Config
+    if kind == "video":
+        sys.path.insert(0, os.path.join(HERE, "..", "tinyvideo"))
+        import clips
+        from video_model import VideoConfig, VideoDiT
+        return clips, VideoDiT, VideoConfig
+    if kind == "audio":
+        sys.path.insert(0, os.path.join(HERE, "..", "tinyaudio"))
+        import sounds
+        from audio_model import AudioConfig, AudioDiT
+        return sounds, AudioDiT, AudioConfig
+    raise SystemExit(f"unknown kind {kind!r}: image, video or audio")
+
+
+def load(ckpt_path, ema=True, kind="image"):
+    _, Model, Cfg = task(kind)
     ck = torch.load(ckpt_path, weights_only=False, map_location="cpu")
-    cfg = Config(**ck["config"])
-    model = TinyDiT(cfg)
+    conf = dict(ck["config"])
+    frames = conf.pop("frames", None)
+    cfg = Cfg(**conf)
+    if frames is not None:
+        cfg.frames = frames
+    model = Model(cfg)
     model.load_state_dict(ck["ema" if ema else "model"])
     model.eval()
     return model, ck["step"]
@@ -28,9 +58,11 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--ckpt", required=True)
     ap.add_argument("--out", required=True)
+    ap.add_argument("--kind", default="image", choices=["image", "video", "audio"])
     ap.add_argument("--saliency-layers", default="", help="comma list; default: last half")
     args = ap.parse_args()
-    model, step = load(args.ckpt)
+    data, _, _ = task(args.kind)
+    model, step = load(args.ckpt, kind=args.kind)
     cfg = model.cfg
     tensors = {k: v.detach().float().contiguous() for k, v in model.state_dict().items()}
     tensors["pos_embed"] = model.pos_embed.float().contiguous()
@@ -39,15 +71,21 @@ def main():
     meta = {
         "format": "flashdiff-tinydit",
         "format_version": "1",
+        "kind": args.kind,
         "config": json.dumps(cfg.to_dict()),
-        "vocab": json.dumps(shapes.VOCAB),
-        "function_words": json.dumps(shapes.FUNCTION_WORDS),
+        "vocab": json.dumps(data.VOCAB),
+        "function_words": json.dumps(data.FUNCTION_WORDS),
         "saliency_layers": json.dumps(layers),
         "train_step": str(step),
     }
+    if args.kind == "audio":
+        meta["audio"] = json.dumps({
+            "rate": data.RATE, "hop": data.HOP, "db_floor": data.DB_FLOOR,
+            "centres": [float(c) for c in data.CENTRES],
+        })
     save_file(tensors, args.out, metadata=meta)
     n = sum(v.numel() for v in tensors.values())
-    print(f"wrote {args.out}: {len(tensors)} tensors, {n} floats, step {step}")
+    print(f"wrote {args.out}: {args.kind}, {len(tensors)} tensors, {n} floats, step {step}")
 
 
 if __name__ == "__main__":

@@ -56,7 +56,7 @@ use crate::proc::{Event, Order, Pool, Report as WorkerReport};
 use crate::state::{Layout, Region, SharedState};
 use flashdiff_models::scene::PromptError;
 use flashdiff_models::{
-    Denoiser, Device, Dims, ModelError, StepInput, Tensor, TinyDit, WeightsError,
+    Denoiser, Device, Dims, ModelError, Sample, StepInput, Tensor, TinyDit, WeightsError,
 };
 use std::sync::Arc;
 
@@ -433,8 +433,8 @@ impl Report {
 pub struct Output {
     /// Final latent (`tokens x patch_dim`, model space).
     pub latent: Vec<f32>,
-    /// RGB image in [0, 1], `IMAGE x IMAGE x 3`.
-    pub rgb: Vec<f32>,
+    /// The decoded sample: an image, a video's frames or a sound.
+    pub sample: Sample,
     /// The report.
     pub report: Report,
     /// The patch layout used.
@@ -631,9 +631,19 @@ pub fn state_dir() -> PathBuf {
 pub fn default_weights() -> PathBuf {
     std::env::var_os("FLASHDIFF_WEIGHTS")
         .map(PathBuf::from)
-        .unwrap_or_else(|| {
-            PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../models/tinydit/tinydit.safetensors")
-        })
+        .unwrap_or_else(|| builtin_weights("tinydit").expect("tinydit is built in"))
+}
+
+/// The built-in models, by name: image, video, audio.
+pub const BUILTIN_MODELS: [&str; 3] = ["tinydit", "tinyvideo", "tinyaudio"];
+
+/// The shipped weights of a built-in model (`models/NAME/NAME.safetensors` of the source
+/// tree this binary was built from); `None` for a name not in [`BUILTIN_MODELS`].
+pub fn builtin_weights(name: &str) -> Option<PathBuf> {
+    BUILTIN_MODELS.contains(&name).then(|| {
+        PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+            .join(format!("../models/{name}/{name}.safetensors"))
+    })
 }
 
 impl Engine {
@@ -1893,8 +1903,8 @@ impl Engine {
         let cfg = self.model.dims();
         let t0 = Instant::now();
         let latent = r.state.get(Region::X).to_vec();
-        let rgb = match self.model.decode(&latent) {
-            Ok(s) => s.rgb,
+        let sample = match self.model.decode(&latent) {
+            Ok(s) => s,
             Err(e) => {
                 self.finished.push(Err((id, e.into())));
                 return;
@@ -1927,7 +1937,7 @@ impl Engine {
         }
         self.finished.push(Ok(Output {
             latent,
-            rgb,
+            sample,
             report: r.report,
             layout,
         }));

@@ -7,7 +7,7 @@
 //! - [`exec`]: one monotask (a warm-up, a step's patches) on a request's state; what a worker
 //!   runs. [`proc`]: worker processes and the framed, validated rkyv control records.
 //!   [`state`]: the request state as named regions of one mapping (/dev/shm or anonymous).
-//! - [`image`]: PNG, PSNR, SSIM. Models (the `Denoiser` contract, TinyDiT, the prompt
+//! - [`image`]: PNG, PSNR, SSIM; [`media`]: GIF and WAV, video and sound metrics. Models (the `Denoiser` contract, TinyDiT, the prompt
 //!   language and checker) live in `flashdiff-models`, re-exported as [`models`].
 //!
 //! The `flashdiff` command lives in `server/`, the evaluation in `bench/`.
@@ -18,6 +18,7 @@ pub mod exec;
 #[cfg(feature = "fuzzing")]
 pub mod fuzzing;
 pub mod image;
+pub mod media;
 pub mod proc;
 pub mod state;
 

@@ -595,3 +595,48 @@ fn a_damaged_or_foreign_checkpoint_is_refused() {
     assert!(b.run(&mut |_, _, _| {})[0].is_ok());
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// The video model: a 3-D grid (8 frames of 4x4 tokens) partitioned into patches that may
+/// span frames, gated and scheduled like an image; the output is 8 frames, bit-identical for
+/// any worker count, and FlashDiff skips work.
+#[test]
+fn video_runs_on_its_3d_grid_and_is_identical_for_any_worker_count() {
+    use flashdiff_runtime::engine::builtin_weights;
+    use flashdiff_runtime::models::Kind;
+    let weights = builtin_weights("tinyvideo").unwrap();
+    let prompt = "a red circle top left moving right on a blue background";
+    let mut outs = Vec::new();
+    for workers in [1u32, 2] {
+        let mut e = Engine::new(&weights, workers).unwrap();
+        assert_eq!(e.model().kind(), Kind::Video);
+        let g = e.model().dims().grid;
+        assert_eq!((g.frames, g.height, g.width), (8, 4, 4));
+        outs.push(
+            e.generate(prompt, cfg(Mode::FlashDiff), &mut |_, _, _| {})
+                .unwrap(),
+        );
+    }
+    let o = &outs[0];
+    assert_eq!(
+        o.latent, outs[1].latent,
+        "latent differs between worker counts"
+    );
+    assert_eq!(
+        (o.sample.frames, o.sample.width, o.sample.height),
+        (8, 32, 32)
+    );
+    assert_eq!(o.sample.rgb.len(), 8 * 32 * 32 * 3);
+    assert!(o.report.computed < o.report.patch_steps, "nothing skipped");
+    // Every token has a patch, and some patch holds tokens of more than one frame or the
+    // patches cover every frame: the layout is over the whole 3-D grid.
+    let of = o.layout.patch_of();
+    assert_eq!(of.len(), 128);
+    let frames_of = |p: u32| {
+        let mut f: Vec<usize> = (0..128).filter(|&t| of[t] == p).map(|t| t / 16).collect();
+        f.dedup();
+        f
+    };
+    let covered: std::collections::BTreeSet<usize> =
+        (0..o.layout.patches()).flat_map(frames_of).collect();
+    assert_eq!(covered.len(), 8);
+}

@@ -605,7 +605,7 @@ fn finish_ok(hub: &Hub, o: Output) {
         return;
     };
     let report = report_json(&o);
-    let png = image::png(&o.rgb, IMAGE, IMAGE, j.scale);
+    let png = image::png(&o.sample.rgb, IMAGE, IMAGE, j.scale);
     // Saved and journaled before anyone can read "succeeded".
     if let Err(e) = journal(hub, |s| {
         s.save_result(id, &png, &report)?;

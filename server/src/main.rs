@@ -9,12 +9,14 @@ use std::process::ExitCode;
 
 use clap::{Args, Parser, Subcommand};
 use flashdiff_runtime::engine::{
-    default_weights, Engine, LayoutKind, Mode, Output, RequestConfig, DEFAULT_CACHE_THRESHOLD,
-    DEFAULT_PATCHES, DEFAULT_STEPS, DEFAULT_WARMUP, ENGINE_DEFAULT_EPSILON,
-    ENGINE_DEFAULT_MAX_SKIP,
+    builtin_weights, default_weights, Engine, LayoutKind, Mode, Output, RequestConfig,
+    BUILTIN_MODELS, DEFAULT_CACHE_THRESHOLD, DEFAULT_PATCHES, DEFAULT_STEPS, DEFAULT_WARMUP,
+    ENGINE_DEFAULT_EPSILON, ENGINE_DEFAULT_MAX_SKIP,
 };
-use flashdiff_runtime::image;
-use flashdiff_runtime::models::scene::{self, Verdict, IMAGE};
+use flashdiff_runtime::models::scene::{self, Verdict};
+use flashdiff_runtime::models::{clips, sounds};
+use flashdiff_runtime::models::{Kind, Sample};
+use flashdiff_runtime::{image, media};
 
 /// flashdiff: diffusion serving with semantic patches and selective refinement (CPU,
 /// built-in model).
@@ -49,10 +51,13 @@ enum Cmd {
 struct GenerateArgs {
     /// The prompt, quoted as one argument.
     prompt: String,
-    /// PNG path.
-    #[arg(short, long, default_value = "flashdiff.png")]
-    output: PathBuf,
-    /// Also run full computation from the same seed: PSNR, SSIM, checker for both.
+    /// Output path: a PNG for an image, an animated GIF for a video, a WAV for a sound
+    /// (default: flashdiff.png, .gif or .wav by the model's kind).
+    #[arg(short, long)]
+    output: Option<PathBuf>,
+    /// Also run full computation from the same seed: PSNR and SSIM (images), clip, worst
+    /// frame and temporal PSNR (video), SNR and log-spectral distance (sound); the checker
+    /// for both where the model has one.
     #[arg(long)]
     compare: bool,
     #[command(flatten)]
@@ -204,7 +209,10 @@ struct RunArgs {
     /// bit-identical either way).
     #[arg(long)]
     processes: bool,
-    /// Model file (default: the shipped models/tinydit/tinydit.safetensors).
+    /// Built-in model: tinydit (images), tinyvideo (8-frame clips), tinyaudio (2 s sounds).
+    #[arg(long, default_value = "tinydit", value_parser = BUILTIN_MODELS, conflicts_with = "weights")]
+    model: String,
+    /// Model file (default: the built-in --model's shipped weights).
     #[arg(long)]
     weights: Option<PathBuf>,
     /// Where the model runs: cpu, or cuda (GPU 0; needs a build with --features cuda and an
@@ -345,6 +353,49 @@ fn main() -> ExitCode {
     }
 }
 
+/// The built-in checker's verdict on a sample for its prompt, in words.
+fn checker_note(prompt: &str, sample: &Sample, kind: Kind) -> String {
+    let parts = |all: bool, named: &[(&str, bool)]| {
+        if all {
+            "all correct".to_string()
+        } else {
+            named
+                .iter()
+                .map(|(n, b)| format!("{n} {}", ok(*b)))
+                .collect::<Vec<_>>()
+                .join(", ")
+        }
+    };
+    let res = match kind {
+        Kind::Image => scene::parse(prompt).map(|s| verdict_text(scene::check(&sample.rgb, &s))),
+        Kind::Video => clips::parse(prompt).map(|c| {
+            let v = clips::check(&sample.rgb, &c);
+            parts(
+                v.all(),
+                &[
+                    ("background", v.background),
+                    ("objects present", v.present),
+                    ("start places", v.place),
+                    ("shapes", v.shape),
+                    ("motion", v.motion),
+                ],
+            )
+        }),
+        Kind::Audio => sounds::parse(prompt).map(|e| {
+            let v = sounds::check(&sample.audio, &e);
+            parts(
+                v.all(),
+                &[
+                    ("event count", v.count),
+                    ("kinds", v.kinds),
+                    ("pitches", v.pitches),
+                ],
+            )
+        }),
+    };
+    res.unwrap_or_else(|e| format!("not checked ({e})"))
+}
+
 fn verdict_text(v: Verdict) -> String {
     if v.all() {
         "all correct".into()
@@ -390,23 +441,105 @@ fn ms(d: std::time::Duration) -> f64 {
     d.as_secs_f64() * 1e3
 }
 
+/// The file extension a kind of sample is written as.
+fn extension(kind: Kind) -> &'static str {
+    match kind {
+        Kind::Image => "png",
+        Kind::Video => "gif",
+        Kind::Audio => "wav",
+    }
+}
+
+/// A sample as the bytes of its file: PNG (shown 8x), animated GIF (8x, 8 frames a second)
+/// or WAV.
+fn encode(sample: &Sample, kind: Kind) -> Result<Vec<u8>, String> {
+    match kind {
+        Kind::Image => Ok(image::png(&sample.rgb, sample.width, sample.height, 8)),
+        Kind::Video => media::gif(sample, 8, 12).map_err(|e| e.to_string()),
+        Kind::Audio => media::wav(sample).map_err(|e| e.to_string()),
+    }
+}
+
+fn describe(sample: &Sample, kind: Kind) -> String {
+    match kind {
+        Kind::Image => format!("{}x{} pixels, shown 8x", sample.width, sample.height),
+        Kind::Video => format!(
+            "{} frames of {}x{} pixels, shown 8x at 8 frames a second",
+            sample.frames, sample.width, sample.height
+        ),
+        Kind::Audio => format!(
+            "{:.2} s of mono sound at {} Hz",
+            sample.audio.len() as f64 / sample.sample_rate.max(1) as f64,
+            sample.sample_rate
+        ),
+    }
+}
+
+/// The output path: as given (its extension must match the model's kind), or
+/// flashdiff.png / .gif / .wav.
+fn output_path(given: Option<PathBuf>, kind: Kind) -> Result<PathBuf, String> {
+    let ext = extension(kind);
+    let Some(p) = given else {
+        return Ok(PathBuf::from(format!("flashdiff.{ext}")));
+    };
+    let got = p
+        .extension()
+        .and_then(|e| e.to_str())
+        .map(str::to_ascii_lowercase);
+    if got.as_deref() != Some(ext) {
+        return Err(format!(
+            "-o {}: this model makes {} {}, written as .{ext}; give a path ending in .{ext}",
+            p.display(),
+            if kind == Kind::Image { "an" } else { "a" },
+            match kind {
+                Kind::Image => "image",
+                Kind::Video => "video",
+                Kind::Audio => "sound",
+            }
+        ));
+    }
+    Ok(p)
+}
+
+/// The `--compare` line's quality part: `out` against full computation's `full`.
+fn quality_vs(out: &Sample, full: &Sample, kind: Kind) -> Result<String, String> {
+    Ok(match kind {
+        Kind::Image => format!(
+            "PSNR {:.2} dB, SSIM {:.4}",
+            image::psnr(&out.rgb, &full.rgb),
+            image::ssim(&out.rgb, &full.rgb, out.width, out.height)
+        ),
+        Kind::Video => {
+            let q = media::video_quality(out, full).map_err(|e| e.to_string())?;
+            format!(
+                "PSNR {:.2} dB over the clip, worst frame {:.2} dB, temporal (frame differences) {:.2} dB",
+                q.clip_psnr, q.worst_frame_psnr, q.temporal_psnr
+            )
+        }
+        Kind::Audio => {
+            let q = media::audio_quality(out, full).map_err(|e| e.to_string())?;
+            format!("SNR {:.2} dB, log-spectral distance {:.3} dB", q.snr, q.lsd)
+        }
+    })
+}
+
 fn generate(a: GenerateArgs) -> Result<(), String> {
     let patches = a.sampling.patches.map_or(Some(DEFAULT_PATCHES), |p| p.0);
     let cfg = a.knobs.request(a.sampling.steps, patches, a.sampling.seed);
     let prompt = a.prompt.clone();
-    let scene = scene::parse(&prompt).map_err(|e| e.to_string());
     let mut engine = make_engine(&a.run, 1)?;
+    let kind = engine.model().kind();
+    let output = output_path(a.output.clone(), kind)?;
     let out = engine
         .generate(&prompt, cfg.clone(), &mut progress_bar())
         .map_err(|e| e.to_string())?;
-    std::fs::write(&a.output, image::png(&out.rgb, IMAGE, IMAGE, 8))
-        .map_err(|e| format!("cannot write {}: {e}", a.output.display()))?;
+    std::fs::write(&output, encode(&out.sample, kind)?)
+        .map_err(|e| format!("cannot write {}: {e}", output.display()))?;
     let r = &out.report;
     println!(
-        "wrote {} ({}x{} pixels, shown 8x)",
-        a.output.display(),
-        IMAGE,
-        IMAGE
+        "wrote {} ({})",
+        output.display(),
+        describe(&out.sample, kind)
     );
     println!(
         "mode {:?}, {} steps ({} warm-up), {} patches, seed {}",
@@ -437,10 +570,7 @@ fn generate(a: GenerateArgs) -> Result<(), String> {
         ms(t.compute),
         ms(t.queue)
     );
-    let grammar_note = |v: &Output| match &scene {
-        Ok(s) => verdict_text(scene::check(&v.rgb, s)),
-        Err(e) => format!("not checked ({e})"),
-    };
+    let grammar_note = |v: &Output| checker_note(&prompt, &v.sample, kind);
     let control = t.partition + t.gate + t.schedule;
     println!(
         "control plane (partition + gate + scheduler): {:.2} ms = {:.3}% of model time",
@@ -458,9 +588,8 @@ fn generate(a: GenerateArgs) -> Result<(), String> {
             .generate(&prompt, full_cfg, &mut |_, _, _| {})
             .map_err(|e| e.to_string())?;
         println!(
-            "vs full computation: PSNR {:.2} dB, SSIM {:.4}; full took {:.0} ms ({:.2}x); full checker: {}",
-            image::psnr(&out.rgb, &full.rgb),
-            image::ssim(&out.rgb, &full.rgb, IMAGE, IMAGE),
+            "vs full computation: {}; full took {:.0} ms ({:.2}x); full checker: {}",
+            quality_vs(&out.sample, &full.sample, kind)?,
             ms(full.report.latency),
             full.report.latency.as_secs_f64() / r.latency.as_secs_f64(),
             grammar_note(&full)
@@ -499,6 +628,20 @@ fn serve(o: ServeArgs) -> Result<(), String> {
     );
     if let Some(port) = o.port {
         let mut engine = make_engine(&o.run, cores())?;
+        let kind = engine.model().kind();
+        if kind != Kind::Image {
+            return Err(format!(
+                "serve --port returns images (OpenAI's image API); --model {} makes a {}: \
+                 serve it as JSON lines (without --port), which writes .{} files",
+                o.run.model,
+                if kind == Kind::Video {
+                    "video"
+                } else {
+                    "sound"
+                },
+                extension(kind)
+            ));
+        }
         engine.validate(&base).map_err(|e| e.to_string())?;
         engine
             .set_queue_order(queue_order(&o.order))
@@ -535,6 +678,7 @@ fn serve_lines(o: ServeArgs, base: RequestConfig) -> Result<(), String> {
         }
     };
     let mut engine = make_engine(&o.run, cores())?;
+    let kind = engine.model().kind();
     engine
         .set_queue_order(queue_order(&o.order))
         .map_err(|e| e.to_string())?;
@@ -613,7 +757,7 @@ fn serve_lines(o: ServeArgs, base: RequestConfig) -> Result<(), String> {
         engine.poll(&mut |_, _, _| {}, std::time::Duration::from_millis(5));
         for r in engine.take_finished() {
             served += r.is_ok() as u32;
-            let line = result_line(r, &mut prompts, o.out_dir.as_deref())?;
+            let line = result_line(r, &mut prompts, o.out_dir.as_deref(), kind)?;
             writeln!(out, "{line}")
                 .and_then(|_| out.flush())
                 .map_err(|e| e.to_string())?;
@@ -628,19 +772,21 @@ fn serve_lines(o: ServeArgs, base: RequestConfig) -> Result<(), String> {
     Ok(())
 }
 
-/// The JSON line of a finished request (its PNG written into `out_dir` when given).
+/// The JSON line of a finished request (its PNG, GIF or WAV written into `out_dir` when
+/// given).
 fn result_line(
     r: Result<Output, (u64, flashdiff_runtime::engine::EngineError)>,
     prompts: &mut std::collections::HashMap<u64, String>,
     out_dir: Option<&std::path::Path>,
+    kind: Kind,
 ) -> Result<String, String> {
     Ok(match r {
         Ok(o2) => {
             let rep = &o2.report;
             let prompt = prompts.remove(&rep.id).unwrap_or_default();
-            let checker = match scene::parse(&prompt) {
-                Ok(s) => {
-                    let v = scene::check(&o2.rgb, &s);
+            let checker = match scene::parse(&prompt).ok().filter(|_| kind == Kind::Image) {
+                Some(s) => {
+                    let v = scene::check(&o2.sample.rgb, &s);
                     format!(
                         "{{\"background\":{},\"present\":{},\"shape\":{},\"all\":{}}}",
                         v.background,
@@ -649,12 +795,12 @@ fn result_line(
                         v.all()
                     )
                 }
-                Err(_) => "null".into(),
+                None => "null".into(),
             };
             let image = match out_dir {
                 Some(d) => {
-                    let p = d.join(format!("{}.png", rep.id));
-                    std::fs::write(&p, image::png(&o2.rgb, IMAGE, IMAGE, 8))
+                    let p = d.join(format!("{}.{}", rep.id, extension(kind)));
+                    std::fs::write(&p, encode(&o2.sample, kind)?)
                         .map_err(|e| format!("cannot write {}: {e}", p.display()))?;
                     json_str(&p.display().to_string())
                 }
@@ -799,8 +945,17 @@ fn cores() -> u32 {
     std::thread::available_parallelism().map_or(1, |n| n.get().min(1024) as u32)
 }
 
+/// `--weights`, else the built-in `--model`'s (TinyDiT's honours `$FLASHDIFF_WEIGHTS`).
+fn weights_path(o: &RunArgs) -> PathBuf {
+    match &o.weights {
+        Some(w) => w.clone(),
+        None if o.model == "tinydit" => default_weights(),
+        None => builtin_weights(&o.model).unwrap_or_else(default_weights),
+    }
+}
+
 fn make_engine(o: &RunArgs, default_workers: u32) -> Result<Engine, String> {
-    let weights = o.weights.clone().unwrap_or_else(default_weights);
+    let weights = weights_path(o);
     let workers = o.workers.unwrap_or(default_workers);
     let cuda = o.device == "cuda";
     let device = flashdiff_runtime::models::device(cuda)
@@ -826,6 +981,13 @@ fn make_engine(o: &RunArgs, default_workers: u32) -> Result<Engine, String> {
 
 /// `flashdiff bench`.
 fn bench(a: BenchArgs) -> Result<(), String> {
+    if a.run.model != "tinydit" {
+        return Err(format!(
+            "bench --model {}: the bench measures the image model only so far; compare video \
+             and sound with `generate --model {} --compare`",
+            a.run.model, a.run.model
+        ));
+    }
     let base = a.knobs.request(a.steps, None, 0);
     let cfg = flashdiff_bench::BenchConfig {
         prompts: a.prompts.unwrap_or(if a.quick { 8 } else { 64 }),
@@ -840,7 +1002,7 @@ fn bench(a: BenchArgs) -> Result<(), String> {
             };
             (e, args)
         }),
-        weights: a.run.weights.clone().unwrap_or_else(default_weights),
+        weights: weights_path(&a.run),
     };
     let out = a.out_dir;
     let mut engine = make_engine(&a.run, cores())?;

@@ -58,6 +58,114 @@ fn generate_writes_a_png_and_a_report() {
 }
 
 #[test]
+fn generate_video_writes_an_animated_gif_and_compares_frames() {
+    let dir = std::env::temp_dir().join(format!("flashdiff-cli-video-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let gif_path = dir.join("clip.gif");
+    let out = flashdiff()
+        .args([
+            "generate",
+            "--model",
+            "tinyvideo",
+            "a red circle top left moving right on a blue background",
+            "--steps",
+            "10",
+            "--warmup",
+            "2",
+            "--patches",
+            "4",
+            "--compare",
+            "-o",
+        ])
+        .arg(&gif_path)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    for needle in [
+        "8 frames of 32x32 pixels",
+        "patch-steps computed",
+        "checker: ",
+        "worst frame",
+        "temporal (frame differences)",
+    ] {
+        assert!(
+            stdout.contains(needle),
+            "report lacks {needle:?}:\n{stdout}"
+        );
+    }
+    let bytes = std::fs::read(&gif_path).unwrap();
+    let mut d = gif::DecodeOptions::new().read_info(&bytes[..]).unwrap();
+    assert_eq!((d.width(), d.height()), (256, 256));
+    let mut frames = 0;
+    while d.read_next_frame().unwrap().is_some() {
+        frames += 1;
+    }
+    assert_eq!(frames, 8);
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+#[test]
+fn the_model_and_its_output_must_agree() {
+    let cases: &[(&[&str], &str)] = &[
+        (
+            &["generate", "--model", "tinyvideo", "x", "-o", "clip.png"],
+            "give a path ending in .gif",
+        ),
+        (
+            &["generate", "--model", "tinydit", "x", "-o", "img.gif"],
+            "give a path ending in .png",
+        ),
+        (
+            &[
+                "generate",
+                "--model",
+                "tinyvideo",
+                "a red circle top left moving sideways on a blue background",
+            ],
+            "\"sideways\"",
+        ),
+        (
+            &["generate", "--model", "wan", "x"],
+            "invalid value 'wan' for '--model <MODEL>'",
+        ),
+        (
+            &[
+                "generate",
+                "--model",
+                "tinyvideo",
+                "--weights",
+                "w.safetensors",
+                "x",
+            ],
+            "cannot be used with",
+        ),
+        (
+            &[
+                "serve",
+                "--port",
+                "0",
+                "--model",
+                "tinyvideo",
+                "--ephemeral",
+            ],
+            "serve it as JSON lines",
+        ),
+        (&["bench", "--model", "tinyvideo"], "image model only"),
+    ];
+    for (args, needle) in cases {
+        let out = flashdiff().args(*args).output().unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {err}");
+        assert!(err.contains(needle), "{args:?}: {err:?} lacks {needle:?}");
+    }
+}
+
+#[test]
 fn bad_arguments_name_the_problem() {
     let cases: &[(&[&str], &str)] = &[
         (
