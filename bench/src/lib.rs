@@ -6,6 +6,7 @@
 //! style (uniform patches, displaced K/V, no skipping), whole-step caching (TeaCache-style),
 //! FlashDiff, and two ablations (no gate; uniform patches).
 
+pub mod media;
 mod serving;
 mod wall_time;
 

@@ -363,17 +363,29 @@ pub fn prompt_text(scene: &Scene) -> String {
     )
 }
 
-/// A random scene like the training data's (1-2 objects, colours unlike the background,
-/// distinct cells), from a seed: held-out prompts for evaluation.
-pub fn sample(seed: u64) -> Scene {
-    let mut s = seed ^ 0xA076_1D64_78BD_642F;
-    let mut next = |n: usize| {
-        s = s.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = s;
+/// The samplers' random numbers (SplitMix64): the same seed gives the same prompts.
+pub(crate) struct Draw(u64);
+
+impl Draw {
+    pub(crate) fn new(seed: u64) -> Self {
+        Self(seed ^ 0xA076_1D64_78BD_642F)
+    }
+
+    /// A number in `0..n` (`n >= 1`).
+    pub(crate) fn below(&mut self, n: usize) -> usize {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
         z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
         z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
         ((z ^ (z >> 31)) % n as u64) as usize
-    };
+    }
+}
+
+/// A random scene like the training data's (1-2 objects, colours unlike the background,
+/// distinct cells), from a seed: held-out prompts for evaluation.
+pub fn sample(seed: u64) -> Scene {
+    let mut draw = Draw::new(seed);
+    let mut next = |n: usize| draw.below(n);
     let background = next(COLOURS.len());
     let count = 1 + next(2);
     let mut objects: Vec<Object> = Vec::new();

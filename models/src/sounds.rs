@@ -53,6 +53,28 @@ pub fn parse(prompt: &str) -> Result<Vec<Event>, PromptError> {
     Ok(events)
 }
 
+/// The prompt of a sequence of events, in the training data's words.
+pub fn prompt_text(events: &[Event]) -> String {
+    events
+        .iter()
+        .map(|e| format!("a {} {}", PITCHES[e.pitch].0, KINDS[e.kind]))
+        .collect::<Vec<_>>()
+        .join(" then ")
+}
+
+/// Random events like the training data's (one or two), from a seed: held-out prompts for
+/// the bench.
+pub fn sample(seed: u64) -> Vec<Event> {
+    let mut d = scene::Draw::new(seed);
+    let n = 1 + d.below(2);
+    (0..n)
+        .map(|_| Event {
+            kind: d.below(KINDS.len()),
+            pitch: d.below(PITCHES.len()),
+        })
+        .collect()
+}
+
 /// Magnitude spectra (`n / 2 + 1` bins) of Hann-windowed (numpy's symmetric `hanning`)
 /// `n`-sample frames, frame `i` centred on sample `centre(i)`, for `i` in `0..frames`;
 /// samples outside the signal are zero.
@@ -301,6 +323,15 @@ mod tests {
             "a high beep then",
         ] {
             assert!(parse(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn sampled_events_round_trip_through_their_prompts() {
+        for seed in 0..100 {
+            let e = sample(seed);
+            assert!((1..=2).contains(&e.len()));
+            assert_eq!(parse(&prompt_text(&e)).unwrap(), e, "seed {seed}");
         }
     }
 

@@ -31,6 +31,34 @@ def object_tokens(img, colour, pos, grid=8, patch=4):
 
 
 @torch.no_grad()
+def sample_with_attention(model, x, ids, steps, warmup, layers, batch=64):
+    """Euler sampling of noise `x` (n x tokens x values) for prompts `ids`, in batches;
+    returns the final latents, the cross-attention (n x tokens x words, averaged over heads
+    and the saliency `layers`) averaged over the `warmup` first steps and at the last step,
+    and the seconds it took."""
+    h = 1.0 / steps
+    outs, warms, lasts = [], [], []
+    t0 = time.time()
+    for b in range(0, x.shape[0], batch):
+        xb, ib = x[b:b + batch].clone(), ids[b:b + batch]
+        warm = torch.zeros(xb.shape[0], xb.shape[1], ib.shape[1])
+        last = None
+        for n in range(steps):
+            t = torch.full((xb.shape[0],), 1.0 - n * h)
+            probs = []
+            v = model(xb, t, ib, probs=probs)
+            cross = torch.stack([probs[l][1].mean(1) for l in layers]).mean(0)
+            if n < warmup:
+                warm += cross / warmup
+            last = cross
+            xb = xb - h * v
+        outs.append(xb)
+        warms.append(warm)
+        lasts.append(last)
+    return torch.cat(outs), torch.cat(warms), torch.cat(lasts), time.time() - t0
+
+
+@torch.no_grad()
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--weights", required=True)
@@ -51,20 +79,8 @@ def main():
     ids = torch.tensor([shapes.tokenize(shapes.prompt_text(*s)) for s in scenes])
     gen = torch.Generator().manual_seed(args.seed)
     x = torch.randn(args.n, 64, model.cfg.patch_dim, generator=gen)
-    h = 1.0 / args.steps
-    warm = torch.zeros(args.n, 64, ids.shape[1])
-    last = None
-    t0 = time.time()
-    for n in range(args.steps):
-        t = torch.full((args.n,), 1.0 - n * h)
-        probs = []
-        v = model(x, t, ids, probs=probs)
-        cross = torch.stack([probs[l][1].mean(1) for l in layers]).mean(0)  # n x 64 x 16
-        if n < args.warmup:
-            warm += cross / args.warmup
-        last = cross
-        x = x - h * v
-    elapsed = time.time() - t0
+    x, warm, last, elapsed = sample_with_attention(model, x, ids, args.steps, args.warmup,
+                                                   layers)
     imgs = model.unpatchify(x).clamp(-1, 1).numpy()
     verdicts = [shapes.check(imgs[i], *scenes[i]) for i in range(args.n)]
     ratios = {"warmup": [], "last": []}

@@ -54,6 +54,28 @@ def load(ckpt_path, ema=True, kind="image"):
     return model, ck["step"]
 
 
+def load_weights(path):
+    """A built-in model from its exported safetensors file (any kind), in eval mode, and the
+    file's metadata."""
+    from safetensors import safe_open
+    from safetensors.torch import load_file
+    with safe_open(path, "pt") as f:
+        meta = f.metadata()
+    kind = meta.get("kind", "image")
+    _, Model, Cfg = task(kind)
+    conf = json.loads(meta["config"])
+    frames = conf.pop("frames", None)
+    cfg = Cfg(**conf)
+    if frames is not None:
+        cfg.frames = frames
+    model = Model(cfg)
+    sd = load_file(path)
+    sd.pop("pos_embed")
+    model.load_state_dict(sd)
+    model.eval()
+    return model, meta
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--ckpt", required=True)

@@ -1768,10 +1768,12 @@ impl Engine {
     /// step (the `ras_ratio` share), patch 1 = the rest, which runs only on dense steps.
     fn ras_select(model: &dyn Denoiser, r: &mut Request, final_full: bool) -> Result<(), String> {
         let dims = model.dims();
-        if dims.grid.frames != 1 || dims.grid.height != dims.grid.width {
-            return Err("RAS-style regions need a square image grid".into());
-        }
-        let (g, pd) = (dims.grid.width, dims.channels);
+        let (frames, h, w, pd) = (
+            dims.grid.frames,
+            dims.grid.height,
+            dims.grid.width,
+            dims.channels,
+        );
         let n = r.cfg.steps as f32;
         let dense = final_full
             || [0.45f32, 0.8]
@@ -1779,7 +1781,7 @@ impl Engine {
                 .any(|f| r.step == (f * n).round() as u32);
         let v = r.state.get(Region::V);
         // Score of a token: spread over its channels of the velocity's last change.
-        let score: Vec<f32> = (0..g * g)
+        let score: Vec<f32> = (0..frames * h * w)
             .map(|t| {
                 let cur = &v[t * pd..(t + 1) * pd];
                 let diff: Vec<f32> = match &r.ras_prev {
@@ -1794,36 +1796,35 @@ impl Engine {
                 (diff.iter().map(|x| (x - m) * (x - m)).sum::<f32>() / pd as f32).sqrt()
             })
             .collect();
-        let rg = g.div_ceil(2);
-        let mut regions: Vec<(f32, usize)> = (0..rg * rg)
-            .map(|q| {
-                let (qy, qx) = (q / rg, q % rg);
-                let toks: Vec<usize> = [(0, 0), (0, 1), (1, 0), (1, 1)]
-                    .iter()
-                    .map(|(dy, dx)| (2 * qy + dy, 2 * qx + dx))
-                    .filter(|&(y, x)| y < g && x < g)
-                    .map(|(y, x)| y * g + x)
-                    .collect();
-                (
-                    toks.iter().map(|&t| score[t]).sum::<f32>() / toks.len() as f32,
-                    q,
-                )
-            })
+        // Regions: 2x2 tokens within a frame (2 consecutive tokens on a one-row grid).
+        let (bh, bw) = (2.min(h), 2.min(w));
+        let (rh, rw) = (h.div_ceil(bh), w.div_ceil(bw));
+        let region_of = |t: usize| {
+            let (f, y, x) = (t / (h * w), (t / w) % h, t % w);
+            (f * rh + y / bh) * rw + x / bw
+        };
+        let count = frames * rh * rw;
+        if count < 2 {
+            return Err("RAS-style needs a latent of at least two regions".into());
+        }
+        let (mut sum, mut members) = (vec![0.0f32; count], vec![0usize; count]);
+        for (t, &sc) in score.iter().enumerate() {
+            sum[region_of(t)] += sc;
+            members[region_of(t)] += 1;
+        }
+        let mut regions: Vec<(f32, usize)> = (0..count)
+            .map(|q| (sum[q] / members[q].max(1) as f32, q))
             .collect();
         regions.sort_by(|a, b| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1)));
-        let keep =
-            ((r.cfg.ras_ratio * regions.len() as f32).round() as usize).clamp(1, regions.len() - 1);
-        let mut patch_of = vec![1u32; g * g];
+        let keep = ((r.cfg.ras_ratio * count as f32).round() as usize).clamp(1, count - 1);
+        let mut kept = vec![false; count];
         for &(_, q) in &regions[..keep] {
-            let (qy, qx) = (q / rg, q % rg);
-            for (dy, dx) in [(0, 0), (0, 1), (1, 0), (1, 1)] {
-                let (y, x) = (2 * qy + dy, 2 * qx + dx);
-                if y < g && x < g {
-                    patch_of[y * g + x] = 0;
-                }
-            }
+            kept[q] = true;
         }
-        let grid = Grid::image(g as u32, g as u32).map_err(|e| e.to_string())?;
+        let patch_of: Vec<u32> = (0..frames * h * w)
+            .map(|t| u32::from(!kept[region_of(t)]))
+            .collect();
+        let grid = Grid::new(frames as u32, h as u32, w as u32).map_err(|e| e.to_string())?;
         for (dst, &p) in r.state.get_mut(Region::PatchOf).iter_mut().zip(&patch_of) {
             *dst = p as f32;
         }

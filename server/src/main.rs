@@ -981,13 +981,6 @@ fn make_engine(o: &RunArgs, default_workers: u32) -> Result<Engine, String> {
 
 /// `flashdiff bench`.
 fn bench(a: BenchArgs) -> Result<(), String> {
-    if a.run.model != "tinydit" {
-        return Err(format!(
-            "bench --model {}: the bench measures the image model only so far; compare video \
-             and sound with `generate --model {} --compare`",
-            a.run.model, a.run.model
-        ));
-    }
     let base = a.knobs.request(a.steps, None, 0);
     let cfg = flashdiff_bench::BenchConfig {
         prompts: a.prompts.unwrap_or(if a.quick { 8 } else { 64 }),
@@ -996,10 +989,10 @@ fn bench(a: BenchArgs) -> Result<(), String> {
         patches: a.patches,
         base,
         exe: std::env::current_exe().ok().map(|e| {
-            let args = match &a.run.weights {
-                Some(w) => vec!["--weights".to_string(), w.display().to_string()],
-                None => Vec::new(),
-            };
+            let args = vec![
+                "--weights".to_string(),
+                weights_path(&a.run).display().to_string(),
+            ];
             (e, args)
         }),
         weights: weights_path(&a.run),
@@ -1014,9 +1007,11 @@ fn bench(a: BenchArgs) -> Result<(), String> {
         })
         .map_err(|e| e.to_string())?;
     let t0 = std::time::Instant::now();
-    let report = flashdiff_bench::run(&mut engine, &cfg, &out, &mut |m| {
-        eprintln!("[{:>5.0}s] {m}", t0.elapsed().as_secs_f64())
-    })
+    let mut progress = |m: &str| eprintln!("[{:>5.0}s] {m}", t0.elapsed().as_secs_f64());
+    let report = match engine.model().kind() {
+        Kind::Image => flashdiff_bench::run(&mut engine, &cfg, &out, &mut progress),
+        _ => flashdiff_bench::media::run(&mut engine, &cfg, &out, &mut progress),
+    }
     .map_err(|e| e.to_string())?;
     println!("{report}");
     println!(
