@@ -2,12 +2,16 @@
 to agree with: models/src/clips.rs against models/tinyvideo/clips.py, models/src/sounds.rs
 against models/tinyaudio/sounds.py.
 
-    python3 models/checkers/golden.py --out models/checkers/golden.safetensors
+    python3 models/checkers/golden.py --out models/checkers/golden.safetensors \
+        --decode-out models/checkers/decode_golden.safetensors
 
 Samples are training-data renders (with the data's jitter), half of them drawn from a
 changed scene (another background, motion, shape or place; other events, or two swapped)
 and checked against the original prompt, so that both verdicts occur. Samples are stored as
 f16 and the Python verdicts are taken on the f16-rounded values the Rust test reads.
+
+--decode-out also writes sounds.decode of a fixed latent (tokens x bands, silent for its
+first 10 frames), for the Rust additive synthesis (models/src/tinydit.rs) to match.
 """
 import argparse
 import json
@@ -85,12 +89,24 @@ def audio(rng, n):
     return np.stack(xs), prompts, verdicts
 
 
+def decode_golden(path):
+    rng = np.random.default_rng(3)
+    lat = np.clip(rng.normal(-0.6, 0.5, (sounds.BANDS, sounds.FRAMES)), -1, 1).astype(np.float32)
+    lat[:, :10] = -1.0
+    wave = sounds.decode(lat.astype(np.float64)).astype(np.float32)
+    save_file({"latent": torch.from_numpy(lat.T.copy()), "wave": torch.from_numpy(wave)}, path,
+              metadata={"what": "sounds.decode of latent (tokens x bands)"})
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", required=True)
     ap.add_argument("--n", type=int, default=48)
     ap.add_argument("--seed", type=int, default=5)
+    ap.add_argument("--decode-out", default="")
     args = ap.parse_args()
+    if args.decode_out:
+        decode_golden(args.decode_out)
     rng = np.random.default_rng(args.seed)
     vx, vp, vv = video(rng, args.n)
     ax, ap_, av = audio(rng, args.n)

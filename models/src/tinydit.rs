@@ -55,9 +55,9 @@ pub struct AudioSpec {
     /// Samples per latent frame.
     pub hop: usize,
     /// Latent -1 is this many dB (and silence below it); latent 1 is 0 dB.
-    pub db_floor: f32,
-    /// Centre frequency of each band, Hz.
-    pub centres: Vec<f32>,
+    pub db_floor: f64,
+    /// Centre frequency of each band, Hz (f64: the phase of a 2-second sine needs it).
+    pub centres: Vec<f64>,
 }
 
 impl Config {
@@ -831,8 +831,8 @@ pub fn synthesize(latent: &[f32], a: &AudioSpec) -> Vec<f32> {
     let n = frames * a.hop;
     let mag = |t: usize, b: usize| -> f64 {
         let x = latent[t * bands + b].clamp(-1.0, 1.0) as f64;
-        let db = (x + 1.0) / 2.0 * -(a.db_floor as f64) + a.db_floor as f64;
-        if db <= a.db_floor as f64 + 1e-6 {
+        let db = (x + 1.0) / 2.0 * -a.db_floor + a.db_floor;
+        if db <= a.db_floor + 1e-6 {
             0.0
         } else {
             10f64.powf(db / 20.0)
@@ -845,7 +845,7 @@ pub fn synthesize(latent: &[f32], a: &AudioSpec) -> Vec<f32> {
         if m.iter().all(|&v| v <= 0.0) {
             continue;
         }
-        let w = 2.0 * std::f64::consts::PI * f as f64 / a.rate as f64;
+        let w = 2.0 * std::f64::consts::PI * f / a.rate as f64;
         for (i, o) in out.iter_mut().enumerate() {
             // Frame centres sit at (t + 0.5) hop; before the first and after the last the
             // amplitude holds (numpy's interp).

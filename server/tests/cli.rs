@@ -157,11 +157,64 @@ fn bench_measures_the_video_model_against_every_baseline() {
 }
 
 #[test]
+fn generate_audio_writes_a_wav_and_compares_the_sound() {
+    let dir = std::env::temp_dir().join(format!("flashdiff-cli-audio-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let wav = dir.join("sound.wav");
+    let out = flashdiff()
+        .args([
+            "generate",
+            "--model",
+            "tinyaudio",
+            "a high beep then a low hum",
+            "--steps",
+            "10",
+            "--warmup",
+            "2",
+            "--patches",
+            "4",
+            "--compare",
+            "-o",
+        ])
+        .arg(&wav)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    for needle in [
+        "2.05 s of mono sound at 8000 Hz",
+        "patch-steps computed",
+        "checker: ",
+        "SNR",
+        "log-spectral distance",
+    ] {
+        assert!(
+            stdout.contains(needle),
+            "report lacks {needle:?}:\n{stdout}"
+        );
+    }
+    let bytes = std::fs::read(&wav).unwrap();
+    assert_eq!(&bytes[..4], b"RIFF");
+    assert_eq!(&bytes[8..12], b"WAVE");
+    // 16-bit mono: a 44-byte header and two bytes a sample.
+    assert_eq!(bytes.len(), 44 + 2 * 16384);
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+#[test]
 fn the_model_and_its_output_must_agree() {
     let cases: &[(&[&str], &str)] = &[
         (
             &["generate", "--model", "tinyvideo", "x", "-o", "clip.png"],
             "give a path ending in .gif",
+        ),
+        (
+            &["generate", "--model", "tinyaudio", "x", "-o", "clip.gif"],
+            "give a path ending in .wav",
         ),
         (
             &["generate", "--model", "tinydit", "x", "-o", "img.gif"],
