@@ -34,7 +34,8 @@ enum Cmd {
     /// JSON-lines requests in, JSON-lines results out. Each line is an object such as
     /// {"id": 1, "prompt": "...", "seed": 0, "priority": 0, "steps": 50, "warmup": 5,
     /// "patches": 8, "epsilon": 0.1, "adaptive_epsilon": false, "max_skip": 3, "mode": "flashdiff", "reuse":
-    /// "extrapolate", "monotasks": 1}; only "prompt" is required.
+    /// "extrapolate", "monotasks": 1, "model": "tinyvideo"}; only "prompt" is required. A
+    /// "model" other than the server's starts that built-in model's engine on first use.
     Serve(ServeArgs),
     /// FlashDiff against the other ways to serve the model.
     Bench(BenchArgs),
@@ -677,11 +678,9 @@ fn serve_lines(o: ServeArgs, base: RequestConfig) -> Result<(), String> {
             Some(std::fs::File::open(p).map_err(|e| format!("cannot read {}: {e}", p.display()))?)
         }
     };
-    let mut engine = make_engine(&o.run, cores())?;
-    let kind = engine.model().kind();
-    engine
-        .set_queue_order(queue_order(&o.order))
-        .map_err(|e| e.to_string())?;
+    // The server's own model first; a line naming another built-in model starts an engine
+    // for it on first use (each with its own workers).
+    let mut engines = vec![ModelEngine::start(&o, None)?];
     // Lines are read on their own thread, so a request starts as soon as its line arrives
     // and results are written as they finish, while later lines are still being typed.
     let (tx, rx) = std::sync::mpsc::channel::<Result<String, String>>();
@@ -703,13 +702,16 @@ fn serve_lines(o: ServeArgs, base: RequestConfig) -> Result<(), String> {
     });
     let stdout = std::io::stdout();
     let mut out = stdout.lock();
-    let mut prompts = std::collections::HashMap::new();
+    // Prompt and model of every request in flight (ids are unique across models).
+    let mut prompts: std::collections::HashMap<u64, (String, usize)> =
+        std::collections::HashMap::new();
     let (wall0, cpu0) = (std::time::Instant::now(), cpu_time());
     let (mut n, mut served, mut open) = (0usize, 0u32, true);
     loop {
         // Admit every line that has arrived; wait for one only when nothing runs.
         loop {
-            let msg = if engine.in_flight() == 0 && open {
+            let in_flight: usize = engines.iter().map(|e| e.engine.in_flight()).sum();
+            let msg = if in_flight == 0 && open {
                 rx.recv()
                     .map_err(|_| std::sync::mpsc::TryRecvError::Disconnected)
             } else {
@@ -729,13 +731,22 @@ fn serve_lines(o: ServeArgs, base: RequestConfig) -> Result<(), String> {
             }
             let fallback_id = n as u64;
             let outcome = match parse_request(&line, &base, fallback_id) {
-                Ok((id, prompt, cfg)) => match engine.submit(id, &prompt, cfg) {
-                    Ok(()) => {
-                        prompts.insert(id, prompt);
-                        None
+                Ok((id, _, _, _)) if prompts.contains_key(&id) => Some((
+                    id,
+                    format!("line {n}: request id {id} is already in flight"),
+                )),
+                Ok((id, prompt, cfg, model)) => {
+                    match engine_for(&mut engines, &o, model.as_deref()) {
+                        Ok(i) => match engines[i].engine.submit(id, &prompt, cfg) {
+                            Ok(()) => {
+                                prompts.insert(id, (prompt, i));
+                                None
+                            }
+                            Err(e) => Some((id, e.to_string())),
+                        },
+                        Err(e) => Some((id, format!("line {n}: {e}"))),
                     }
-                    Err(e) => Some((id, e.to_string())),
-                },
+                }
                 Err(e) => Some((fallback_id, format!("line {n}: {e}"))),
             };
             if let Some((id, e)) = outcome {
@@ -748,42 +759,97 @@ fn serve_lines(o: ServeArgs, base: RequestConfig) -> Result<(), String> {
                 .map_err(|e| e.to_string())?;
             }
         }
-        if engine.in_flight() == 0 {
+        if engines.iter().all(|e| e.engine.in_flight() == 0) {
             if open {
                 continue;
             }
             break;
         }
-        engine.poll(&mut |_, _, _| {}, std::time::Duration::from_millis(5));
-        for r in engine.take_finished() {
-            served += r.is_ok() as u32;
-            let line = result_line(r, &mut prompts, o.out_dir.as_deref(), kind)?;
-            writeln!(out, "{line}")
-                .and_then(|_| out.flush())
-                .map_err(|e| e.to_string())?;
+        for m in engines.iter_mut().filter(|m| m.engine.in_flight() > 0) {
+            m.engine
+                .poll(&mut |_, _, _| {}, std::time::Duration::from_millis(5));
+            for r in m.engine.take_finished() {
+                served += r.is_ok() as u32;
+                let line = result_line(r, &mut prompts, o.out_dir.as_deref(), m.kind)?;
+                writeln!(out, "{line}")
+                    .and_then(|_| out.flush())
+                    .map_err(|e| e.to_string())?;
+            }
         }
     }
     let (wall, cpu) = (wall0.elapsed().as_secs_f64(), cpu_time() - cpu0);
     eprintln!(
-        "served {served} requests on {} worker(s) in {wall:.2} s wall, {cpu:.2} s CPU (CPU/wall {:.2})",
-        engine.workers(),
-        cpu / wall.max(1e-9)
+        "served {served} requests on {} worker(s) in {wall:.2} s wall, {cpu:.2} s CPU (CPU/wall {:.2}){}",
+        engines[0].engine.workers(),
+        cpu / wall.max(1e-9),
+        if engines.len() > 1 {
+            format!("; {} models, each with its own workers", engines.len())
+        } else {
+            String::new()
+        }
     );
     Ok(())
+}
+
+/// One model's engine in a JSON-lines server.
+struct ModelEngine {
+    /// The built-in model's name (`None`: the server's own, from --model or --weights).
+    name: Option<String>,
+    kind: Kind,
+    engine: Engine,
+}
+
+impl ModelEngine {
+    fn start(o: &ServeArgs, model: Option<&str>) -> Result<Self, String> {
+        let run = RunArgs {
+            model: model.unwrap_or(&o.run.model).to_string(),
+            weights: if model.is_some() {
+                None
+            } else {
+                o.run.weights.clone()
+            },
+            ..o.run.clone()
+        };
+        let mut engine = make_engine(&run, cores())?;
+        engine
+            .set_queue_order(queue_order(&o.order))
+            .map_err(|e| e.to_string())?;
+        Ok(Self {
+            name: model.map(str::to_string),
+            kind: engine.model().kind(),
+            engine,
+        })
+    }
+}
+
+/// The engine a request for `model` runs on (index into `engines`), started on first use.
+/// A request naming no model, or the server's own --model (without --weights), runs on the
+/// server's engine.
+fn engine_for(
+    engines: &mut Vec<ModelEngine>,
+    o: &ServeArgs,
+    model: Option<&str>,
+) -> Result<usize, String> {
+    let model = model.filter(|m| o.run.weights.is_some() || *m != o.run.model);
+    if let Some(i) = engines.iter().position(|e| e.name.as_deref() == model) {
+        return Ok(i);
+    }
+    engines.push(ModelEngine::start(o, model)?);
+    Ok(engines.len() - 1)
 }
 
 /// The JSON line of a finished request (its PNG, GIF or WAV written into `out_dir` when
 /// given).
 fn result_line(
     r: Result<Output, (u64, flashdiff_runtime::engine::EngineError)>,
-    prompts: &mut std::collections::HashMap<u64, String>,
+    prompts: &mut std::collections::HashMap<u64, (String, usize)>,
     out_dir: Option<&std::path::Path>,
     kind: Kind,
 ) -> Result<String, String> {
     Ok(match r {
         Ok(o2) => {
             let rep = &o2.report;
-            let prompt = prompts.remove(&rep.id).unwrap_or_default();
+            let prompt = prompts.remove(&rep.id).unwrap_or_default().0;
             let checker = match scene::parse(&prompt).ok().filter(|_| kind == Kind::Image) {
                 Some(s) => {
                     let v = scene::check(&o2.sample.rgb, &s);
@@ -835,11 +901,15 @@ fn queue_order(s: &str) -> flashdiff_runtime::engine::QueueOrder {
     }
 }
 
+/// A request line: id, prompt, settings and the built-in model it names (`None`: the
+/// server's own).
+type ParsedRequest = (u64, String, RequestConfig, Option<String>);
+
 fn parse_request(
     line: &str,
     base: &RequestConfig,
     fallback_id: u64,
-) -> Result<(u64, String, RequestConfig), String> {
+) -> Result<ParsedRequest, String> {
     let v: serde_json::Value = serde_json::from_str(line).map_err(|e| format!("not JSON: {e}"))?;
     let obj = v.as_object().ok_or("a request must be a JSON object")?;
     let known = [
@@ -857,6 +927,7 @@ fn parse_request(
         "reuse",
         "monotasks",
         "deadline_ms",
+        "model",
     ];
     if let Some(k) = obj.keys().find(|k| !known.contains(&k.as_str())) {
         return Err(format!("unknown field {k:?} (known: {})", known.join(", ")));
@@ -928,7 +999,16 @@ fn parse_request(
             .and_then(|k| parse_reuse(k).map_err(|_| ()))
             .map_err(|_| "\"reuse\" must be \"extrapolate\" or \"stale\"")?;
     }
-    Ok((id, prompt, cfg))
+    let model = match obj.get("model") {
+        None => None,
+        Some(m) => Some(
+            m.as_str()
+                .filter(|m| BUILTIN_MODELS.contains(m))
+                .ok_or_else(|| format!("\"model\" must be one of {}", BUILTIN_MODELS.join(", ")))?
+                .to_string(),
+        ),
+    };
+    Ok((id, prompt, cfg, model))
 }
 
 /// `extrapolate` or `stale` (the `--reuse` flag and the `reuse` request field).

@@ -206,6 +206,49 @@ fn generate_audio_writes_a_wav_and_compares_the_sound() {
 }
 
 #[test]
+fn serve_takes_the_model_per_request() {
+    let dir = std::env::temp_dir().join(format!("flashdiff-serve-models-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let input = dir.join("requests.jsonl");
+    std::fs::write(
+        &input,
+        concat!(
+            "{\"id\": 1, \"prompt\": \"a red circle top left on a blue background\", \"steps\": 6, \"warmup\": 2}\n",
+            "{\"id\": 2, \"model\": \"tinyvideo\", \"prompt\": \"a red circle top left moving right on a blue background\", \"steps\": 6, \"warmup\": 2}\n",
+            "{\"id\": 3, \"model\": \"tinyaudio\", \"prompt\": \"a high beep then a low hum\", \"steps\": 6, \"warmup\": 2}\n",
+            "{\"id\": 4, \"model\": \"wan\", \"prompt\": \"a cat\"}\n",
+            "{\"id\": 5, \"model\": \"tinyaudio\", \"prompt\": \"a red circle top left on a blue background\"}\n",
+        ),
+    )
+    .unwrap();
+    let out = flashdiff()
+        .args(["serve", "--workers", "1", "--input"])
+        .arg(&input)
+        .arg("--out-dir")
+        .arg(&dir)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    let lines: Vec<serde_json::Value> = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let by_id = |id: u64| lines.iter().find(|v| v["id"] == id).unwrap().clone();
+    for (id, file) in [(1, "1.png"), (2, "2.gif"), (3, "3.wav")] {
+        assert_eq!(by_id(id)["ok"], true, "{}", by_id(id));
+        assert!(dir.join(file).exists(), "no {file}");
+    }
+    assert!(by_id(4)["error"]
+        .as_str()
+        .unwrap()
+        .contains("\"model\" must be one of tinydit, tinyvideo, tinyaudio"));
+    assert!(by_id(5)["error"].as_str().unwrap().contains("\"red\""));
+    assert!(stderr.contains("3 models"), "{stderr}");
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+#[test]
 fn the_model_and_its_output_must_agree() {
     let cases: &[(&[&str], &str)] = &[
         (
