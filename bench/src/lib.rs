@@ -176,13 +176,7 @@ pub fn run(
     out: &Path,
     progress: &mut dyn FnMut(&str),
 ) -> Result<String, EngineError> {
-    std::fs::create_dir_all(out)
-        .map_err(|e| EngineError::Config(format!("cannot create {}: {e}", out.display())))?;
-    let base = RequestConfig {
-        steps: cfg.steps,
-        patches: Some(cfg.patches),
-        ..cfg.base.clone()
-    };
+    let base = prepare(cfg, out)?;
     let ms_list = methods();
     let rows = per_prompt_rows(engine, cfg, &base, &ms_list, progress)?;
     let (summary, mut md) = summary_table(engine, cfg, &base, &ms_list, &rows);
@@ -216,6 +210,24 @@ pub fn run(
         .map(|r| json!({"method": r.method, "prompt": r.prompt, "latency_ms": r.latency_ms, "work": r.work, "patch_steps_skipped": r.skipped, "psnr_db": if r.psnr.is_finite() { r.psnr } else { 99.0 }, "ssim": r.ssim, "all_correct": r.all_correct, "agrees_with_full": r.agrees_with_full}))
         .collect();
     let doc = json!({"config": {"prompts": cfg.prompts, "seed": cfg.seed, "steps": cfg.steps, "patches": cfg.patches, "epsilon": base.epsilon, "max_skip": base.max_skip, "extrapolate": base.extrapolate, "monotasks": base.monotasks, "workers": engine.workers()}, "summary": summary, "runs": per_run, "scale_simulated": scale, "serving": serving, "ordering": ordering, "sweeps": sweeps, "final_step": jump.1});
+    write_outputs(out, &doc, &md)?;
+    Ok(md)
+}
+
+/// Creates `out`; returns FlashDiff's request settings (the base with the bench's steps and
+/// patches).
+pub(crate) fn prepare(cfg: &BenchConfig, out: &Path) -> Result<RequestConfig, EngineError> {
+    std::fs::create_dir_all(out)
+        .map_err(|e| EngineError::Config(format!("cannot create {}: {e}", out.display())))?;
+    Ok(RequestConfig {
+        steps: cfg.steps,
+        patches: Some(cfg.patches),
+        ..cfg.base.clone()
+    })
+}
+
+/// Writes `bench.json` (`doc`) and `report.md` (`md`) into `out`.
+pub(crate) fn write_outputs(out: &Path, doc: &Value, md: &str) -> Result<(), EngineError> {
     let write = |name: &str, body: &str| {
         std::fs::write(out.join(name), body).map_err(|e| {
             EngineError::Config(format!("cannot write {}: {e}", out.join(name).display()))
@@ -223,10 +235,9 @@ pub fn run(
     };
     write(
         "bench.json",
-        &serde_json::to_string_pretty(&doc).unwrap_or_default(),
+        &serde_json::to_string_pretty(doc).unwrap_or_default(),
     )?;
-    write("report.md", &md)?;
-    Ok(md)
+    write("report.md", md)
 }
 
 /// The targets at the default settings, judged from the summary table.

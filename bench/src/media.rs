@@ -8,7 +8,7 @@ use std::path::Path;
 
 use serde_json::{json, Value};
 
-use crate::{methods, ms, verdict, work, BenchConfig};
+use crate::{methods, ms, prepare, verdict, work, write_outputs, BenchConfig};
 use flashdiff_models::{clips, sounds, Kind, Sample};
 use flashdiff_runtime::engine::{Engine, EngineError, Mode, Output, RequestConfig};
 use flashdiff_runtime::media;
@@ -110,13 +110,7 @@ pub fn run(
                 .into(),
         ));
     }
-    std::fs::create_dir_all(out)
-        .map_err(|e| EngineError::Config(format!("cannot create {}: {e}", out.display())))?;
-    let base = RequestConfig {
-        steps: cfg.steps,
-        patches: Some(cfg.patches),
-        ..cfg.base.clone()
-    };
+    let base = prepare(cfg, out)?;
     let all = methods();
     let mut rows = Vec::new();
     for i in 0..cfg.prompts as u64 {
@@ -156,16 +150,7 @@ pub fn run(
         "config": {"prompts": cfg.prompts, "seed": cfg.seed, "steps": cfg.steps, "patches": cfg.patches, "epsilon": base.epsilon, "max_skip": base.max_skip},
         "summary": summary,
     });
-    let write = |name: &str, body: &str| {
-        std::fs::write(out.join(name), body).map_err(|e| {
-            EngineError::Config(format!("cannot write {}: {e}", out.join(name).display()))
-        })
-    };
-    write(
-        "bench.json",
-        &serde_json::to_string_pretty(&doc).unwrap_or_default(),
-    )?;
-    write("report.md", &md)?;
+    write_outputs(out, &doc, &md)?;
     Ok(md)
 }
 

@@ -45,15 +45,7 @@ pub struct Clip {
 pub fn parse(prompt: &str) -> Result<Clip, PromptError> {
     let ws = scene::words(prompt);
     let g = |s: &str| PromptError::Grammar(s.to_string());
-    let on = ws
-        .iter()
-        .rposition(|w| w == "on")
-        .ok_or_else(|| g("no \"on a <colour> background\" at the end"))?;
-    let tail = &ws[on..];
-    if tail.len() != 4 || tail[1] != "a" || tail[3] != "background" {
-        return Err(g("the prompt must end with \"on a <colour> background\""));
-    }
-    let background = scene::colour(&tail[2]).ok_or_else(|| g("the background must be a colour"))?;
+    let (background, on) = scene::split_background(&ws)?;
     let mut objects: Vec<Mover> = Vec::new();
     for part in ws[..on].split(|w| w == "and") {
         let grammar = "each object reads \"a <colour> <shape> <place> moving <direction>\" or \

@@ -148,15 +148,7 @@ pub fn tokenize(
 pub fn parse(prompt: &str) -> Result<Scene, PromptError> {
     let ws = words(prompt);
     let g = |s: &str| PromptError::Grammar(s.to_string());
-    let on = ws
-        .iter()
-        .rposition(|w| w == "on")
-        .ok_or_else(|| g("no \"on a <colour> background\" at the end"))?;
-    let tail = &ws[on..];
-    if tail.len() != 4 || tail[1] != "a" || tail[3] != "background" {
-        return Err(g("the prompt must end with \"on a <colour> background\""));
-    }
-    let background = colour(&tail[2]).ok_or_else(|| g("the background must be a colour"))?;
+    let (background, on) = split_background(&ws)?;
     let mut objects = Vec::new();
     for part in ws[..on].split(|w| w == "and") {
         if part.len() < 4 || part[0] != "a" {
@@ -188,6 +180,22 @@ pub fn parse(prompt: &str) -> Result<Scene, PromptError> {
         background,
         objects,
     })
+}
+
+/// The background colour of words ending "on a <colour> background", and where that tail
+/// starts.
+pub(crate) fn split_background(ws: &[String]) -> Result<(usize, usize), PromptError> {
+    let g = |s: &str| PromptError::Grammar(s.to_string());
+    let on = ws
+        .iter()
+        .rposition(|w| w == "on")
+        .ok_or_else(|| g("no \"on a <colour> background\" at the end"))?;
+    let tail = &ws[on..];
+    if tail.len() != 4 || tail[1] != "a" || tail[3] != "background" {
+        return Err(g("the prompt must end with \"on a <colour> background\""));
+    }
+    let background = colour(&tail[2]).ok_or_else(|| g("the background must be a colour"))?;
+    Ok((background, on))
 }
 
 /// Whether a word should drive the saliency map: a content word that names an object

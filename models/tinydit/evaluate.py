@@ -60,16 +60,7 @@ def sample_with_attention(model, x, ids, steps, warmup, layers, batch=64):
 
 @torch.no_grad()
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--weights", required=True)
-    ap.add_argument("--n", type=int, default=256)
-    ap.add_argument("--steps", type=int, default=50)
-    ap.add_argument("--warmup", type=int, default=5)
-    ap.add_argument("--seed", type=int, default=2026)
-    ap.add_argument("--json", default="")
-    args = ap.parse_args()
-    torch.set_num_threads(2)
-    torch.set_flush_denormal(True)
+    args = arguments(__doc__)
     model = load_model(args.weights)
     from safetensors import safe_open
     with safe_open(args.weights, "pt") as f:
@@ -97,19 +88,48 @@ def main():
                     break
             else:
                 continue
-            for key, a in (("warmup", warm[i]), ("last", last[i])):
-                m = a[:, cols].mean(1).numpy()
-                ratios[key].append(m[inside].mean() / max(m[~inside].mean(), 1e-12))
-    out = {
-        "samples": args.n,
-        "steps": args.steps,
+            localisation(ratios, warm[i], last[i], cols, inside)
+    report(args, {
         "all_correct": float(np.mean([v["all"] for v in verdicts])),
         "background_correct": float(np.mean([v["background"] for v in verdicts])),
         "shapes_present": float(np.mean([v["present"] for v in verdicts])),
         "shapes_correct": float(np.mean([v["shape"] for v in verdicts])),
+    }, ratios, "objects_measured", layers, elapsed)
+
+
+def arguments(doc):
+    """The evaluations' command line."""
+    ap = argparse.ArgumentParser(description=doc)
+    ap.add_argument("--weights", required=True)
+    ap.add_argument("--n", type=int, default=256)
+    ap.add_argument("--steps", type=int, default=50)
+    ap.add_argument("--warmup", type=int, default=5)
+    ap.add_argument("--seed", type=int, default=2026)
+    ap.add_argument("--json", default="")
+    args = ap.parse_args()
+    torch.set_num_threads(2)
+    torch.set_flush_denormal(True)
+    return args
+
+
+def localisation(ratios, warm, last, cols, inside):
+    """Adds one target's attention ratio (word columns `cols`, tokens `inside` against the
+    rest) over the warm-up and at the last step."""
+    for key, a in (("warmup", warm), ("last", last)):
+        m = a[:, cols].mean(1).numpy()
+        ratios[key].append(m[inside].mean() / max(m[~inside].mean(), 1e-12))
+
+
+def report(args, verdicts, ratios, measured, layers, elapsed, extra=None):
+    """Prints (and with --json writes) the evaluation."""
+    out = {
+        "samples": args.n,
+        "steps": args.steps,
+        **(extra or {}),
+        **verdicts,
         "attn_ratio_warmup": float(np.mean(ratios["warmup"])) if ratios["warmup"] else None,
         "attn_ratio_last": float(np.mean(ratios["last"])) if ratios["last"] else None,
-        "objects_measured": len(ratios["warmup"]),
+        measured: len(ratios["warmup"]),
         "saliency_layers": layers,
         "sampling_seconds": round(elapsed, 1),
     }

@@ -9,7 +9,6 @@ attention per latent token from its colour and shape words on the tokens the obj
 (in any frame) over the mean elsewhere, averaged over objects, the saliency layers and
 heads, over the 5 warm-up steps (what the partitioner sees) and at the last step.
 """
-import argparse
 import json
 import os
 import sys
@@ -20,7 +19,7 @@ import torch
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "tinydit"))
 import clips  # noqa: E402
-from evaluate import sample_with_attention  # noqa: E402
+from evaluate import arguments, localisation, report, sample_with_attention  # noqa: E402
 from export import load_weights  # noqa: E402
 from shapes import nearest_colour  # noqa: E402
 
@@ -35,16 +34,7 @@ def object_tokens(clip01, colour, grid=4, patch=8):
 
 @torch.no_grad()
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--weights", required=True)
-    ap.add_argument("--n", type=int, default=256)
-    ap.add_argument("--steps", type=int, default=50)
-    ap.add_argument("--warmup", type=int, default=5)
-    ap.add_argument("--seed", type=int, default=2026)
-    ap.add_argument("--json", default="")
-    args = ap.parse_args()
-    torch.set_num_threads(2)
-    torch.set_flush_denormal(True)
+    args = arguments(__doc__)
     model, meta = load_weights(args.weights)
     layers = json.loads(meta["saliency_layers"])
     rng = np.random.default_rng(args.seed)
@@ -69,25 +59,11 @@ def main():
             if not cols:
                 continue
             cols = [cols[0], cols[0] + 1]
-            for key, a in (("warmup", warm[i]), ("last", last[i])):
-                m = a[:, cols].mean(1).numpy()
-                ratios[key].append(m[inside].mean() / max(m[~inside].mean(), 1e-12))
+            localisation(ratios, warm[i], last[i], cols, inside)
     keys = ("background", "present", "place", "shape", "motion", "all")
-    out = {
-        "samples": args.n,
-        "steps": args.steps,
-        "train_step": int(meta.get("train_step", -1)),
-        **{f"{k}_correct": float(np.mean([v[k] for v in verdicts])) for k in keys},
-        "attn_ratio_warmup": float(np.mean(ratios["warmup"])) if ratios["warmup"] else None,
-        "attn_ratio_last": float(np.mean(ratios["last"])) if ratios["last"] else None,
-        "objects_measured": len(ratios["warmup"]),
-        "saliency_layers": layers,
-        "sampling_seconds": round(elapsed, 1),
-    }
-    print(json.dumps(out, indent=1))
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(out, f, indent=1)
+    report(args, {f"{k}_correct": float(np.mean([v[k] for v in verdicts])) for k in keys},
+           ratios, "objects_measured", layers, elapsed,
+           extra={"train_step": int(meta.get("train_step", -1))})
 
 
 if __name__ == "__main__":

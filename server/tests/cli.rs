@@ -6,99 +6,107 @@ fn flashdiff() -> Command {
     Command::new(env!("CARGO_BIN_EXE_flashdiff"))
 }
 
+/// Runs the command, requires success and every needle in its standard output; returns
+/// standard output and standard error.
+fn succeeds_with(cmd: &mut Command, needles: &[&str]) -> (String, String) {
+    let out = cmd.output().unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    for needle in needles {
+        assert!(
+            stdout.contains(needle),
+            "output lacks {needle:?}:\n{stdout}"
+        );
+    }
+    (stdout, stderr)
+}
+
+/// JSON lines of `serve`'s standard output.
+fn json_lines(stdout: &str) -> Vec<serde_json::Value> {
+    stdout
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect()
+}
+
 #[test]
 fn generate_writes_a_png_and_a_report() {
     let dir = std::env::temp_dir().join(format!("flashdiff-cli-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let png = dir.join("out.png");
-    let out = flashdiff()
-        .args([
-            "generate",
-            "a red circle top left on a blue background",
-            "--steps",
-            "10",
-            "--warmup",
-            "2",
-            "--patches",
-            "4",
-            "--compare",
-            "-o",
-        ])
-        .arg(&png)
-        .output()
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "{stdout}\n{}",
-        String::from_utf8_lossy(&out.stderr)
+    let (_, stderr) = succeeds_with(
+        flashdiff()
+            .args([
+                "generate",
+                "a red circle top left on a blue background",
+                "--steps",
+                "10",
+                "--warmup",
+                "2",
+                "--patches",
+                "4",
+                "--compare",
+                "-o",
+            ])
+            .arg(&png),
+        &[
+            "patch-steps computed",
+            "warm-up",
+            "partition",
+            "gate",
+            "compute",
+            "queue",
+            "checker:",
+            "vs full computation: PSNR",
+        ],
     );
-    for needle in [
-        "patch-steps computed",
-        "warm-up",
-        "partition",
-        "gate",
-        "compute",
-        "queue",
-        "checker:",
-        "vs full computation: PSNR",
-    ] {
-        assert!(
-            stdout.contains(needle),
-            "report lacks {needle:?}:\n{stdout}"
-        );
-    }
     let bytes = std::fs::read(&png).unwrap();
     assert_eq!(&bytes[..8], b"\x89PNG\r\n\x1a\n");
-    assert!(
-        String::from_utf8_lossy(&out.stderr).contains("step 10/10"),
-        "no progress shown"
-    );
+    assert!(stderr.contains("step 10/10"), "no progress shown");
     std::fs::remove_dir_all(&dir).ok();
+}
+
+/// `generate --model MODEL PROMPT --compare -o FILE` (10 steps, 4 patches): requires the
+/// needles in its report and returns the file's bytes.
+fn generate_media(model: &str, prompt: &str, file: &str, needles: &[&str]) -> Vec<u8> {
+    let dir = std::env::temp_dir().join(format!("flashdiff-cli-{model}-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join(file);
+    let args = [
+        "generate",
+        "--model",
+        model,
+        prompt,
+        "--steps",
+        "10",
+        "--warmup",
+        "2",
+        "--patches",
+        "4",
+        "--compare",
+        "-o",
+    ];
+    succeeds_with(flashdiff().args(args).arg(&path), needles);
+    let bytes = std::fs::read(&path).unwrap();
+    std::fs::remove_dir_all(&dir).ok();
+    bytes
 }
 
 #[test]
 fn generate_video_writes_an_animated_gif_and_compares_frames() {
-    let dir = std::env::temp_dir().join(format!("flashdiff-cli-video-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let gif_path = dir.join("clip.gif");
-    let out = flashdiff()
-        .args([
-            "generate",
-            "--model",
-            "tinyvideo",
-            "a red circle top left moving right on a blue background",
-            "--steps",
-            "10",
-            "--warmup",
-            "2",
-            "--patches",
-            "4",
-            "--compare",
-            "-o",
-        ])
-        .arg(&gif_path)
-        .output()
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "{stdout}\n{}",
-        String::from_utf8_lossy(&out.stderr)
+    let bytes = generate_media(
+        "tinyvideo",
+        "a red circle top left moving right on a blue background",
+        "clip.gif",
+        &[
+            "8 frames of 32x32 pixels",
+            "patch-steps computed",
+            "checker: ",
+            "worst frame",
+            "temporal (frame differences)",
+        ],
     );
-    for needle in [
-        "8 frames of 32x32 pixels",
-        "patch-steps computed",
-        "checker: ",
-        "worst frame",
-        "temporal (frame differences)",
-    ] {
-        assert!(
-            stdout.contains(needle),
-            "report lacks {needle:?}:\n{stdout}"
-        );
-    }
-    let bytes = std::fs::read(&gif_path).unwrap();
     let mut d = gif::DecodeOptions::new().read_info(&bytes[..]).unwrap();
     assert_eq!((d.width(), d.height()), (256, 256));
     let mut frames = 0;
@@ -106,45 +114,36 @@ fn generate_video_writes_an_animated_gif_and_compares_frames() {
         frames += 1;
     }
     assert_eq!(frames, 8);
-    std::fs::remove_dir_all(&dir).ok();
 }
 
 #[test]
 fn bench_measures_the_video_model_against_every_baseline() {
     let dir = std::env::temp_dir().join(format!("flashdiff-bench-video-{}", std::process::id()));
-    let out = flashdiff()
-        .args([
-            "bench",
-            "--model",
-            "tinyvideo",
-            "--prompts",
-            "1",
-            "--steps",
-            "8",
-            "--patches",
-            "4",
-            "--out-dir",
-        ])
-        .arg(&dir)
-        .output()
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "{stdout}\n{}",
-        String::from_utf8_lossy(&out.stderr)
+    let (stdout, _) = succeeds_with(
+        flashdiff()
+            .args([
+                "bench",
+                "--model",
+                "tinyvideo",
+                "--prompts",
+                "1",
+                "--steps",
+                "8",
+                "--patches",
+                "4",
+                "--out-dir",
+            ])
+            .arg(&dir),
+        &[
+            "| full |",
+            "| flashdiff |",
+            "| distrifusion |",
+            "| naive-patch |",
+            "| ras |",
+            "| teacache |",
+            "| fewer-steps |",
+        ],
     );
-    for method in [
-        "| full |",
-        "| flashdiff |",
-        "| distrifusion |",
-        "| naive-patch |",
-        "| ras |",
-        "| teacache |",
-        "| fewer-steps |",
-    ] {
-        assert!(stdout.contains(method), "no {method} row:\n{stdout}");
-    }
     assert!(stdout.contains("temporal PSNR dB"), "{stdout}");
     let doc: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(dir.join("bench.json")).unwrap()).unwrap();
@@ -158,51 +157,22 @@ fn bench_measures_the_video_model_against_every_baseline() {
 
 #[test]
 fn generate_audio_writes_a_wav_and_compares_the_sound() {
-    let dir = std::env::temp_dir().join(format!("flashdiff-cli-audio-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let wav = dir.join("sound.wav");
-    let out = flashdiff()
-        .args([
-            "generate",
-            "--model",
-            "tinyaudio",
-            "a high beep then a low hum",
-            "--steps",
-            "10",
-            "--warmup",
-            "2",
-            "--patches",
-            "4",
-            "--compare",
-            "-o",
-        ])
-        .arg(&wav)
-        .output()
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "{stdout}\n{}",
-        String::from_utf8_lossy(&out.stderr)
+    let bytes = generate_media(
+        "tinyaudio",
+        "a high beep then a low hum",
+        "sound.wav",
+        &[
+            "2.05 s of mono sound at 8000 Hz",
+            "patch-steps computed",
+            "checker: ",
+            "SNR",
+            "log-spectral distance",
+        ],
     );
-    for needle in [
-        "2.05 s of mono sound at 8000 Hz",
-        "patch-steps computed",
-        "checker: ",
-        "SNR",
-        "log-spectral distance",
-    ] {
-        assert!(
-            stdout.contains(needle),
-            "report lacks {needle:?}:\n{stdout}"
-        );
-    }
-    let bytes = std::fs::read(&wav).unwrap();
     assert_eq!(&bytes[..4], b"RIFF");
     assert_eq!(&bytes[8..12], b"WAVE");
     // 16-bit mono: a 44-byte header and two bytes a sample.
     assert_eq!(bytes.len(), 44 + 2 * 16384);
-    std::fs::remove_dir_all(&dir).ok();
 }
 
 #[test]
@@ -230,10 +200,7 @@ fn serve_takes_the_model_per_request() {
         .unwrap();
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{stderr}");
-    let lines: Vec<serde_json::Value> = String::from_utf8_lossy(&out.stdout)
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap())
-        .collect();
+    let lines = json_lines(&String::from_utf8_lossy(&out.stdout));
     let by_id = |id: u64| lines.iter().find(|v| v["id"] == id).unwrap().clone();
     for (id, file) in [(1, "1.png"), (2, "2.gif"), (3, "3.wav")] {
         assert_eq!(by_id(id)["ok"], true, "{}", by_id(id));
@@ -421,10 +388,7 @@ fn serve_answers_every_line() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    let lines: Vec<serde_json::Value> = String::from_utf8_lossy(&out.stdout)
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap())
-        .collect();
+    let lines = json_lines(&String::from_utf8_lossy(&out.stdout));
     assert_eq!(lines.len(), 11);
     let by_id = |id: u64| {
         lines
