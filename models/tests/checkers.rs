@@ -102,3 +102,35 @@ fn the_sound_decoder_matches_sounds_py() {
     // The silent start stays silent.
     assert!(s.audio[..9 * 256].iter().all(|&v| v == 0.0));
 }
+
+proptest::proptest! {
+    #![proptest_config(proptest::prelude::ProptestConfig::with_cases(48))]
+
+    /// The checkers and prompt parsers take anything (a model can output NaN or infinity; a
+    /// prompt is any text) and answer without panicking: a valid beep with one sample
+    /// replaced, a clip with one value replaced, any sequence of the languages' words.
+    #[test]
+    fn checkers_and_parsers_take_any_input(
+        words in proptest::collection::vec(
+            proptest::sample::select(vec![
+                "a", "then", "high", "low", "beep", "hum", "red", "circle", "top", "left",
+                "moving", "right", "still", "and", "on", "blue", "background", "x", "",
+            ]),
+            0..14,
+        ),
+        value in proptest::prelude::any::<f32>(),
+        at in 0usize..16384,
+    ) {
+        let prompt = words.join(" ");
+        let _ = clips::parse(&prompt);
+        let _ = sounds::parse(&prompt);
+        let e = sounds::parse("a high beep").unwrap();
+        let mut wave = sounds::render(&[(e[0], 10, 30)]);
+        wave[at] = value;
+        let _ = sounds::check(&wave, &e);
+        let c = clips::parse("a red circle top left still on a blue background").unwrap();
+        let mut clip = clips::render(&c);
+        clip[at] = value;
+        let _ = clips::check(&clip, &c);
+    }
+}
