@@ -617,7 +617,11 @@ struct Rows {
 
 impl Denoiser for TinyDit {
     fn name(&self) -> &str {
-        "tinydit"
+        match self.cfg.kind {
+            Kind::Image => "tinydit",
+            Kind::Video => "tinyvideo",
+            Kind::Audio => "tinyaudio",
+        }
     }
 
     fn dims(&self) -> &Dims {

@@ -137,7 +137,9 @@ pub struct AudioQuality {
     /// (infinite when identical).
     pub snr: f64,
     /// Log-spectral distance, dB: root mean square over frames and bins of the difference
-    /// of the two power spectra in dB (512-sample Hann frames, hop 256, 1e-10 floor).
+    /// of the two power spectra in dB (512-sample Hann frames, hop 256), each floored 80 dB
+    /// below the reference's peak, so that exact silence in one and near silence in the
+    /// other do not dominate.
     pub lsd: f64,
 }
 
@@ -168,11 +170,13 @@ pub fn audio_quality(a: &Sample, b: &Sample) -> Result<AudioQuality, MediaError>
         power_frames(&a.audio, 512, 256),
         power_frames(&b.audio, 512, 256),
     );
+    let peak = sb.iter().flatten().copied().fold(0.0f64, f64::max);
+    let floor = (peak * 1e-8).max(1e-30);
     let mut sum = 0.0;
     let mut n = 0usize;
     for (fa, fb) in sa.iter().zip(&sb) {
         for (&pa, &pb) in fa.iter().zip(fb) {
-            let d = 10.0 * (pa.max(1e-10).log10() - pb.max(1e-10).log10());
+            let d = 10.0 * (pa.max(floor).log10() - pb.max(floor).log10());
             sum += d * d;
             n += 1;
         }
