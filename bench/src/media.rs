@@ -225,10 +225,11 @@ fn report(
         fd["worst_fidelity_db"].as_f64().unwrap_or(f64::NAN),
     );
     md.push_str(&format!(
-        "\nTarget: FlashDiff skips >= 50% of patch-steps at >= 30 dB {} against full computation: {:.0}% skipped at {mean_db:.2} dB mean, worst prompt {worst_db:.2} dB: {} (judged on the mean; the worst prompt is shown, not hidden).\n",
+        "\nTarget: FlashDiff skips >= 50% of patch-steps at >= 30 dB {} against full computation: {:.0}% skipped at {mean_db:.2} dB mean, worst prompt {worst_db:.2} dB: on the mean {}; on every prompt {}.\n",
         if video { "PSNR" } else { "SNR" },
         100.0 * skipped,
-        verdict(skipped >= 0.5 && mean_db >= 30.0)
+        verdict(skipped >= 0.5 && mean_db >= 30.0),
+        verdict(skipped >= 0.5 && worst_db >= 30.0)
     ));
     (summary, md)
 }
