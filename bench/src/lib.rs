@@ -169,6 +169,24 @@ struct Row {
     agrees_with_full: bool,
 }
 
+/// The wall-time study alone (`flashdiff bench --only wall-time`): writes `report.md` into
+/// `out` and returns it.
+pub fn wall_time(
+    engine: &Engine,
+    cfg: &BenchConfig,
+    out: &Path,
+    progress: &mut dyn FnMut(&str),
+) -> Result<String, EngineError> {
+    let md = format!(
+        "# FlashDiff bench: wall time\n{}",
+        wall_time::section(engine, cfg, progress)?
+    );
+    std::fs::create_dir_all(out)
+        .and_then(|()| std::fs::write(out.join("report.md"), &md))
+        .map_err(|e| EngineError::Config(format!("cannot write {}: {e}", out.display())))?;
+    Ok(md)
+}
+
 /// Runs the benchmark, writes `bench.json` and `report.md` into `out`, returns the report.
 pub fn run(
     engine: &mut Engine,

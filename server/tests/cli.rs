@@ -513,6 +513,44 @@ fn bench_writes_json_and_a_report() {
     std::fs::remove_dir_all(&dir).ok();
 }
 
+/// `bench --only wall-time` runs the wall-time study alone: both rows with their verdicts,
+/// report.md written, no bench.json; a model it cannot study is refused with the reason.
+#[test]
+fn bench_only_wall_time_runs_that_study_alone() {
+    let dir = std::env::temp_dir().join(format!("flashdiff-bench-wall-{}", std::process::id()));
+    let (stdout, _) = succeeds_with(
+        flashdiff()
+            .args([
+                "bench",
+                "--only",
+                "wall-time",
+                "--prompts",
+                "1",
+                "--steps",
+                "6",
+                "--out-dir",
+            ])
+            .arg(&dir),
+        &[
+            "## Wall time follows work",
+            "| in-engine latency",
+            "| whole `flashdiff generate` process",
+        ],
+    );
+    assert!(!stdout.contains("| naive-patch |"), "{stdout}");
+    let report = std::fs::read_to_string(dir.join("report.md")).unwrap();
+    assert!(report.contains("efficiency"), "{report}");
+    assert!(!dir.join("bench.json").exists());
+    std::fs::remove_dir_all(&dir).ok();
+    let out = flashdiff()
+        .args(["bench", "--only", "wall-time", "--model", "tinyaudio"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("image models only"), "{err}");
+}
+
 /// `serve` streams: a request starts when its line arrives and its result is written when
 /// it finishes, while the input is still open.
 #[test]
