@@ -22,6 +22,7 @@ use std::fmt;
 pub use candle_core::{DType, Device, Tensor};
 
 pub mod clips;
+pub mod flux;
 pub mod scene;
 pub mod sounds;
 mod tinydit;
