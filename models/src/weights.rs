@@ -160,6 +160,16 @@ impl Weights {
             .ok_or_else(|| WeightsError::Metadata(format!("key {key:?} missing")))
     }
 
+    /// Shape of a float tensor, if the file has it.
+    pub fn shape(&self, name: &str) -> Option<&[usize]> {
+        self.tensors.get(name).map(|(s, _)| s.as_slice())
+    }
+
+    /// Names of the float tensors.
+    pub fn names(&self) -> impl Iterator<Item = &str> {
+        self.tensors.keys().map(String::as_str)
+    }
+
     /// Whether the tensor exists.
     pub fn has(&self, name: &str) -> bool {
         self.tensors.contains_key(name)

@@ -333,3 +333,317 @@ fn bad_inputs_are_errors_that_say_what_is_wrong() {
         .to_string()
         .contains("sum to the head width 16"));
 }
+
+// ---- checkpoints (#12 items 2 and 5c) ----
+
+use flashdiff_models::flux::{FluxCheckpoint, FluxLayout};
+use flashdiff_models::Weights;
+use std::path::{Path, PathBuf};
+
+fn golden_path() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("reference/flux_golden.safetensors")
+}
+
+fn tmp(name: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("flashdiff-flux-{}", std::process::id()));
+    std::fs::create_dir_all(&d).unwrap();
+    d.join(name)
+}
+
+/// Runs a loaded model on the golden file's inputs; returns (ours, diffusers' output).
+fn run_golden(model: &Flux) -> (Tensor, Tensor) {
+    let g = Weights::open(&golden_path()).unwrap();
+    let t = |n: &str| {
+        let (s, v) = g.get_any(n).unwrap();
+        Tensor::from_slice(v, s, &Device::Cpu).unwrap()
+    };
+    let grid = t("golden.grid").to_vec1::<f32>().unwrap();
+    let (height, width) = (grid[0] as usize, grid[1] as usize);
+    let img = t("golden.img");
+    let ctx = model
+        .context(&t("golden.txt"), &t("golden.pooled"))
+        .unwrap();
+    let time = t("golden.t").to_vec1::<f32>().unwrap()[0];
+    let guid = t("golden.guidance").to_vec1::<f32>().unwrap()[0];
+    let cond = model.step_cond(&ctx, time, guid).unwrap();
+    let ids: Vec<u32> = (0..(height * width) as u32).collect();
+    let rows = Rows {
+        x: &img,
+        ids: &ids,
+        width,
+        tokens: height * width,
+        cache: None,
+        patches: None,
+        saliency: false,
+    };
+    let got = model.forward(rows, &ctx, &cond).unwrap().velocity;
+    (got, t("golden.out"))
+}
+
+/// diffusers' own FluxTransformer2DModel (golden file written by
+/// `models/reference/flux_golden.py`), loaded through our diffusers-layout mapping.
+#[test]
+fn diffusers_layout_reproduces_diffusers_flux() {
+    let ck = FluxCheckpoint::open(&golden_path()).unwrap();
+    assert_eq!(ck.layout(), &FluxLayout::Diffusers);
+    let cfg = ck.config(Some([4, 6, 6])).unwrap();
+    assert_eq!(
+        (cfg.hidden, cfg.heads, cfg.depth, cfg.depth_single),
+        (64, 4, 2, 2)
+    );
+    assert!(cfg.guidance_embed && cfg.qkv_bias);
+    let model = ck.load(Some([4, 6, 6]), &Device::Cpu).unwrap();
+    let (got, want) = run_golden(&model);
+    let scale = want
+        .abs()
+        .unwrap()
+        .max_all()
+        .unwrap()
+        .to_scalar::<f32>()
+        .unwrap();
+    let d = max_diff(&got, &want);
+    // Outputs reach ~32 here: 1e-4 relative to the largest value.
+    assert!(
+        d <= TOL * scale.max(1.0),
+        "max |ours - diffusers| = {d} (scale {scale})"
+    );
+}
+
+/// Writes every float tensor of `src` except `drop` to `dst` in `dtype`, reshaping `reshape`.
+fn rewrite(
+    src: &Path,
+    dst: &Path,
+    dtype: safetensors::Dtype,
+    drop: &str,
+    reshape: Option<(&str, Vec<usize>)>,
+) {
+    let w = Weights::open(src).unwrap();
+    let mut names: Vec<&str> = w.names().filter(|n| *n != drop).collect();
+    names.sort();
+    let mut bufs: Vec<(String, Vec<usize>, Vec<u8>)> = Vec::new();
+    for n in names {
+        let (s, v) = w.get_any(n).unwrap();
+        let mut shape = s.to_vec();
+        if let Some((r, to)) = &reshape {
+            if n == *r {
+                shape = to.clone();
+            }
+        }
+        let bytes: Vec<u8> = match dtype {
+            safetensors::Dtype::BF16 => v
+                .iter()
+                .flat_map(|x| half::bf16::from_f32(*x).to_le_bytes())
+                .collect(),
+            safetensors::Dtype::F16 => v
+                .iter()
+                .flat_map(|x| half::f16::from_f32(*x).to_le_bytes())
+                .collect(),
+            _ => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
+        };
+        bufs.push((n.to_string(), shape, bytes));
+    }
+    let views: Vec<(String, safetensors::tensor::TensorView<'_>)> = bufs
+        .iter()
+        .map(|(n, s, b)| {
+            (
+                n.clone(),
+                safetensors::tensor::TensorView::new(dtype, s.clone(), b).unwrap(),
+            )
+        })
+        .collect();
+    safetensors::tensor::serialize_to_file(views, &None, dst).unwrap();
+}
+
+#[test]
+fn half_precision_checkpoints_load_in_both_layouts() {
+    for (dtype, tol) in [
+        (safetensors::Dtype::BF16, 0.05),
+        (safetensors::Dtype::F16, 0.01),
+    ] {
+        let p = tmp(&format!("golden-{dtype:?}.safetensors"));
+        rewrite(&golden_path(), &p, dtype, "", None);
+        let model = FluxCheckpoint::open(&p)
+            .unwrap()
+            .load(Some([4, 6, 6]), &Device::Cpu)
+            .unwrap();
+        let (got, want) = run_golden(&model);
+        let scale = want
+            .abs()
+            .unwrap()
+            .max_all()
+            .unwrap()
+            .to_scalar::<f32>()
+            .unwrap();
+        let d = max_diff(&got, &want);
+        assert!(
+            d <= tol * scale,
+            "{dtype:?}: max difference {d} against f32's output (scale {scale})"
+        );
+        assert!(
+            d > 0.0,
+            "{dtype:?}: rounding the weights changed nothing: not read as {dtype:?}?"
+        );
+        std::fs::remove_file(&p).ok();
+    }
+}
+
+/// Black Forest Labs' layout, with and without ComfyUI's `model.diffusion_model.` prefix,
+/// equals the model built from the same tensors in memory.
+#[test]
+fn bfl_layout_loads_with_and_without_prefix() {
+    let (ours, _, cfg) = random_pair(true, 9);
+    let named = bfl_tensors(true, 9);
+    let c = case(&cfg, 4);
+    let ctx = ours.context(&c.txt, &c.pooled).unwrap();
+    let cond = ours.step_cond(&ctx, c.t, c.g).unwrap();
+    let ids: Vec<u32> = (0..12).collect();
+    let want = ours
+        .forward(all_rows(&c, &ids), &ctx, &cond)
+        .unwrap()
+        .velocity;
+    for prefix in ["", "model.diffusion_model."] {
+        let p = tmp(&format!("bfl{}.safetensors", prefix.len()));
+        let prefixed: HashMap<String, Tensor> = named
+            .iter()
+            .map(|(k, v)| (format!("{prefix}{k}"), v.clone()))
+            .collect();
+        candle_core::safetensors::save(&prefixed, &p).unwrap();
+        let ck = FluxCheckpoint::open(&p).unwrap();
+        assert_eq!(
+            ck.layout(),
+            &FluxLayout::Bfl {
+                prefix: prefix.into()
+            }
+        );
+        let m = ck.load(Some([4, 6, 6]), &Device::Cpu).unwrap();
+        let ctx = m.context(&c.txt, &c.pooled).unwrap();
+        let cond = m.step_cond(&ctx, c.t, c.g).unwrap();
+        let got = m.forward(all_rows(&c, &ids), &ctx, &cond).unwrap().velocity;
+        assert_eq!(max_diff(&got, &want), 0.0, "prefix {prefix:?}");
+        std::fs::remove_file(&p).ok();
+    }
+}
+
+/// The tensors `random_pair(guidance, seed)` builds, by Black Forest Labs' name.
+fn bfl_tensors(guidance: bool, seed: u64) -> HashMap<String, Tensor> {
+    let (_, rcfg) = small(guidance);
+    let vm = VarMap::new();
+    reference::Flux::new(
+        &rcfg,
+        VarBuilder::from_varmap(&vm, DType::F32, &Device::Cpu),
+    )
+    .unwrap();
+    let data = vm.data().lock().unwrap();
+    let mut names: Vec<&String> = data.keys().collect();
+    names.sort();
+    names
+        .into_iter()
+        .enumerate()
+        .map(|(i, n)| {
+            (
+                n.clone(),
+                noise(data[n].dims(), seed * 1000 + i as u64, 0.2),
+            )
+        })
+        .collect()
+}
+
+#[test]
+fn broken_checkpoints_are_errors_that_name_the_problem() {
+    let load =
+        |p: &Path| FluxCheckpoint::open(p).and_then(|c| c.load(Some([4, 6, 6]), &Device::Cpu));
+    // A missing tensor names its key.
+    let p = tmp("missing.safetensors");
+    rewrite(
+        &golden_path(),
+        &p,
+        safetensors::Dtype::F32,
+        "transformer_blocks.1.attn.add_k_proj.weight",
+        None,
+    );
+    let e = load(&p).unwrap_err().to_string();
+    assert!(
+        e.contains("transformer_blocks.1.attn.add_k_proj.weight"),
+        "{e}"
+    );
+    // A mis-shaped one names its key, the shape found and the shape needed.
+    rewrite(
+        &golden_path(),
+        &p,
+        safetensors::Dtype::F32,
+        "",
+        Some(("proj_out.weight", vec![4, 128])),
+    );
+    let e = load(&p).unwrap_err().to_string();
+    assert!(
+        e.contains("proj_out.weight") && e.contains("[4, 128]") && e.contains("[8, 64]"),
+        "{e}"
+    );
+    // A truncated file, a file of garbage, a file that is not FLUX, a missing file.
+    let bytes = std::fs::read(golden_path()).unwrap();
+    std::fs::write(&p, &bytes[..bytes.len() / 2]).unwrap();
+    let e = load(&p).unwrap_err().to_string();
+    assert!(e.contains("not a valid safetensors file"), "{e}");
+    std::fs::write(&p, b"\xff\xff\xff\xff\xff\xff\xff\x7fjunk").unwrap();
+    let e = load(&p).unwrap_err().to_string();
+    assert!(e.contains("not a valid safetensors file"), "{e}");
+    let tiny = Path::new(env!("CARGO_MANIFEST_DIR")).join("tinydit/tinydit.safetensors");
+    let e = load(&tiny).unwrap_err().to_string();
+    assert!(e.contains("is not a FLUX checkpoint"), "{e}");
+    let e = load(Path::new("/nonexistent/flux.safetensors"))
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("cannot read weights"), "{e}");
+    // Heads other than 128 need the RoPE axes said.
+    let e = FluxCheckpoint::open(&golden_path())
+        .unwrap()
+        .config(None)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("RoPE axes"), "{e}");
+    std::fs::remove_file(&p).ok();
+}
+
+/// A diffusers model folder: `transformer/` with the weights in two shards.
+#[test]
+fn a_sharded_diffusers_folder_loads() {
+    let dir = tmp("folder");
+    let tdir = dir.join("transformer");
+    std::fs::create_dir_all(&tdir).unwrap();
+    let w = Weights::open(&golden_path()).unwrap();
+    let mut names: Vec<&str> = w.names().filter(|n| !n.starts_with("golden.")).collect();
+    names.sort();
+    for (i, half) in names.chunks(names.len() / 2 + 1).enumerate() {
+        let map: HashMap<String, Tensor> = half
+            .iter()
+            .map(|n| {
+                let (s, v) = w.get_any(n).unwrap();
+                (
+                    n.to_string(),
+                    Tensor::from_slice(v, s, &Device::Cpu).unwrap(),
+                )
+            })
+            .collect();
+        candle_core::safetensors::save(
+            &map,
+            tdir.join(format!(
+                "diffusion_pytorch_model-0000{i}-of-00002.safetensors"
+            )),
+        )
+        .unwrap();
+    }
+    let m = FluxCheckpoint::open(&dir)
+        .unwrap()
+        .load(Some([4, 6, 6]), &Device::Cpu)
+        .unwrap();
+    let (got, want) = run_golden(&m);
+    let scale = want
+        .abs()
+        .unwrap()
+        .max_all()
+        .unwrap()
+        .to_scalar::<f32>()
+        .unwrap();
+    assert!(max_diff(&got, &want) <= TOL * scale.max(1.0));
+    std::fs::remove_dir_all(&dir).ok();
+}

@@ -20,6 +20,9 @@ use candle_core::{Device, IndexOp, Tensor, D};
 
 use crate::ModelError;
 
+mod load;
+pub use load::{FluxCheckpoint, FluxLayout};
+
 /// The architecture's sizes (Black Forest Labs' `FluxParams`).
 #[derive(Debug, Clone, PartialEq)]
 pub struct FluxConfig {

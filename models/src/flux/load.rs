@@ -1,0 +1,327 @@
+//! FLUX checkpoints: Black Forest Labs' single file (`flux1-dev.safetensors`, optionally
+//! under `model.diffusion_model.`) and diffusers' `transformer/` folder (one file or shards),
+//! in f32, f16 or bf16. The architecture's sizes are read from the tensors' shapes.
+//!
+//! The transformer is written against Black Forest Labs' names; a diffusers checkpoint is
+//! read through a mapping (separate Q, K, V and MLP-in projections are concatenated; the
+//! final layer's modulation is stored as (scale, shift) there and (shift, scale) here).
+
+use std::path::{Path, PathBuf};
+
+use candle_core::{Device, Tensor};
+
+use super::{Flux, FluxConfig};
+use crate::{ModelError, Weights, WeightsError};
+
+/// How a checkpoint names its tensors.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum FluxLayout {
+    /// Black Forest Labs' names, after an optional prefix (`model.diffusion_model.`).
+    Bfl {
+        /// Prefix before every name ("" in the official files).
+        prefix: String,
+    },
+    /// diffusers' `FluxTransformer2DModel` names.
+    Diffusers,
+}
+
+/// One or more safetensors files holding a FLUX transformer.
+#[derive(Debug)]
+pub struct FluxCheckpoint {
+    files: Vec<Weights>,
+    layout: FluxLayout,
+}
+
+/// Where a Black Forest Labs tensor comes from in a diffusers checkpoint.
+enum Source {
+    One(String),
+    /// Concatenated along the first dimension.
+    Cat(Vec<String>),
+    /// The two halves along the first dimension, swapped.
+    Swap(String),
+}
+
+impl FluxCheckpoint {
+    /// Opens `path`: a safetensors file, or a folder holding `*.safetensors` shards (a
+    /// diffusers `transformer/` folder, or the model folder above it).
+    pub fn open(path: &Path) -> Result<Self, ModelError> {
+        let paths = shard_paths(path)?;
+        let files = paths
+            .iter()
+            .map(|p| Weights::open(p))
+            .collect::<Result<Vec<_>, _>>()?;
+        let has = |n: &str| files.iter().any(|w| w.has(n));
+        let layout = if has("transformer_blocks.0.attn.to_q.weight") || has("x_embedder.weight") {
+            FluxLayout::Diffusers
+        } else if let Some(prefix) = ["", "model.diffusion_model."]
+            .into_iter()
+            .find(|p| has(&format!("{p}img_in.weight")))
+        {
+            FluxLayout::Bfl {
+                prefix: prefix.into(),
+            }
+        } else {
+            return Err(ModelError::Input(format!(
+                "{} is not a FLUX checkpoint: it has neither `img_in.weight` (Black Forest Labs) \
+                 nor `x_embedder.weight` (diffusers)",
+                path.display()
+            )));
+        };
+        Ok(Self { files, layout })
+    }
+
+    /// The layout found.
+    pub fn layout(&self) -> &FluxLayout {
+        &self.layout
+    }
+
+    fn file_with(&self, name: &str) -> Result<&Weights, ModelError> {
+        self.files
+            .iter()
+            .find(|w| w.has(name))
+            .ok_or_else(|| WeightsError::Missing(name.into()).into())
+    }
+
+    fn source(&self, name: &str) -> Source {
+        match &self.layout {
+            FluxLayout::Bfl { prefix } => Source::One(format!("{prefix}{name}")),
+            FluxLayout::Diffusers => diffusers_source(name),
+        }
+    }
+
+    /// Shape of a tensor under its Black Forest Labs name, if present.
+    fn shape(&self, name: &str) -> Option<Vec<usize>> {
+        let shape = |n: &str| {
+            self.files
+                .iter()
+                .find_map(|w| w.shape(n).map(<[usize]>::to_vec))
+        };
+        match self.source(name) {
+            Source::One(n) | Source::Swap(n) => shape(&n),
+            Source::Cat(parts) => {
+                let mut total: Option<Vec<usize>> = None;
+                for p in parts {
+                    let s = shape(&p)?;
+                    total = Some(match total {
+                        None => s,
+                        Some(mut t) => {
+                            t[0] += s[0];
+                            t
+                        }
+                    });
+                }
+                total
+            }
+        }
+    }
+
+    /// Tensor `name` (Black Forest Labs' name) checked against `shape`, on `dev`. A missing
+    /// or mis-shaped tensor is an error that names the checkpoint's key and both shapes.
+    pub fn tensor(&self, name: &str, shape: &[usize], dev: &Device) -> Result<Tensor, ModelError> {
+        match self.source(name) {
+            Source::One(n) => Ok(self.file_with(&n)?.tensor(&n, shape, dev)?),
+            Source::Swap(n) => {
+                let t = self.file_with(&n)?.tensor(&n, shape, dev)?;
+                let h = shape[0] / 2;
+                Ok(Tensor::cat(&[t.narrow(0, h, h)?, t.narrow(0, 0, h)?], 0)?)
+            }
+            Source::Cat(parts) => {
+                let mut ts = Vec::with_capacity(parts.len());
+                for p in &parts {
+                    let w = self.file_with(p)?;
+                    let s = w.shape(p).unwrap_or(&[]).to_vec();
+                    ts.push(w.tensor(p, &s, dev)?);
+                }
+                let t = Tensor::cat(&ts, 0).map_err(|_| {
+                    ModelError::Input(format!(
+                        "tensors {} cannot be stacked into {name:?} {shape:?}: shapes {:?}",
+                        parts.join(", "),
+                        ts.iter().map(|t| t.dims().to_vec()).collect::<Vec<_>>()
+                    ))
+                })?;
+                if t.dims() != shape {
+                    return Err(WeightsError::Shape {
+                        name: format!("{} (stacked as {name})", parts.join(" + ")),
+                        expected: shape.to_vec(),
+                        got: t.dims().to_vec(),
+                    }
+                    .into());
+                }
+                Ok(t)
+            }
+        }
+    }
+
+    /// The architecture, from the tensors' shapes. `axes_dim` sets the RoPE split of a head
+    /// (default: FLUX.1's 16/56/56, which needs heads of 128).
+    pub fn config(&self, axes_dim: Option<[usize; 3]>) -> Result<FluxConfig, ModelError> {
+        let need = |n: &str, rank: usize| -> Result<Vec<usize>, ModelError> {
+            match self.shape(n) {
+                Some(s) if s.len() == rank => Ok(s),
+                Some(s) => Err(ModelError::Input(format!(
+                    "FLUX checkpoint: {n} has shape {s:?}; a rank-{rank} tensor was expected"
+                ))),
+                None => {
+                    Err(WeightsError::Missing(format!("{n} ({:?} layout)", self.layout)).into())
+                }
+            }
+        };
+        let img_in = need("img_in.weight", 2)?;
+        let (hidden, in_channels) = (img_in[0], img_in[1]);
+        let head_dim = need("double_blocks.0.img_attn.norm.query_norm.scale", 1)?[0];
+        let mlp = need("double_blocks.0.img_mlp.0.weight", 2)?[0];
+        let count = |f: &dyn Fn(usize) -> String| {
+            (0..).take_while(|&i| self.shape(&f(i)).is_some()).count()
+        };
+        let depth = count(&|i| format!("double_blocks.{i}.img_mod.lin.weight"));
+        let depth_single = count(&|i| format!("single_blocks.{i}.modulation.lin.weight"));
+        if head_dim == 0 || hidden % head_dim != 0 {
+            return Err(ModelError::Input(format!(
+                "FLUX checkpoint: width {hidden} is not a multiple of the head width {head_dim}"
+            )));
+        }
+        let axes_dim = match axes_dim {
+            Some(a) => a,
+            None if head_dim == 128 => [16, 56, 56],
+            None => {
+                return Err(ModelError::Input(format!(
+                    "FLUX checkpoint with heads of {head_dim}: give the RoPE axes (FLUX.1's \
+                     16/56/56 need heads of 128)"
+                )))
+            }
+        };
+        let cfg = FluxConfig {
+            in_channels,
+            vec_in_dim: need("vector_in.in_layer.weight", 2)?[1],
+            context_in_dim: need("txt_in.weight", 2)?[1],
+            hidden,
+            mlp_ratio: mlp as f64 / hidden as f64,
+            heads: hidden / head_dim,
+            depth,
+            depth_single,
+            axes_dim,
+            theta: 10_000.0,
+            qkv_bias: self.shape("double_blocks.0.img_attn.qkv.bias").is_some(),
+            guidance_embed: self.shape("guidance_in.in_layer.weight").is_some(),
+        };
+        cfg.validate()?;
+        Ok(cfg)
+    }
+
+    /// The transformer on `dev`, its sizes read from the checkpoint.
+    pub fn load(&self, axes_dim: Option<[usize; 3]>, dev: &Device) -> Result<Flux, ModelError> {
+        let cfg = self.config(axes_dim)?;
+        Flux::load(cfg, &|n, s| self.tensor(n, s, dev))
+    }
+}
+
+/// The safetensors files of `path`: itself, or the sorted `*.safetensors` of a folder (or
+/// of its `transformer/` subfolder).
+fn shard_paths(path: &Path) -> Result<Vec<PathBuf>, ModelError> {
+    if !path.is_dir() {
+        return Ok(vec![path.to_path_buf()]);
+    }
+    let dir = if path.join("transformer").is_dir() {
+        path.join("transformer")
+    } else {
+        path.to_path_buf()
+    };
+    let mut out: Vec<PathBuf> = std::fs::read_dir(&dir)
+        .map_err(|e| WeightsError::Io(dir.clone(), e))?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.extension().is_some_and(|x| x == "safetensors"))
+        .collect();
+    out.sort();
+    if out.is_empty() {
+        return Err(ModelError::Input(format!(
+            "{} holds no .safetensors files",
+            dir.display()
+        )));
+    }
+    Ok(out)
+}
+
+/// Where Black Forest Labs' tensor `name` lives in diffusers' `FluxTransformer2DModel`.
+fn diffusers_source(name: &str) -> Source {
+    let (stem, suffix) = match name.rsplit_once('.') {
+        Some((s, x)) if x == "weight" || x == "bias" => (s, format!(".{x}")),
+        _ => (name, String::new()),
+    };
+    let one = |s: String| Source::One(s);
+    let top = |s: &str| one(format!("{s}{suffix}"));
+    match stem {
+        "img_in" => return top("x_embedder"),
+        "txt_in" => return top("context_embedder"),
+        "time_in.in_layer" => return top("time_text_embed.timestep_embedder.linear_1"),
+        "time_in.out_layer" => return top("time_text_embed.timestep_embedder.linear_2"),
+        "guidance_in.in_layer" => return top("time_text_embed.guidance_embedder.linear_1"),
+        "guidance_in.out_layer" => return top("time_text_embed.guidance_embedder.linear_2"),
+        "vector_in.in_layer" => return top("time_text_embed.text_embedder.linear_1"),
+        "vector_in.out_layer" => return top("time_text_embed.text_embedder.linear_2"),
+        "final_layer.linear" => return top("proj_out"),
+        "final_layer.adaLN_modulation.1" => {
+            return Source::Swap(format!("norm_out.linear{suffix}"))
+        }
+        _ => {}
+    }
+    let mut it = stem.splitn(3, '.');
+    let (kind, idx, rest) = (
+        it.next().unwrap_or(""),
+        it.next().unwrap_or(""),
+        it.next().unwrap_or(""),
+    );
+    let at = |b: &str, s: &str| format!("{b}.{idx}.{s}{suffix}");
+    match kind {
+        "double_blocks" => {
+            let b = "transformer_blocks";
+            match rest {
+                "img_mod.lin" => one(at(b, "norm1.linear")),
+                "txt_mod.lin" => one(at(b, "norm1_context.linear")),
+                "img_attn.qkv" => Source::Cat(
+                    ["to_q", "to_k", "to_v"]
+                        .iter()
+                        .map(|p| at(b, &format!("attn.{p}")))
+                        .collect(),
+                ),
+                "txt_attn.qkv" => Source::Cat(
+                    ["add_q_proj", "add_k_proj", "add_v_proj"]
+                        .iter()
+                        .map(|p| at(b, &format!("attn.{p}")))
+                        .collect(),
+                ),
+                "img_attn.norm.query_norm.scale" => one(format!("{b}.{idx}.attn.norm_q.weight")),
+                "img_attn.norm.key_norm.scale" => one(format!("{b}.{idx}.attn.norm_k.weight")),
+                "txt_attn.norm.query_norm.scale" => {
+                    one(format!("{b}.{idx}.attn.norm_added_q.weight"))
+                }
+                "txt_attn.norm.key_norm.scale" => {
+                    one(format!("{b}.{idx}.attn.norm_added_k.weight"))
+                }
+                "img_attn.proj" => one(at(b, "attn.to_out.0")),
+                "txt_attn.proj" => one(at(b, "attn.to_add_out")),
+                "img_mlp.0" => one(at(b, "ff.net.0.proj")),
+                "img_mlp.2" => one(at(b, "ff.net.2")),
+                "txt_mlp.0" => one(at(b, "ff_context.net.0.proj")),
+                "txt_mlp.2" => one(at(b, "ff_context.net.2")),
+                _ => one(name.into()),
+            }
+        }
+        "single_blocks" => {
+            let b = "single_transformer_blocks";
+            match rest {
+                "modulation.lin" => one(at(b, "norm.linear")),
+                "linear1" => Source::Cat(
+                    ["attn.to_q", "attn.to_k", "attn.to_v", "proj_mlp"]
+                        .iter()
+                        .map(|p| at(b, p))
+                        .collect(),
+                ),
+                "linear2" => one(at(b, "proj_out")),
+                "norm.query_norm.scale" => one(format!("{b}.{idx}.attn.norm_q.weight")),
+                "norm.key_norm.scale" => one(format!("{b}.{idx}.attn.norm_k.weight")),
+                _ => one(name.into()),
+            }
+        }
+        _ => one(name.into()),
+    }
+}
