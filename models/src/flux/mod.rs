@@ -16,8 +16,10 @@
 //! - K/V cache: one layer per block (double then single), image tokens only, keys after
 //!   QK-norm and RoPE, `hidden` wide.
 
-use candle_core::{Device, IndexOp, Tensor, D};
+use candle_core::{Device, IndexOp, Tensor};
 
+use crate::joint::{check_rows, layer_norm, lin, modulate, rms, Attention, Embedder, Lin, Pass};
+pub use crate::joint::{JointOutput, Rows, TensorSource};
 use crate::ModelError;
 
 mod load;
@@ -126,63 +128,6 @@ impl FluxConfig {
     }
 }
 
-/// A linear layer `y = x W^T + b` on rows.
-#[derive(Debug, Clone)]
-struct Lin {
-    w: Tensor,
-    b: Option<Tensor>,
-}
-
-impl Lin {
-    fn forward(&self, x: &Tensor) -> candle_core::Result<Tensor> {
-        let y = x.matmul(&self.w.t()?)?;
-        match &self.b {
-            Some(b) => y.broadcast_add(b),
-            None => Ok(y),
-        }
-    }
-}
-
-/// Where the weights come from: a tensor by name, checked against its shape.
-pub type TensorSource<'a> = dyn Fn(&str, &[usize]) -> Result<Tensor, ModelError> + 'a;
-
-fn lin(
-    get: &TensorSource,
-    name: &str,
-    inp: usize,
-    out: usize,
-    bias: bool,
-) -> Result<Lin, ModelError> {
-    Ok(Lin {
-        w: get(&format!("{name}.weight"), &[out, inp])?,
-        b: if bias {
-            Some(get(&format!("{name}.bias"), &[out])?)
-        } else {
-            None
-        },
-    })
-}
-
-/// Two-layer SiLU MLP embedder (`in_layer`, `out_layer`).
-#[derive(Debug, Clone)]
-struct Embedder {
-    inp: Lin,
-    out: Lin,
-}
-
-impl Embedder {
-    fn load(get: &TensorSource, name: &str, inp: usize, h: usize) -> Result<Self, ModelError> {
-        Ok(Self {
-            inp: lin(get, &format!("{name}.in_layer"), inp, h, true)?,
-            out: lin(get, &format!("{name}.out_layer"), h, h, true)?,
-        })
-    }
-
-    fn forward(&self, x: &Tensor) -> candle_core::Result<Tensor> {
-        self.out.forward(&self.inp.forward(x)?.silu()?)
-    }
-}
-
 /// One stream's attention weights: QKV, per-head RMS norms of Q and K, output projection.
 #[derive(Debug, Clone)]
 struct Attn {
@@ -228,43 +173,6 @@ struct SingleBlock {
     k_norm: Tensor,
 }
 
-/// Output of [`Flux::forward`].
-#[derive(Debug)]
-pub struct FluxOutput {
-    /// Velocity of the computed image tokens, `n x in_channels`.
-    pub velocity: Tensor,
-    /// Their fresh keys, `kv_layers x n x hidden`.
-    pub k: Tensor,
-    /// Their fresh values, same shape.
-    pub v: Tensor,
-    /// When asked for: attention of each computed image token to each text token, averaged
-    /// over heads and the double blocks, `n x text_tokens`.
-    pub saliency: Option<Tensor>,
-    /// When patches are given: each computed image token's attention mass into each patch,
-    /// averaged over heads and every block, `n x patches`.
-    pub patch_mass: Option<Tensor>,
-}
-
-/// The image tokens a forward computes and where it finds the others.
-#[derive(Debug, Clone, Copy)]
-pub struct Rows<'a> {
-    /// Their noisy values, `n x in_channels`, in the order of `ids`.
-    pub x: &'a Tensor,
-    /// Ascending token ids (row-major over the grid).
-    pub ids: &'a [u32],
-    /// Grid width in tokens (positions: row = id / width, column = id % width).
-    pub width: usize,
-    /// Image tokens in the latent.
-    pub tokens: usize,
-    /// Cached keys and values of every image token (`kv_layers x tokens x hidden`), for
-    /// those not in `ids`; `None`: the rows attend only to each other and the text.
-    pub cache: Option<(&'a Tensor, &'a Tensor)>,
-    /// Patch of every image token and the patch count, for the per-patch attention mass.
-    pub patches: Option<(&'a [u32], usize)>,
-    /// Whether to return the image-to-text saliency.
-    pub saliency: bool,
-}
-
 /// FLUX.1's transformer.
 #[derive(Debug, Clone)]
 pub struct Flux {
@@ -279,9 +187,6 @@ pub struct Flux {
     final_mod: Lin,
     final_linear: Lin,
 }
-
-/// Queries per block of attention: bounds the score matrix at `QUERY_BLOCK x keys` per head.
-const QUERY_BLOCK: usize = 512;
 
 impl Flux {
     /// Loads the transformer from tensors named as in Black Forest Labs' checkpoints. A
@@ -321,10 +226,20 @@ impl Flux {
         Ok(Self {
             img_in: lin(get, "img_in", cfg.in_channels, h, true)?,
             txt_in: lin(get, "txt_in", cfg.context_in_dim, h, true)?,
-            time_in: Embedder::load(get, "time_in", 256, h)?,
-            vector_in: Embedder::load(get, "vector_in", cfg.vec_in_dim, h)?,
+            time_in: Embedder::load(get, ("time_in.in_layer", "time_in.out_layer"), 256, h)?,
+            vector_in: Embedder::load(
+                get,
+                ("vector_in.in_layer", "vector_in.out_layer"),
+                cfg.vec_in_dim,
+                h,
+            )?,
             guidance_in: if cfg.guidance_embed {
-                Some(Embedder::load(get, "guidance_in", 256, h)?)
+                Some(Embedder::load(
+                    get,
+                    ("guidance_in.in_layer", "guidance_in.out_layer"),
+                    256,
+                    h,
+                )?)
             } else {
                 None
             },
@@ -391,12 +306,11 @@ impl Flux {
         rows: Rows<'_>,
         context: &Tensor,
         cond: &Tensor,
-    ) -> Result<FluxOutput, ModelError> {
+    ) -> Result<JointOutput, ModelError> {
         let cfg = &self.cfg;
-        let (n, tokens) = (rows.ids.len(), rows.tokens);
+        let n = rows.ids.len();
         let dev = rows.x.device().clone();
-        check_rows(&rows, cfg)?;
-        let all = n == tokens;
+        check_rows(&rows, "FLUX", cfg.in_channels, cfg.kv_layers(), cfg.hidden)?;
         let nt = context.dim(0)? - 1;
         if cond.dims() != [cfg.cond_rows(), cfg.hidden] {
             return Err(ModelError::Input(format!(
@@ -406,18 +320,6 @@ impl Flux {
                 cond.dims()
             )));
         }
-        // Keys of image tokens: fresh rows where computed, the cache elsewhere (gathered
-        // from [cache rows; fresh rows] by one index per token).
-        let gather = match (rows.cache, all) {
-            (Some(_), false) => {
-                let mut at: Vec<u32> = (0..tokens as u32).collect();
-                for (i, &t) in rows.ids.iter().enumerate() {
-                    at[t as usize] = (tokens + i) as u32;
-                }
-                Some(Tensor::from_vec(at, tokens, &dev)?)
-            }
-            _ => None,
-        };
         let img_pe = rope_table(
             cfg,
             rows.ids.iter().map(|&t| {
@@ -434,11 +336,7 @@ impl Flux {
             Tensor::cat(&[&txt_pe.0, &img_pe.0], 0)?,
             Tensor::cat(&[&txt_pe.1, &img_pe.1], 0)?,
         );
-        let onehot = match rows.patches {
-            Some((of, p)) => Some(one_hot(of, p, &dev)?),
-            None => None,
-        };
-        let mut acc = Acc::default();
+        let mut pass = Pass::new(rows, cfg.heads, cfg.head_dim())?;
         let mut ks = Vec::with_capacity(cfg.kv_layers());
         let mut vs = Vec::with_capacity(cfg.kv_layers());
         let mut img = self.img_in.forward(rows.x)?;
@@ -454,18 +352,14 @@ impl Flux {
             let q = rope(&Tensor::cat(&[&tq, &iq], 0)?, &pe)?;
             let k = rope(&Tensor::cat(&[&tk, &ik], 0)?, &pe)?;
             let v = Tensor::cat(&[&tv, &iv], 0)?;
-            let out = self.attend(
-                &q,
-                &k,
-                &v,
+            let out = pass.attend(Attention {
+                q: &q,
+                k: &k,
+                v: &v,
                 nt,
-                &rows,
-                gather.as_ref(),
                 layer,
-                true,
-                &onehot,
-                &mut acc,
-            )?;
+                saliency: true,
+            })?;
             ks.push(k.narrow(0, nt, n)?);
             vs.push(v.narrow(0, nt, n)?);
             let (ta, ia) = (out.narrow(0, 0, nt)?, out.narrow(0, nt, n)?);
@@ -487,18 +381,14 @@ impl Flux {
             let q = rope(&rms(&split(0)?, &b.q_norm)?, &pe)?;
             let k = rope(&rms(&split(1)?, &b.k_norm)?, &pe)?;
             let v = split(2)?;
-            let out = self.attend(
-                &q,
-                &k,
-                &v,
+            let out = pass.attend(Attention {
+                q: &q,
+                k: &k,
+                v: &v,
                 nt,
-                &rows,
-                gather.as_ref(),
                 layer,
-                false,
-                &onehot,
-                &mut acc,
-            )?;
+                saliency: false,
+            })?;
             ks.push(k.narrow(0, nt, n)?);
             vs.push(v.narrow(0, nt, n)?);
             let mlp = y.narrow(1, 3 * h, m)?.gelu()?;
@@ -513,210 +403,8 @@ impl Flux {
             .broadcast_mul(&(fm.i(1)? + 1.0)?)?
             .broadcast_add(&fm.i(0)?)?;
         let velocity = self.final_linear.forward(&y)?;
-        let flat = |t: Vec<Tensor>| -> candle_core::Result<Tensor> {
-            Tensor::stack(&t, 0)?.reshape((cfg.kv_layers(), n, h))
-        };
-        let saliency = match acc.saliency {
-            Some(s) if rows.saliency => Some((s / self.double.len().max(1) as f64)?),
-            _ => None,
-        };
-        let patch_mass = match acc.mass {
-            Some(s) => Some((s / cfg.kv_layers() as f64)?),
-            None => None,
-        };
-        Ok(FluxOutput {
-            velocity,
-            k: flat(ks)?,
-            v: flat(vs)?,
-            saliency,
-            patch_mass,
-        })
+        Ok(pass.finish(velocity, ks, vs, self.double.len())?)
     }
-
-    /// Joint attention of `q` (text rows then the computed image rows, heads split) over
-    /// the text keys and every image token's keys (fresh or cached at `layer`). Returns
-    /// `rows x hidden` and accumulates the statistics asked for.
-    #[allow(clippy::too_many_arguments)]
-    fn attend(
-        &self,
-        q: &Tensor,
-        k: &Tensor,
-        v: &Tensor,
-        nt: usize,
-        rows: &Rows<'_>,
-        gather: Option<&Tensor>,
-        layer: usize,
-        double: bool,
-        onehot: &Option<Tensor>,
-        acc: &mut Acc,
-    ) -> Result<Tensor, ModelError> {
-        let cfg = &self.cfg;
-        let n = rows.ids.len();
-        let (k, v) = match (gather, rows.cache) {
-            (Some(at), Some((ck, cv))) => {
-                let full = |fresh: &Tensor, cache: &Tensor| -> candle_core::Result<Tensor> {
-                    let c = cache
-                        .i(layer)?
-                        .reshape((rows.tokens, cfg.heads, cfg.head_dim()))?;
-                    let img =
-                        Tensor::cat(&[&c, &fresh.narrow(0, nt, n)?], 0)?.index_select(at, 0)?;
-                    Tensor::cat(&[&fresh.narrow(0, 0, nt)?, &img], 0)
-                };
-                (full(k, ck)?, full(v, cv)?)
-            }
-            _ => (k.clone(), v.clone()),
-        };
-        // (heads, rows, head_dim)
-        let q = q.transpose(0, 1)?.contiguous()?;
-        let kt = k.transpose(0, 1)?.transpose(1, 2)?.contiguous()?;
-        let v = v.transpose(0, 1)?.contiguous()?;
-        let scale = 1.0 / (cfg.head_dim() as f64).sqrt();
-        let total = q.dim(1)?;
-        let mut outs = Vec::with_capacity(total.div_ceil(QUERY_BLOCK));
-        let mut start = 0;
-        while start < total {
-            let len = QUERY_BLOCK.min(total - start);
-            let p = candle_nn::ops::softmax_last_dim(
-                &(q.narrow(1, start, len)?.matmul(&kt)? * scale)?,
-            )?;
-            outs.push(p.matmul(&v)?);
-            // Statistics of the image rows in this block (rows nt.. of q).
-            let lo = start.max(nt);
-            if lo < start + len {
-                let img = p.narrow(1, lo - start, start + len - lo)?.mean(0)?;
-                let keys = img.dim(1)?;
-                if double && rows.saliency {
-                    acc.add_saliency(lo - nt, img.narrow(1, 0, nt)?, n)?;
-                }
-                if let Some(oh) = onehot {
-                    // Only over the whole latent's image keys (a cache, or every token).
-                    if keys - nt == rows.tokens {
-                        acc.add_mass(lo - nt, img.narrow(1, nt, rows.tokens)?.matmul(oh)?, n)?;
-                    }
-                }
-            }
-            start += len;
-        }
-        let o = Tensor::cat(&outs, 1)?; // heads x rows x hd
-        Ok(o.transpose(0, 1)?.reshape((total, cfg.hidden))?)
-    }
-}
-
-/// Per-block statistics summed over layers, one row per computed image token.
-#[derive(Default)]
-struct Acc {
-    saliency: Option<Tensor>,
-    mass: Option<Tensor>,
-    // Rows gathered for the current layer before they are summed into the totals.
-    sal_parts: Vec<(usize, Tensor)>,
-    mass_parts: Vec<(usize, Tensor)>,
-}
-
-impl Acc {
-    fn add_saliency(&mut self, at: usize, t: Tensor, n: usize) -> candle_core::Result<()> {
-        Self::add(&mut self.sal_parts, &mut self.saliency, at, t, n)
-    }
-
-    fn add_mass(&mut self, at: usize, t: Tensor, n: usize) -> candle_core::Result<()> {
-        Self::add(&mut self.mass_parts, &mut self.mass, at, t, n)
-    }
-
-    /// Collects a layer's row blocks; when they cover all `n` rows, adds them to the total.
-    fn add(
-        parts: &mut Vec<(usize, Tensor)>,
-        total: &mut Option<Tensor>,
-        at: usize,
-        t: Tensor,
-        n: usize,
-    ) -> candle_core::Result<()> {
-        parts.push((at, t));
-        let covered: usize = parts.iter().map(|(_, t)| t.dim(0).unwrap_or(0)).sum();
-        if covered < n {
-            return Ok(());
-        }
-        parts.sort_by_key(|(a, _)| *a);
-        let layer = Tensor::cat(&parts.drain(..).map(|(_, t)| t).collect::<Vec<_>>(), 0)?;
-        *total = Some(match total.take() {
-            Some(s) => s.add(&layer)?,
-            None => layer,
-        });
-        Ok(())
-    }
-}
-
-fn check_rows(rows: &Rows<'_>, cfg: &FluxConfig) -> Result<(), ModelError> {
-    let bad = |m: String| Err(ModelError::Input(m));
-    let n = rows.ids.len();
-    if n == 0 {
-        return bad("a FLUX forward needs at least one image token".into());
-    }
-    if rows.width == 0 || rows.tokens % rows.width != 0 {
-        return bad(format!(
-            "grid width {} does not divide {} tokens",
-            rows.width, rows.tokens
-        ));
-    }
-    if rows.x.dims() != [n, cfg.in_channels] {
-        return bad(format!(
-            "FLUX image rows must be {n} x {}, got {:?}",
-            cfg.in_channels,
-            rows.x.dims()
-        ));
-    }
-    if rows.ids.windows(2).any(|w| w[0] >= w[1]) || rows.ids[n - 1] as usize >= rows.tokens {
-        return bad(format!(
-            "token ids must ascend and lie below {}",
-            rows.tokens
-        ));
-    }
-    if let Some((k, v)) = rows.cache {
-        let want = [cfg.kv_layers(), rows.tokens, cfg.hidden];
-        if k.dims() != want || v.dims() != want {
-            return bad(format!(
-                "K/V cache must be {want:?}, got {:?} and {:?}",
-                k.dims(),
-                v.dims()
-            ));
-        }
-    }
-    if let Some((of, p)) = rows.patches {
-        if of.len() != rows.tokens || of.iter().any(|&x| x as usize >= p) {
-            return bad(format!(
-                "patch map must give each of {} tokens a patch below {p}",
-                rows.tokens
-            ));
-        }
-    }
-    Ok(())
-}
-
-/// `tokens x patches` one-hot matrix of the patch map.
-fn one_hot(of: &[u32], p: usize, dev: &Device) -> candle_core::Result<Tensor> {
-    let mut m = vec![0f32; of.len() * p];
-    for (t, &x) in of.iter().enumerate() {
-        m[t * p + x as usize] = 1.0;
-    }
-    Tensor::from_vec(m, (of.len(), p), dev)
-}
-
-/// LayerNorm without affine parameters, eps 1e-6, over the last dimension.
-fn layer_norm(x: &Tensor) -> candle_core::Result<Tensor> {
-    let mean = x.mean_keepdim(D::Minus1)?;
-    let xc = x.broadcast_sub(&mean)?;
-    let var = xc.sqr()?.mean_keepdim(D::Minus1)?;
-    xc.broadcast_div(&(var + 1e-6)?.sqrt()?)
-}
-
-/// RMS norm over the last dimension with a learned scale, eps 1e-6.
-fn rms(x: &Tensor, scale: &Tensor) -> candle_core::Result<Tensor> {
-    candle_nn::ops::rms_norm(&x.contiguous()?, scale, 1e-6)
-}
-
-/// `(1 + scale) * LN(x) + shift` with the chunks `at` (shift), `at + 1` (scale) of `m`.
-fn modulate(x: &Tensor, m: &Tensor, at: usize) -> candle_core::Result<Tensor> {
-    layer_norm(x)?
-        .broadcast_mul(&(m.i(at + 1)? + 1.0)?)?
-        .broadcast_add(&m.i(at)?)
 }
 
 /// Q (normed), K (normed) and V of one stream, each `rows x heads x head_dim`, before RoPE.

@@ -1,0 +1,382 @@
+//! What FLUX and SD3's MMDiT share: joint attention of text and image tokens in which the
+//! image rows of a forward may be a subset, the others' keys and values coming from a cache;
+//! the statistics FlashDiff needs (image-to-text saliency, per-patch attention mass); the
+//! small layers both are made of.
+
+use candle_core::{Device, IndexOp, Tensor, D};
+
+use crate::ModelError;
+
+/// A linear layer `y = x W^T + b` on rows.
+#[derive(Debug, Clone)]
+pub(crate) struct Lin {
+    pub(crate) w: Tensor,
+    pub(crate) b: Option<Tensor>,
+}
+
+impl Lin {
+    pub(crate) fn forward(&self, x: &Tensor) -> candle_core::Result<Tensor> {
+        let y = x.matmul(&self.w.t()?)?;
+        match &self.b {
+            Some(b) => y.broadcast_add(b),
+            None => Ok(y),
+        }
+    }
+}
+
+/// Where the weights come from: a tensor by name, checked against its shape.
+pub type TensorSource<'a> = dyn Fn(&str, &[usize]) -> Result<Tensor, ModelError> + 'a;
+
+pub(crate) fn lin(
+    get: &TensorSource,
+    name: &str,
+    inp: usize,
+    out: usize,
+    bias: bool,
+) -> Result<Lin, ModelError> {
+    Ok(Lin {
+        w: get(&format!("{name}.weight"), &[out, inp])?,
+        b: if bias {
+            Some(get(&format!("{name}.bias"), &[out])?)
+        } else {
+            None
+        },
+    })
+}
+
+/// Two-layer SiLU MLP embedder (time, guidance, pooled text).
+#[derive(Debug, Clone)]
+pub(crate) struct Embedder {
+    inp: Lin,
+    out: Lin,
+}
+
+impl Embedder {
+    /// Layers `inp_name` (`inp -> h`) and `out_name` (`h -> h`), with biases.
+    pub(crate) fn load(
+        get: &TensorSource,
+        (inp_name, out_name): (&str, &str),
+        inp: usize,
+        h: usize,
+    ) -> Result<Self, ModelError> {
+        Ok(Self {
+            inp: lin(get, inp_name, inp, h, true)?,
+            out: lin(get, out_name, h, h, true)?,
+        })
+    }
+
+    pub(crate) fn forward(&self, x: &Tensor) -> candle_core::Result<Tensor> {
+        self.out.forward(&self.inp.forward(x)?.silu()?)
+    }
+}
+/// Output of a joint-attention DiT's forward over image rows ([`crate::flux::Flux::forward`],
+/// [`crate::mmdit::Mmdit::forward`]).
+#[derive(Debug)]
+pub struct JointOutput {
+    /// Velocity of the computed image tokens, `n x in_channels`.
+    pub velocity: Tensor,
+    /// Their fresh keys, `kv_layers x n x hidden` (keys after the model's Q/K norm and
+    /// position encoding).
+    pub k: Tensor,
+    /// Their fresh values, same shape.
+    pub v: Tensor,
+    /// When asked for: attention of each computed image token to each text token, averaged
+    /// over heads and the model's saliency blocks, `n x text_tokens`.
+    pub saliency: Option<Tensor>,
+    /// When patches are given: each computed image token's attention mass into each patch,
+    /// averaged over heads and every block, `n x patches`.
+    pub patch_mass: Option<Tensor>,
+}
+
+/// The image tokens a forward computes and where it finds the others.
+#[derive(Debug, Clone, Copy)]
+pub struct Rows<'a> {
+    /// Their noisy values, `n x in_channels`, in the order of `ids`.
+    pub x: &'a Tensor,
+    /// Ascending token ids (row-major over the grid).
+    pub ids: &'a [u32],
+    /// Grid width in tokens (positions: row = id / width, column = id % width).
+    pub width: usize,
+    /// Image tokens in the latent.
+    pub tokens: usize,
+    /// Cached keys and values of every image token (`kv_layers x tokens x hidden`), for
+    /// those not in `ids`; `None`: the rows attend only to each other and the text.
+    pub cache: Option<(&'a Tensor, &'a Tensor)>,
+    /// Patch of every image token and the patch count, for the per-patch attention mass.
+    pub patches: Option<(&'a [u32], usize)>,
+    /// Whether to return the image-to-text saliency.
+    pub saliency: bool,
+}
+
+/// Queries per block of attention: bounds the score matrix at `QUERY_BLOCK x keys` per head.
+const QUERY_BLOCK: usize = 512;
+/// One attention of a forward: `q`, `k`, `v` are `rows x heads x head_dim` with the `nt`
+/// text rows first (0 for an image-only attention), then the computed image rows.
+#[derive(Clone, Copy)]
+pub(crate) struct Attention<'a> {
+    pub(crate) q: &'a Tensor,
+    pub(crate) k: &'a Tensor,
+    pub(crate) v: &'a Tensor,
+    pub(crate) nt: usize,
+    /// Cache layer of the image keys and values.
+    pub(crate) layer: usize,
+    /// Whether this attention's image-to-text probabilities count towards the saliency.
+    pub(crate) saliency: bool,
+}
+
+/// What every attention of one forward shares.
+pub(crate) struct Pass<'a> {
+    pub(crate) rows: Rows<'a>,
+    /// Index of each image token in `[cache rows; fresh rows]` (a subset with a cache).
+    pub(crate) gather: Option<Tensor>,
+    pub(crate) onehot: Option<Tensor>,
+    pub(crate) heads: usize,
+    pub(crate) head_dim: usize,
+    pub(crate) acc: Acc,
+}
+
+impl<'a> Pass<'a> {
+    pub(crate) fn new(rows: Rows<'a>, heads: usize, head_dim: usize) -> candle_core::Result<Self> {
+        let dev = rows.x.device();
+        let gather = match rows.cache {
+            Some(_) if rows.ids.len() < rows.tokens => {
+                let mut at: Vec<u32> = (0..rows.tokens as u32).collect();
+                for (i, &t) in rows.ids.iter().enumerate() {
+                    at[t as usize] = (rows.tokens + i) as u32;
+                }
+                Some(Tensor::from_vec(at, rows.tokens, dev)?)
+            }
+            _ => None,
+        };
+        let onehot = match rows.patches {
+            Some((of, p)) => Some(one_hot(of, p, dev)?),
+            None => None,
+        };
+        Ok(Self {
+            rows,
+            gather,
+            onehot,
+            heads,
+            head_dim,
+            acc: Acc::default(),
+        })
+    }
+
+    /// The forward's output from its velocity rows, each layer's fresh image K/V (`n x heads
+    /// x head_dim`) and the statistics gathered (saliency averaged over the
+    /// `saliency_layers` attentions that counted, mass over every layer).
+    pub(crate) fn finish(
+        self,
+        velocity: Tensor,
+        ks: Vec<Tensor>,
+        vs: Vec<Tensor>,
+        saliency_layers: usize,
+    ) -> candle_core::Result<JointOutput> {
+        let (layers, n) = (ks.len(), self.rows.ids.len());
+        let width = self.heads * self.head_dim;
+        let flat = |t: Vec<Tensor>| Tensor::stack(&t, 0)?.reshape((layers, n, width));
+        let saliency = match self.acc.saliency {
+            Some(s) if self.rows.saliency => Some((s / saliency_layers.max(1) as f64)?),
+            _ => None,
+        };
+        let patch_mass = match self.acc.mass {
+            Some(s) => Some((s / layers.max(1) as f64)?),
+            None => None,
+        };
+        Ok(JointOutput {
+            velocity,
+            k: flat(ks)?,
+            v: flat(vs)?,
+            saliency,
+            patch_mass,
+        })
+    }
+
+    /// Attention of `a.q` over the text keys and every image token's keys (fresh rows, or
+    /// the cache at `a.layer` for the others). Returns `rows x heads * head_dim` and
+    /// accumulates the statistics asked for.
+    pub(crate) fn attend(&mut self, a: Attention<'_>) -> Result<Tensor, ModelError> {
+        let Attention {
+            q,
+            k,
+            v,
+            nt,
+            layer,
+            saliency,
+        } = a;
+        let rows = &self.rows;
+        let (heads, hd) = (self.heads, self.head_dim);
+        let n = rows.ids.len();
+        let (k, v) = match (&self.gather, rows.cache) {
+            (Some(at), Some((ck, cv))) => {
+                let full = |fresh: &Tensor, cache: &Tensor| -> candle_core::Result<Tensor> {
+                    let c = cache.i(layer)?.reshape((rows.tokens, heads, hd))?;
+                    let img =
+                        Tensor::cat(&[&c, &fresh.narrow(0, nt, n)?], 0)?.index_select(at, 0)?;
+                    Tensor::cat(&[&fresh.narrow(0, 0, nt)?, &img], 0)
+                };
+                (full(k, ck)?, full(v, cv)?)
+            }
+            _ => (k.clone(), v.clone()),
+        };
+        // (heads, rows, head_dim)
+        let q = q.transpose(0, 1)?.contiguous()?;
+        let kt = k.transpose(0, 1)?.transpose(1, 2)?.contiguous()?;
+        let v = v.transpose(0, 1)?.contiguous()?;
+        let scale = 1.0 / (hd as f64).sqrt();
+        let total = q.dim(1)?;
+        let mut outs = Vec::with_capacity(total.div_ceil(QUERY_BLOCK));
+        let mut start = 0;
+        while start < total {
+            let len = QUERY_BLOCK.min(total - start);
+            let p = candle_nn::ops::softmax_last_dim(
+                &(q.narrow(1, start, len)?.matmul(&kt)? * scale)?,
+            )?;
+            outs.push(p.matmul(&v)?);
+            // Statistics of the image rows in this block (rows nt.. of q).
+            let lo = start.max(nt);
+            if lo < start + len {
+                let img = p.narrow(1, lo - start, start + len - lo)?.mean(0)?;
+                let keys = img.dim(1)?;
+                if saliency && rows.saliency {
+                    self.acc.add_saliency(lo - nt, img.narrow(1, 0, nt)?, n)?;
+                }
+                if let Some(oh) = &self.onehot {
+                    // Only over the whole latent's image keys (a cache, or every token).
+                    if keys - nt == rows.tokens {
+                        self.acc.add_mass(
+                            lo - nt,
+                            img.narrow(1, nt, rows.tokens)?.matmul(oh)?,
+                            n,
+                        )?;
+                    }
+                }
+            }
+            start += len;
+        }
+        let o = Tensor::cat(&outs, 1)?; // heads x rows x hd
+        Ok(o.transpose(0, 1)?.reshape((total, heads * hd))?)
+    }
+}
+/// Per-block statistics summed over layers, one row per computed image token.
+#[derive(Default)]
+pub(crate) struct Acc {
+    pub(crate) saliency: Option<Tensor>,
+    pub(crate) mass: Option<Tensor>,
+    // Rows gathered for the current layer before they are summed into the totals.
+    sal_parts: Vec<(usize, Tensor)>,
+    mass_parts: Vec<(usize, Tensor)>,
+}
+
+impl Acc {
+    fn add_saliency(&mut self, at: usize, t: Tensor, n: usize) -> candle_core::Result<()> {
+        Self::add(&mut self.sal_parts, &mut self.saliency, at, t, n)
+    }
+
+    fn add_mass(&mut self, at: usize, t: Tensor, n: usize) -> candle_core::Result<()> {
+        Self::add(&mut self.mass_parts, &mut self.mass, at, t, n)
+    }
+
+    /// Collects a layer's row blocks; when they cover all `n` rows, adds them to the total.
+    fn add(
+        parts: &mut Vec<(usize, Tensor)>,
+        total: &mut Option<Tensor>,
+        at: usize,
+        t: Tensor,
+        n: usize,
+    ) -> candle_core::Result<()> {
+        parts.push((at, t));
+        let covered: usize = parts.iter().map(|(_, t)| t.dim(0).unwrap_or(0)).sum();
+        if covered < n {
+            return Ok(());
+        }
+        parts.sort_by_key(|(a, _)| *a);
+        let layer = Tensor::cat(&parts.drain(..).map(|(_, t)| t).collect::<Vec<_>>(), 0)?;
+        *total = Some(match total.take() {
+            Some(s) => s.add(&layer)?,
+            None => layer,
+        });
+        Ok(())
+    }
+}
+
+/// Checks a forward's rows against a model's sizes, with the reason.
+pub(crate) fn check_rows(
+    rows: &Rows<'_>,
+    model: &str,
+    in_channels: usize,
+    kv_layers: usize,
+    hidden: usize,
+) -> Result<(), ModelError> {
+    let bad = |m: String| Err(ModelError::Input(m));
+    let n = rows.ids.len();
+    if n == 0 {
+        return bad(format!("a {model} forward needs at least one image token"));
+    }
+    if rows.width == 0 || rows.tokens % rows.width != 0 {
+        return bad(format!(
+            "grid width {} does not divide {} tokens",
+            rows.width, rows.tokens
+        ));
+    }
+    if rows.x.dims() != [n, in_channels] {
+        return bad(format!(
+            "{model} image rows must be {n} x {in_channels}, got {:?}",
+            rows.x.dims()
+        ));
+    }
+    if rows.ids.windows(2).any(|w| w[0] >= w[1]) || rows.ids[n - 1] as usize >= rows.tokens {
+        return bad(format!(
+            "token ids must ascend and lie below {}",
+            rows.tokens
+        ));
+    }
+    if let Some((k, v)) = rows.cache {
+        let want = [kv_layers, rows.tokens, hidden];
+        if k.dims() != want || v.dims() != want {
+            return bad(format!(
+                "K/V cache must be {want:?}, got {:?} and {:?}",
+                k.dims(),
+                v.dims()
+            ));
+        }
+    }
+    if let Some((of, p)) = rows.patches {
+        if of.len() != rows.tokens || of.iter().any(|&x| x as usize >= p) {
+            return bad(format!(
+                "patch map must give each of {} tokens a patch below {p}",
+                rows.tokens
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// `tokens x patches` one-hot matrix of the patch map.
+pub(crate) fn one_hot(of: &[u32], p: usize, dev: &Device) -> candle_core::Result<Tensor> {
+    let mut m = vec![0f32; of.len() * p];
+    for (t, &x) in of.iter().enumerate() {
+        m[t * p + x as usize] = 1.0;
+    }
+    Tensor::from_vec(m, (of.len(), p), dev)
+}
+
+/// LayerNorm without affine parameters, eps 1e-6, over the last dimension.
+pub(crate) fn layer_norm(x: &Tensor) -> candle_core::Result<Tensor> {
+    let mean = x.mean_keepdim(D::Minus1)?;
+    let xc = x.broadcast_sub(&mean)?;
+    let var = xc.sqr()?.mean_keepdim(D::Minus1)?;
+    xc.broadcast_div(&(var + 1e-6)?.sqrt()?)
+}
+
+/// RMS norm over the last dimension with a learned scale, eps 1e-6.
+pub(crate) fn rms(x: &Tensor, scale: &Tensor) -> candle_core::Result<Tensor> {
+    candle_nn::ops::rms_norm(&x.contiguous()?, scale, 1e-6)
+}
+
+/// `(1 + scale) * LN(x) + shift` with the chunks `at` (shift), `at + 1` (scale) of `m`.
+pub(crate) fn modulate(x: &Tensor, m: &Tensor, at: usize) -> candle_core::Result<Tensor> {
+    layer_norm(x)?
+        .broadcast_mul(&(m.i(at + 1)? + 1.0)?)?
+        .broadcast_add(&m.i(at)?)
+}
