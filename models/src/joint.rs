@@ -213,7 +213,11 @@ impl<'a> Pass<'a> {
                     let c = cache.i(layer)?.reshape((rows.tokens, heads, hd))?;
                     let img =
                         Tensor::cat(&[&c, &fresh.narrow(0, nt, n)?], 0)?.index_select(at, 0)?;
-                    Tensor::cat(&[&fresh.narrow(0, 0, nt)?, &img], 0)
+                    if nt == 0 {
+                        Ok(img)
+                    } else {
+                        Tensor::cat(&[&fresh.narrow(0, 0, nt)?, &img], 0)
+                    }
                 };
                 (full(k, ck)?, full(v, cv)?)
             }

@@ -24,6 +24,7 @@ pub use candle_core::{DType, Device, Tensor};
 pub mod clips;
 pub mod flux;
 mod joint;
+pub mod mmdit;
 pub mod scene;
 pub mod sounds;
 mod tinydit;
