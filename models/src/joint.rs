@@ -86,6 +86,10 @@ pub struct JointOutput {
     /// When patches are given: each computed image token's attention mass into each patch,
     /// averaged over heads and every block, `n x patches`.
     pub patch_mass: Option<Tensor>,
+    /// The text tokens' keys and values at every joint attention (`text_layers x
+    /// text_tokens x hidden`: every block for FLUX, every block's joint attention for the
+    /// MMDiT), when this forward computed the text stream (no [`Rows::text_cache`]).
+    pub text_kv: Option<(Tensor, Tensor)>,
 }
 
 /// The image tokens a forward computes and where it finds the others.
@@ -106,18 +110,24 @@ pub struct Rows<'a> {
     pub patches: Option<(&'a [u32], usize)>,
     /// Whether to return the image-to-text saliency.
     pub saliency: bool,
+    /// The text tokens' keys and values at every joint attention (as
+    /// [`JointOutput::text_kv`] returned them): the text stream is then not computed,
+    /// which makes a subset's cost proportional to its image rows. `None`: computed.
+    pub text_cache: Option<(&'a Tensor, &'a Tensor)>,
 }
 
 /// Queries per block of attention: bounds the score matrix at `QUERY_BLOCK x keys` per head.
 const QUERY_BLOCK: usize = 512;
-/// One attention of a forward: `q`, `k`, `v` are `rows x heads x head_dim` with the `nt`
-/// text rows first (0 for an image-only attention), then the computed image rows.
+/// One attention of a forward: `q`, `k`, `v` are `rows x heads x head_dim`; `k` and `v`
+/// hold the `nt` text rows first (0 for an image-only attention), then the computed image
+/// rows; `q` holds `qt` text rows (`nt`, or 0 when the text is cached) then the image rows.
 #[derive(Clone, Copy)]
 pub(crate) struct Attention<'a> {
     pub(crate) q: &'a Tensor,
     pub(crate) k: &'a Tensor,
     pub(crate) v: &'a Tensor,
     pub(crate) nt: usize,
+    pub(crate) qt: usize,
     /// Cache layer of the image keys and values.
     pub(crate) layer: usize,
     /// Whether this attention's image-to-text probabilities count towards the saliency.
@@ -168,13 +178,17 @@ impl<'a> Pass<'a> {
     pub(crate) fn finish(
         self,
         velocity: Tensor,
-        ks: Vec<Tensor>,
-        vs: Vec<Tensor>,
+        (ks, vs): (Vec<Tensor>, Vec<Tensor>),
+        text: Option<(Vec<Tensor>, Vec<Tensor>)>,
         saliency_layers: usize,
     ) -> candle_core::Result<JointOutput> {
-        let (layers, n) = (ks.len(), self.rows.ids.len());
+        let layers = ks.len();
         let width = self.heads * self.head_dim;
-        let flat = |t: Vec<Tensor>| Tensor::stack(&t, 0)?.reshape((layers, n, width));
+        let flat = |t: Vec<Tensor>| {
+            let n = t.first().map_or(0, |x| x.dim(0).unwrap_or(0));
+            let l = t.len();
+            Tensor::stack(&t, 0)?.reshape((l, n, width))
+        };
         let saliency = match self.acc.saliency {
             Some(s) if self.rows.saliency => Some((s / saliency_layers.max(1) as f64)?),
             _ => None,
@@ -183,12 +197,17 @@ impl<'a> Pass<'a> {
             Some(s) => Some((s / layers.max(1) as f64)?),
             None => None,
         };
+        let text_kv = match text {
+            Some((k, v)) => Some((flat(k)?, flat(v)?)),
+            None => None,
+        };
         Ok(JointOutput {
             velocity,
             k: flat(ks)?,
             v: flat(vs)?,
             saliency,
             patch_mass,
+            text_kv,
         })
     }
 
@@ -201,6 +220,7 @@ impl<'a> Pass<'a> {
             k,
             v,
             nt,
+            qt,
             layer,
             saliency,
         } = a;
@@ -237,19 +257,19 @@ impl<'a> Pass<'a> {
                 &(q.narrow(1, start, len)?.matmul(&kt)? * scale)?,
             )?;
             outs.push(p.matmul(&v)?);
-            // Statistics of the image rows in this block (rows nt.. of q).
-            let lo = start.max(nt);
+            // Statistics of the image rows in this block (rows qt.. of q).
+            let lo = start.max(qt);
             if lo < start + len {
                 let img = p.narrow(1, lo - start, start + len - lo)?.mean(0)?;
                 let keys = img.dim(1)?;
                 if saliency && rows.saliency {
-                    self.acc.add_saliency(lo - nt, img.narrow(1, 0, nt)?, n)?;
+                    self.acc.add_saliency(lo - qt, img.narrow(1, 0, nt)?, n)?;
                 }
                 if let Some(oh) = &self.onehot {
                     // Only over the whole latent's image keys (a cache, or every token).
                     if keys - nt == rows.tokens {
                         self.acc.add_mass(
-                            lo - nt,
+                            lo - qt,
                             img.narrow(1, nt, rows.tokens)?.matmul(oh)?,
                             n,
                         )?;
@@ -351,6 +371,26 @@ pub(crate) fn check_rows(
                 "patch map must give each of {} tokens a patch below {p}",
                 rows.tokens
             ));
+        }
+    }
+    Ok(())
+}
+
+/// Checks a text cache against the text's length and the model's layers.
+pub(crate) fn check_text_cache(
+    rows: &Rows<'_>,
+    nt: usize,
+    text_layers: usize,
+    hidden: usize,
+) -> Result<(), ModelError> {
+    if let Some((k, v)) = rows.text_cache {
+        let want = [text_layers, nt, hidden];
+        if k.dims() != want || v.dims() != want {
+            return Err(ModelError::Input(format!(
+                "text K/V cache must be {want:?}, got {:?} and {:?}",
+                k.dims(),
+                v.dims()
+            )));
         }
     }
     Ok(())

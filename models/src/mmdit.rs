@@ -17,7 +17,9 @@
 
 use candle_core::{IndexOp, Tensor};
 
-use crate::joint::{check_rows, layer_norm, lin, rms, Attention, Embedder, Lin, Pass};
+use crate::joint::{
+    check_rows, check_text_cache, layer_norm, lin, rms, Attention, Embedder, Lin, Pass,
+};
 pub use crate::joint::{JointOutput, Rows, TensorSource};
 use crate::ModelError;
 
@@ -405,11 +407,16 @@ impl Mmdit {
             )));
         }
         let (n, nt) = (rows.ids.len(), context.dim(0)? - 1);
+        check_text_cache(&rows, nt, cfg.depth, cfg.hidden)?;
         let pos = self.positions(&rows)?;
+        // With a text cache the text stream is not computed (see [`Rows::text_cache`]).
+        let cached = rows.text_cache;
+        let qt = if cached.is_some() { 0 } else { nt };
         let mut pass = Pass::new(rows, cfg.heads, cfg.head_dim())?;
         let mut x = self.patch_in.forward(rows.x)?.add(&pos)?;
         let mut txt = context.narrow(0, 0, nt)?;
         let (mut ks, mut vs) = (Vec::new(), Vec::new());
+        let (mut tks, mut tvs) = (Vec::new(), Vec::new());
         let (mut c, mut layer) = (0, 0);
         for (bi, b) in self.blocks.iter().enumerate() {
             let last = bi + 1 == self.blocks.len();
@@ -419,31 +426,41 @@ impl Mmdit {
             c += tm.dim(0)?;
             let nx = layer_norm(&x)?;
             let xa = affine(&nx, &xm, 1, 0)?;
-            // The last block's text norm is the continuous one: (scale, shift).
-            let ta = if last {
-                affine(&layer_norm(&txt)?, &tm, 0, 1)?
-            } else {
-                affine(&layer_norm(&txt)?, &tm, 1, 0)?
-            };
             let [iq, ik, iv] = b.img.qkv(&xa, cfg)?;
-            let [tq, tk, tv] = b.txt.qkv(&ta, cfg)?;
-            let k = Tensor::cat(&[&tk, &ik], 0)?;
-            let v = Tensor::cat(&[&tv, &iv], 0)?;
+            let (q, tk, tv) = match cached {
+                Some((k, v)) => {
+                    let shape = (nt, cfg.heads, cfg.head_dim());
+                    (iq, k.i(bi)?.reshape(shape)?, v.i(bi)?.reshape(shape)?)
+                }
+                None => {
+                    // The last block's text norm is the continuous one: (scale, shift).
+                    let ta = if last {
+                        affine(&layer_norm(&txt)?, &tm, 0, 1)?
+                    } else {
+                        affine(&layer_norm(&txt)?, &tm, 1, 0)?
+                    };
+                    let [tq, tk, tv] = b.txt.qkv(&ta, cfg)?;
+                    (Tensor::cat(&[&tq, &iq], 0)?, tk, tv)
+                }
+            };
             let out = pass.attend(Attention {
-                q: &Tensor::cat(&[&tq, &iq], 0)?,
-                k: &k,
-                v: &v,
+                q: &q,
+                k: &Tensor::cat(&[&tk, &ik], 0)?,
+                v: &Tensor::cat(&[&tv, &iv], 0)?,
                 nt,
+                qt,
                 layer,
                 saliency: true,
             })?;
             ks.push(ik);
             vs.push(iv);
+            tks.push(tk);
+            tvs.push(tv);
             layer += 1;
             let img_out = b.img.out.as_ref().expect("image attention has an output");
             x = x.add(
                 &img_out
-                    .forward(&out.narrow(0, nt, n)?)?
+                    .forward(&out.narrow(0, qt, n)?)?
                     .broadcast_mul(&xm.i(2)?)?,
             )?;
             if let Some(a2) = &b.img2 {
@@ -453,6 +470,7 @@ impl Mmdit {
                     k: &k2,
                     v: &v2,
                     nt: 0,
+                    qt: 0,
                     layer,
                     saliency: false,
                 })?;
@@ -464,7 +482,7 @@ impl Mmdit {
             }
             let f = b.ff.forward(&affine(&layer_norm(&x)?, &xm, 4, 3)?)?;
             x = x.add(&f.broadcast_mul(&xm.i(5)?)?)?;
-            if let (Some(tout), Some(ff)) = (&b.txt.out, &b.ff_txt) {
+            if let (Some(tout), Some(ff), None) = (&b.txt.out, &b.ff_txt, cached) {
                 txt = txt.add(
                     &tout
                         .forward(&out.narrow(0, 0, nt)?)?
@@ -479,7 +497,12 @@ impl Mmdit {
         let velocity = self
             .final_linear
             .forward(&affine(&layer_norm(&x)?, &fm, 0, 1)?)?;
-        Ok(pass.finish(velocity, ks, vs, self.blocks.len())?)
+        let text = if cached.is_some() {
+            None
+        } else {
+            Some((tks, tvs))
+        };
+        Ok(pass.finish(velocity, (ks, vs), text, self.blocks.len())?)
     }
 
     /// The learned positions of the rows' tokens: the image's grid cropped from the centre

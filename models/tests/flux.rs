@@ -168,6 +168,7 @@ fn all_rows<'a>(c: &'a Case, ids: &'a [u32]) -> Rows<'a> {
         cache: None,
         patches: None,
         saliency: true,
+        text_cache: None,
     }
 }
 
@@ -242,6 +243,7 @@ fn subset_forward_with_current_cache_equals_the_full_forward_on_its_rows() {
                 cache: Some((&full.k, &full.v)),
                 patches: Some((&patch_of, 4)),
                 saliency: false,
+                text_cache: None,
             },
             &ctx,
             &cond,
@@ -269,6 +271,7 @@ fn subset_forward_with_current_cache_equals_the_full_forward_on_its_rows() {
                 cache: Some((&stale_k, &full.v)),
                 patches: None,
                 saliency: false,
+                text_cache: None,
             },
             &ctx,
             &cond,
@@ -299,6 +302,7 @@ fn bad_inputs_are_errors_that_say_what_is_wrong() {
         cache: None,
         patches: None,
         saliency: false,
+        text_cache: None,
     };
     assert!(err(base).contains("ascend"));
     let ids = [1u32, 12];
@@ -375,6 +379,7 @@ fn run_golden(model: &Flux) -> (Tensor, Tensor) {
         cache: None,
         patches: None,
         saliency: false,
+        text_cache: None,
     };
     let got = model.forward(rows, &ctx, &cond).unwrap().velocity;
     (got, t("golden.out"))
@@ -646,4 +651,71 @@ fn a_sharded_diffusers_folder_loads() {
         .unwrap();
     assert!(max_diff(&got, &want) <= TOL * scale.max(1.0));
     std::fs::remove_dir_all(&dir).ok();
+}
+
+/// With the text stream's K/V cached from a forward at the same step, a subset forward
+/// computes no text rows and still equals the full forward on its rows; a cache from
+/// another time changes them (the cache is what the text contributes).
+#[test]
+fn a_current_text_cache_leaves_the_subset_forward_exact() {
+    let (ours, _, cfg) = random_pair(true, 21);
+    let c = case(&cfg, 22);
+    let ctx = ours.context(&c.txt, &c.pooled).unwrap();
+    let cond = ours.step_cond(&ctx, c.t, c.g).unwrap();
+    let ids: Vec<u32> = (0..12).collect();
+    let full = ours.forward(all_rows(&c, &ids), &ctx, &cond).unwrap();
+    let (tk, tv) = full
+        .text_kv
+        .as_ref()
+        .expect("the full forward computed the text");
+    assert_eq!(tk.dims(), [cfg.kv_layers(), 5, cfg.hidden]);
+    let active = vec![0u32, 7, 8];
+    let at = Tensor::new(active.as_slice(), &Device::Cpu).unwrap();
+    let x = c.img.index_select(&at, 0).unwrap();
+    let rows = Rows {
+        x: &x,
+        ids: &active,
+        width: c.width,
+        tokens: 12,
+        cache: Some((&full.k, &full.v)),
+        patches: None,
+        saliency: true,
+        text_cache: Some((tk, tv)),
+    };
+    let sub = ours.forward(rows, &ctx, &cond).unwrap();
+    assert!(
+        sub.text_kv.is_none(),
+        "a cached text stream is not recomputed"
+    );
+    let d = max_diff(&sub.velocity, &full.velocity.index_select(&at, 0).unwrap());
+    assert!(d <= TOL, "velocity rows differ by {d}");
+    let fs = full.saliency.unwrap().index_select(&at, 0).unwrap();
+    assert!(max_diff(&sub.saliency.unwrap(), &fs) <= TOL);
+    let later = ours.step_cond(&ctx, 0.2, c.g).unwrap();
+    let other = ours.forward(all_rows(&c, &ids), &ctx, &later).unwrap();
+    let (ok, ov) = other.text_kv.as_ref().unwrap();
+    let stale = ours
+        .forward(
+            Rows {
+                text_cache: Some((ok, ov)),
+                ..rows
+            },
+            &ctx,
+            &cond,
+        )
+        .unwrap();
+    assert!(max_diff(&stale.velocity, &sub.velocity) > 1e-3);
+    let short = tk.narrow(1, 0, 4).unwrap();
+    let e = ours
+        .forward(
+            Rows {
+                text_cache: Some((&short, &short)),
+                ..rows
+            },
+            &ctx,
+            &cond,
+        )
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("text K/V cache must be [4, 5, 64]"), "{e}");
 }

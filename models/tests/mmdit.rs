@@ -108,6 +108,7 @@ fn full_forward_equals_diffusers_sd3_and_sd35() {
                     cache: None,
                     patches: None,
                     saliency: true,
+                    text_cache: None,
                 },
                 &r.ctx,
                 &r.cond,
@@ -151,6 +152,7 @@ fn subset_forward_with_current_cache_equals_the_full_forward_on_its_rows() {
         cache: None,
         patches: Some((&patch_of, 4)),
         saliency: false,
+        text_cache: None,
     };
     let full = r.model.forward(base, &r.ctx, &r.cond).unwrap();
     let active = vec![0u32, 3, 4, 9, 10];
@@ -221,6 +223,7 @@ fn bad_weights_configs_and_inputs_are_errors_that_say_what_is_wrong() {
                 cache: None,
                 patches: None,
                 saliency: false,
+                text_cache: None,
             },
             &r.ctx,
             &r.cond,
@@ -247,6 +250,7 @@ fn bad_weights_configs_and_inputs_are_errors_that_say_what_is_wrong() {
                 cache: None,
                 patches: None,
                 saliency: false,
+                text_cache: None,
             },
             &r.ctx,
             &r.ctx,
@@ -254,4 +258,49 @@ fn bad_weights_configs_and_inputs_are_errors_that_say_what_is_wrong() {
         .unwrap_err()
         .to_string();
     assert!(e.contains("step conditioning"), "{e}");
+}
+
+/// As for FLUX: a current text cache leaves a subset forward exact without computing text.
+#[test]
+fn a_current_text_cache_leaves_the_subset_forward_exact() {
+    for (name, sd35) in [("sd3", false), ("sd35", true)] {
+        let r = ready(name, sd35);
+        let ids: Vec<u32> = (0..r.tokens as u32).collect();
+        let base = Rows {
+            x: &r.x,
+            ids: &ids,
+            width: r.width,
+            tokens: r.tokens,
+            cache: None,
+            patches: None,
+            saliency: false,
+            text_cache: None,
+        };
+        let full = r.model.forward(base, &r.ctx, &r.cond).unwrap();
+        let (tk, tv) = full.text_kv.as_ref().unwrap();
+        assert_eq!(tk.dims(), [3, 5, 64], "{name}: one text layer per block");
+        let active = vec![2u32, 5, 11];
+        let at = Tensor::new(active.as_slice(), &Device::Cpu).unwrap();
+        let x = r.x.index_select(&at, 0).unwrap();
+        let sub = r
+            .model
+            .forward(
+                Rows {
+                    x: &x,
+                    ids: &active,
+                    cache: Some((&full.k, &full.v)),
+                    text_cache: Some((tk, tv)),
+                    ..base
+                },
+                &r.ctx,
+                &r.cond,
+            )
+            .unwrap();
+        assert!(sub.text_kv.is_none());
+        let d = max_diff(&sub.velocity, &full.velocity.index_select(&at, 0).unwrap());
+        assert!(
+            d <= TOL * max_abs(&full.velocity),
+            "{name}: rows differ by {d}"
+        );
+    }
 }

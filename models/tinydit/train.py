@@ -65,6 +65,7 @@ def main(task=ImageTask, patch=4):
                     help="on resume, restart the EMA from the current weights")
     ap.add_argument("--d", type=int, default=128)
     ap.add_argument("--depth", type=int, default=6)
+    ap.add_argument("--heads", type=int, default=4)
     ap.add_argument("--patch", type=int, default=patch)
     args = ap.parse_args()
 

@@ -20,7 +20,8 @@ class VideoTask:
     @staticmethod
     def config(args):
         return VideoConfig(frames=clips.FRAMES, image=clips.IMAGE, patch=args.patch, d=args.d,
-                           depth=args.depth, vocab=len(clips.VOCAB), max_tokens=clips.MAX_TOKENS)
+                           depth=args.depth, heads=args.heads, vocab=len(clips.VOCAB),
+                           max_tokens=clips.MAX_TOKENS)
 
 
 if __name__ == "__main__":

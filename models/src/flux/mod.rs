@@ -18,7 +18,9 @@
 
 use candle_core::{Device, IndexOp, Tensor};
 
-use crate::joint::{check_rows, layer_norm, lin, modulate, rms, Attention, Embedder, Lin, Pass};
+use crate::joint::{
+    check_rows, check_text_cache, layer_norm, lin, modulate, rms, Attention, Embedder, Lin, Pass,
+};
 pub use crate::joint::{JointOutput, Rows, TensorSource};
 use crate::ModelError;
 
@@ -312,6 +314,7 @@ impl Flux {
         let dev = rows.x.device().clone();
         check_rows(&rows, "FLUX", cfg.in_channels, cfg.kv_layers(), cfg.hidden)?;
         let nt = context.dim(0)? - 1;
+        check_text_cache(&rows, nt, cfg.kv_layers(), cfg.hidden)?;
         if cond.dims() != [cfg.cond_rows(), cfg.hidden] {
             return Err(ModelError::Input(format!(
                 "FLUX step conditioning must be {} x {}, got {:?}",
@@ -332,13 +335,20 @@ impl Flux {
             &dev,
         )?;
         let txt_pe = rope_table(cfg, (0..nt).map(|_| [0.0f32; 3]), &dev)?;
-        let pe = (
-            Tensor::cat(&[&txt_pe.0, &img_pe.0], 0)?,
-            Tensor::cat(&[&txt_pe.1, &img_pe.1], 0)?,
-        );
+        // With a text cache the text stream is not computed: its keys and values at every
+        // layer come from the cache, and only image rows make queries.
+        let cached = rows.text_cache;
+        let qt = if cached.is_some() { 0 } else { nt };
+        let text_kv = |layer: usize| -> candle_core::Result<Option<(Tensor, Tensor)>> {
+            let shape = (nt, cfg.heads, cfg.head_dim());
+            cached
+                .map(|(k, v)| Ok((k.i(layer)?.reshape(shape)?, v.i(layer)?.reshape(shape)?)))
+                .transpose()
+        };
         let mut pass = Pass::new(rows, cfg.heads, cfg.head_dim())?;
         let mut ks = Vec::with_capacity(cfg.kv_layers());
         let mut vs = Vec::with_capacity(cfg.kv_layers());
+        let (mut tks, mut tvs) = (Vec::new(), Vec::new());
         let mut img = self.img_in.forward(rows.x)?;
         let mut txt = context.narrow(0, 0, nt)?;
         let mut layer = 0;
@@ -348,32 +358,53 @@ impl Flux {
             let tm = cond.narrow(0, c + 6, 6)?;
             c += 12;
             let (iq, ik, iv) = qkv(&b.img.attn, &modulate(&img, &im, 0)?, cfg)?;
-            let (tq, tk, tv) = qkv(&b.txt.attn, &modulate(&txt, &tm, 0)?, cfg)?;
-            let q = rope(&Tensor::cat(&[&tq, &iq], 0)?, &pe)?;
-            let k = rope(&Tensor::cat(&[&tk, &ik], 0)?, &pe)?;
-            let v = Tensor::cat(&[&tv, &iv], 0)?;
+            let (iq, ik) = (rope(&iq, &img_pe)?, rope(&ik, &img_pe)?);
+            let (q, tk, tv) = match text_kv(layer)? {
+                Some((tk, tv)) => (iq, tk, tv),
+                None => {
+                    let (tq, tk, tv) = qkv(&b.txt.attn, &modulate(&txt, &tm, 0)?, cfg)?;
+                    let tk = rope(&tk, &txt_pe)?;
+                    (Tensor::cat(&[&rope(&tq, &txt_pe)?, &iq], 0)?, tk, tv)
+                }
+            };
             let out = pass.attend(Attention {
                 q: &q,
-                k: &k,
-                v: &v,
+                k: &Tensor::cat(&[&tk, &ik], 0)?,
+                v: &Tensor::cat(&[&tv, &iv], 0)?,
                 nt,
+                qt,
                 layer,
                 saliency: true,
             })?;
-            ks.push(k.narrow(0, nt, n)?);
-            vs.push(v.narrow(0, nt, n)?);
-            let (ta, ia) = (out.narrow(0, 0, nt)?, out.narrow(0, nt, n)?);
-            img = stream_rest(&b.img, &img, &ia, &im)?;
-            txt = stream_rest(&b.txt, &txt, &ta, &tm)?;
+            img = stream_rest(&b.img, &img, &out.narrow(0, qt, n)?, &im)?;
+            if cached.is_none() {
+                txt = stream_rest(&b.txt, &txt, &out.narrow(0, 0, nt)?, &tm)?;
+            }
+            ks.push(ik);
+            vs.push(iv);
+            tks.push(tk);
+            tvs.push(tv);
             layer += 1;
         }
-        let mut x = Tensor::cat(&[&txt, &img], 0)?;
+        let mut x = if cached.is_some() {
+            img
+        } else {
+            Tensor::cat(&[&txt, &img], 0)?
+        };
+        let pe = if cached.is_some() {
+            img_pe
+        } else {
+            (
+                Tensor::cat(&[&txt_pe.0, &img_pe.0], 0)?,
+                Tensor::cat(&[&txt_pe.1, &img_pe.1], 0)?,
+            )
+        };
         let (h, m) = (cfg.hidden, cfg.mlp_hidden());
         for b in &self.single {
             let md = cond.narrow(0, c, 3)?;
             c += 3;
             let y = b.linear1.forward(&modulate(&x, &md, 0)?)?;
-            let rows_all = nt + n;
+            let rows_all = qt + n;
             let split = |i: usize| {
                 y.narrow(1, i * h, h)?
                     .reshape((rows_all, cfg.heads, cfg.head_dim()))
@@ -381,29 +412,42 @@ impl Flux {
             let q = rope(&rms(&split(0)?, &b.q_norm)?, &pe)?;
             let k = rope(&rms(&split(1)?, &b.k_norm)?, &pe)?;
             let v = split(2)?;
+            let (ik, iv) = (k.narrow(0, qt, n)?, v.narrow(0, qt, n)?);
+            let (tk, tv) = match text_kv(layer)? {
+                Some(t) => t,
+                None => (k.narrow(0, 0, nt)?, v.narrow(0, 0, nt)?),
+            };
             let out = pass.attend(Attention {
                 q: &q,
-                k: &k,
-                v: &v,
+                k: &Tensor::cat(&[&tk, &ik], 0)?,
+                v: &Tensor::cat(&[&tv, &iv], 0)?,
                 nt,
+                qt,
                 layer,
                 saliency: false,
             })?;
-            ks.push(k.narrow(0, nt, n)?);
-            vs.push(v.narrow(0, nt, n)?);
             let mlp = y.narrow(1, 3 * h, m)?.gelu()?;
             let o = b.linear2.forward(&Tensor::cat(&[&out, &mlp], 1)?)?;
             x = x.add(&o.broadcast_mul(&md.i(2)?)?)?;
+            ks.push(ik);
+            vs.push(iv);
+            tks.push(tk);
+            tvs.push(tv);
             layer += 1;
         }
-        let img = x.narrow(0, nt, n)?;
+        let img = x.narrow(0, qt, n)?;
         let fm = cond.narrow(0, c, 2)?;
         // The final layer's chunks are (shift, scale).
         let y = layer_norm(&img)?
             .broadcast_mul(&(fm.i(1)? + 1.0)?)?
             .broadcast_add(&fm.i(0)?)?;
         let velocity = self.final_linear.forward(&y)?;
-        Ok(pass.finish(velocity, ks, vs, self.double.len())?)
+        let text = if cached.is_some() {
+            None
+        } else {
+            Some((tks, tvs))
+        };
+        Ok(pass.finish(velocity, (ks, vs), text, self.double.len())?)
     }
 }
 
