@@ -25,6 +25,7 @@ pub mod clips;
 pub mod flux;
 mod joint;
 pub mod mmdit;
+pub mod pieces;
 pub mod scene;
 pub mod sounds;
 mod tinydit;
