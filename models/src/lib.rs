@@ -21,6 +21,7 @@ use std::fmt;
 
 pub use candle_core::{DType, Device, Tensor};
 
+mod checkpoint;
 pub mod clips;
 pub mod flux;
 mod joint;

@@ -304,3 +304,107 @@ fn a_current_text_cache_leaves_the_subset_forward_exact() {
         );
     }
 }
+
+// ---- checkpoints (#12 items 2 and 5c) ----
+
+use flashdiff_models::mmdit::{MmditCheckpoint, MmditLayout};
+
+fn reference(name: &str) -> std::path::PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("reference/{name}.safetensors"))
+}
+
+/// Runs a checkpoint-loaded model on a golden file's inputs: (ours, diffusers' output).
+fn run(model: &Mmdit, golden_name: &str) -> (Tensor, Tensor) {
+    let w = golden(golden_name);
+    let ctx = model
+        .context(&t(&w, "golden.txt"), &t(&w, "golden.pooled"))
+        .unwrap();
+    let time = t(&w, "golden.t").to_vec1::<f32>().unwrap()[0];
+    let cond = model.step_cond(&ctx, time).unwrap();
+    let x = t(&w, "golden.x");
+    let ids: Vec<u32> = (0..12).collect();
+    let rows = Rows {
+        x: &x,
+        ids: &ids,
+        width: 4,
+        tokens: 12,
+        cache: None,
+        patches: None,
+        saliency: false,
+        text_cache: None,
+    };
+    (
+        model.forward(rows, &ctx, &cond).unwrap().velocity,
+        t(&w, "golden.out"),
+    )
+}
+
+/// Both layouts through `MmditCheckpoint`, sizes read from the shapes: diffusers' folder
+/// files, and Stability's single file (written by `mmdit_golden.py` and checked there by
+/// converting it back with diffusers' own converter).
+#[test]
+fn both_checkpoint_layouts_reproduce_diffusers() {
+    for (file, golden_name, layout) in [
+        ("sd3_golden", "sd3", MmditLayout::Diffusers),
+        ("sd35_golden", "sd35", MmditLayout::Diffusers),
+        (
+            "sd35_stability",
+            "sd35",
+            MmditLayout::Stability {
+                prefix: "model.diffusion_model.".into(),
+            },
+        ),
+    ] {
+        let ck = MmditCheckpoint::open(&reference(file)).unwrap();
+        assert_eq!(ck.layout(), &layout, "{file}");
+        // SD3 has no Q/K norm to read the head width from: say the heads.
+        let heads = (golden_name == "sd3").then_some(4);
+        let cfg = ck.config(heads).unwrap();
+        assert_eq!(
+            cfg,
+            config(golden_name == "sd35"),
+            "{file}: sizes read from the shapes"
+        );
+        let m = ck.load(heads, &Device::Cpu).unwrap();
+        let (got, want) = run(&m, golden_name);
+        let d = max_diff(&got, &want);
+        assert!(
+            d <= TOL * max_abs(&want),
+            "{file}: max |ours - diffusers| = {d}"
+        );
+    }
+}
+
+#[test]
+fn broken_sd3_checkpoints_are_errors_that_name_the_problem() {
+    let dir = std::env::temp_dir().join(format!("flashdiff-mmdit-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let w = Weights::open(&reference("sd35_stability")).unwrap();
+    let write = |drop: &str, reshape: Option<&str>| {
+        let mut map = std::collections::HashMap::new();
+        for n in w.names().filter(|n| *n != drop) {
+            let (s, v) = w.get_any(n).unwrap();
+            let mut t = Tensor::from_slice(v, s, &Device::Cpu).unwrap();
+            if Some(n) == reshape {
+                t = t.narrow(0, 0, s[0] - 1).unwrap();
+            }
+            map.insert(n.to_string(), t);
+        }
+        let p = dir.join("broken.safetensors");
+        candle_core::safetensors::save(&map, &p).unwrap();
+        p
+    };
+    let load = |p: &Path| MmditCheckpoint::open(p).and_then(|c| c.load(None, &Device::Cpu));
+    let key = "model.diffusion_model.joint_blocks.1.context_block.attn.qkv.weight";
+    let e = load(&write(key, None)).unwrap_err().to_string();
+    assert!(e.contains(key), "{e}");
+    // A fused QKV one row short is not three equal parts.
+    let e = load(&write("", Some(key))).unwrap_err().to_string();
+    assert!(e.contains(key) && e.contains("191 rows"), "{e}");
+    let key = "model.diffusion_model.final_layer.linear.weight";
+    let e = load(&write("", Some(key))).unwrap_err().to_string();
+    assert!(e.contains(key) && e.contains("[15, 64]"), "{e}");
+    let e = load(&reference("flux_golden")).unwrap_err().to_string();
+    assert!(e.contains("is not an SD3 checkpoint"), "{e}");
+    std::fs::remove_dir_all(&dir).ok();
+}

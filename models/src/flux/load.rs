@@ -6,12 +6,13 @@
 //! read through a mapping (separate Q, K, V and MLP-in projections are concatenated; the
 //! final layer's modulation is stored as (scale, shift) there and (shift, scale) here).
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use candle_core::{Device, Tensor};
 
 use super::{Flux, FluxConfig};
-use crate::{ModelError, Weights, WeightsError};
+use crate::checkpoint::{Shards, Source};
+use crate::{ModelError, WeightsError};
 
 /// How a checkpoint names its tensors.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -28,29 +29,16 @@ pub enum FluxLayout {
 /// One or more safetensors files holding a FLUX transformer.
 #[derive(Debug)]
 pub struct FluxCheckpoint {
-    files: Vec<Weights>,
+    files: Shards,
     layout: FluxLayout,
-}
-
-/// Where a Black Forest Labs tensor comes from in a diffusers checkpoint.
-enum Source {
-    One(String),
-    /// Concatenated along the first dimension.
-    Cat(Vec<String>),
-    /// The two halves along the first dimension, swapped.
-    Swap(String),
 }
 
 impl FluxCheckpoint {
     /// Opens `path`: a safetensors file, or a folder holding `*.safetensors` shards (a
     /// diffusers `transformer/` folder, or the model folder above it).
     pub fn open(path: &Path) -> Result<Self, ModelError> {
-        let paths = shard_paths(path)?;
-        let files = paths
-            .iter()
-            .map(|p| Weights::open(p))
-            .collect::<Result<Vec<_>, _>>()?;
-        let has = |n: &str| files.iter().any(|w| w.has(n));
+        let files = Shards::open(path)?;
+        let has = |n: &str| files.has(n);
         let layout = if has("transformer_blocks.0.attn.to_q.weight") || has("x_embedder.weight") {
             FluxLayout::Diffusers
         } else if let Some(prefix) = ["", "model.diffusion_model."]
@@ -75,13 +63,6 @@ impl FluxCheckpoint {
         &self.layout
     }
 
-    fn file_with(&self, name: &str) -> Result<&Weights, ModelError> {
-        self.files
-            .iter()
-            .find(|w| w.has(name))
-            .ok_or_else(|| WeightsError::Missing(name.into()).into())
-    }
-
     fn source(&self, name: &str) -> Source {
         match &self.layout {
             FluxLayout::Bfl { prefix } => Source::One(format!("{prefix}{name}")),
@@ -91,65 +72,13 @@ impl FluxCheckpoint {
 
     /// Shape of a tensor under its Black Forest Labs name, if present.
     fn shape(&self, name: &str) -> Option<Vec<usize>> {
-        let shape = |n: &str| {
-            self.files
-                .iter()
-                .find_map(|w| w.shape(n).map(<[usize]>::to_vec))
-        };
-        match self.source(name) {
-            Source::One(n) | Source::Swap(n) => shape(&n),
-            Source::Cat(parts) => {
-                let mut total: Option<Vec<usize>> = None;
-                for p in parts {
-                    let s = shape(&p)?;
-                    total = Some(match total {
-                        None => s,
-                        Some(mut t) => {
-                            t[0] += s[0];
-                            t
-                        }
-                    });
-                }
-                total
-            }
-        }
+        self.files.shape(&self.source(name))
     }
 
     /// Tensor `name` (Black Forest Labs' name) checked against `shape`, on `dev`. A missing
     /// or mis-shaped tensor is an error that names the checkpoint's key and both shapes.
     pub fn tensor(&self, name: &str, shape: &[usize], dev: &Device) -> Result<Tensor, ModelError> {
-        match self.source(name) {
-            Source::One(n) => Ok(self.file_with(&n)?.tensor(&n, shape, dev)?),
-            Source::Swap(n) => {
-                let t = self.file_with(&n)?.tensor(&n, shape, dev)?;
-                let h = shape[0] / 2;
-                Ok(Tensor::cat(&[t.narrow(0, h, h)?, t.narrow(0, 0, h)?], 0)?)
-            }
-            Source::Cat(parts) => {
-                let mut ts = Vec::with_capacity(parts.len());
-                for p in &parts {
-                    let w = self.file_with(p)?;
-                    let s = w.shape(p).unwrap_or(&[]).to_vec();
-                    ts.push(w.tensor(p, &s, dev)?);
-                }
-                let t = Tensor::cat(&ts, 0).map_err(|_| {
-                    ModelError::Input(format!(
-                        "tensors {} cannot be stacked into {name:?} {shape:?}: shapes {:?}",
-                        parts.join(", "),
-                        ts.iter().map(|t| t.dims().to_vec()).collect::<Vec<_>>()
-                    ))
-                })?;
-                if t.dims() != shape {
-                    return Err(WeightsError::Shape {
-                        name: format!("{} (stacked as {name})", parts.join(" + ")),
-                        expected: shape.to_vec(),
-                        got: t.dims().to_vec(),
-                    }
-                    .into());
-                }
-                Ok(t)
-            }
-        }
+        self.files.tensor(&self.source(name), name, shape, dev)
     }
 
     /// The architecture, from the tensors' shapes. `axes_dim` sets the RoPE split of a head
@@ -213,32 +142,6 @@ impl FluxCheckpoint {
         let cfg = self.config(axes_dim)?;
         Flux::load(cfg, &|n, s| self.tensor(n, s, dev))
     }
-}
-
-/// The safetensors files of `path`: itself, or the sorted `*.safetensors` of a folder (or
-/// of its `transformer/` subfolder).
-fn shard_paths(path: &Path) -> Result<Vec<PathBuf>, ModelError> {
-    if !path.is_dir() {
-        return Ok(vec![path.to_path_buf()]);
-    }
-    let dir = if path.join("transformer").is_dir() {
-        path.join("transformer")
-    } else {
-        path.to_path_buf()
-    };
-    let mut out: Vec<PathBuf> = std::fs::read_dir(&dir)
-        .map_err(|e| WeightsError::Io(dir.clone(), e))?
-        .filter_map(|e| e.ok().map(|e| e.path()))
-        .filter(|p| p.extension().is_some_and(|x| x == "safetensors"))
-        .collect();
-    out.sort();
-    if out.is_empty() {
-        return Err(ModelError::Input(format!(
-            "{} holds no .safetensors files",
-            dir.display()
-        )));
-    }
-    Ok(out)
 }
 
 /// Where Black Forest Labs' tensor `name` lives in diffusers' `FluxTransformer2DModel`.

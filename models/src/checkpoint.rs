@@ -1,0 +1,171 @@
+//! Checkpoints of models we did not train: one safetensors file or a folder of shards, in
+//! f32, f16 or bf16, whose tensors a model reads under its own names through a mapping
+//! ([`Source`]): one tensor, several concatenated, a third of one (a fused QKV split), or
+//! one with its halves swapped ((scale, shift) stored as (shift, scale)).
+
+use std::path::{Path, PathBuf};
+
+use candle_core::{Device, Tensor};
+
+use crate::{ModelError, Weights, WeightsError};
+
+/// Where a model's tensor lives in a checkpoint.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Source {
+    One(String),
+    /// Concatenated along the first dimension.
+    Cat(Vec<String>),
+    /// Third `i` (0, 1, 2) of a tensor along the first dimension.
+    Third(String, usize),
+    /// The two halves along the first dimension, swapped.
+    Swap(String),
+}
+
+/// The files of a checkpoint.
+#[derive(Debug)]
+pub(crate) struct Shards {
+    files: Vec<Weights>,
+}
+
+impl Shards {
+    /// `path`: a safetensors file, or a folder holding `*.safetensors` shards (a diffusers
+    /// `transformer/` folder, or the model folder above it).
+    pub(crate) fn open(path: &Path) -> Result<Self, ModelError> {
+        let files = shard_paths(path)?
+            .iter()
+            .map(|p| Weights::open(p))
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(Self { files })
+    }
+
+    /// Whether some file has tensor `name`.
+    pub(crate) fn has(&self, name: &str) -> bool {
+        self.files.iter().any(|w| w.has(name))
+    }
+
+    fn file_with(&self, name: &str) -> Result<&Weights, ModelError> {
+        self.files
+            .iter()
+            .find(|w| w.has(name))
+            .ok_or_else(|| WeightsError::Missing(name.into()).into())
+    }
+
+    fn raw_shape(&self, n: &str) -> Option<Vec<usize>> {
+        self.files
+            .iter()
+            .find_map(|w| w.shape(n).map(<[usize]>::to_vec))
+    }
+
+    /// Shape of what `src` yields, if every tensor it needs is there.
+    pub(crate) fn shape(&self, src: &Source) -> Option<Vec<usize>> {
+        match src {
+            Source::One(n) | Source::Swap(n) => self.raw_shape(n),
+            Source::Third(n, _) => self.raw_shape(n).map(|mut s| {
+                s[0] /= 3;
+                s
+            }),
+            Source::Cat(parts) => {
+                let mut total: Option<Vec<usize>> = None;
+                for p in parts {
+                    let s = self.raw_shape(p)?;
+                    total = Some(match total {
+                        None => s,
+                        Some(mut t) => {
+                            t[0] += s[0];
+                            t
+                        }
+                    });
+                }
+                total
+            }
+        }
+    }
+
+    /// What `src` yields, checked against `shape`, on `dev`; `name` is the model's name for
+    /// it. A missing or mis-shaped tensor is an error naming the checkpoint's key and both
+    /// shapes.
+    pub(crate) fn tensor(
+        &self,
+        src: &Source,
+        name: &str,
+        shape: &[usize],
+        dev: &Device,
+    ) -> Result<Tensor, ModelError> {
+        let whole = |n: &str| -> Result<Tensor, ModelError> {
+            let w = self.file_with(n)?;
+            let s = w.shape(n).unwrap_or(&[]).to_vec();
+            Ok(w.tensor(n, &s, dev)?)
+        };
+        let t = match src {
+            Source::One(n) => return Ok(self.file_with(n)?.tensor(n, shape, dev)?),
+            Source::Swap(n) => {
+                let t = self.file_with(n)?.tensor(n, shape, dev)?;
+                let h = shape[0] / 2;
+                return Ok(Tensor::cat(&[t.narrow(0, h, h)?, t.narrow(0, 0, h)?], 0)?);
+            }
+            Source::Third(n, i) => {
+                let t = whole(n)?;
+                let rows = t.dim(0)?;
+                if rows % 3 != 0 {
+                    return Err(ModelError::Input(format!(
+                        "tensor {n:?} has {rows} rows, not three equal parts (Q, K, V)"
+                    )));
+                }
+                t.narrow(0, i * rows / 3, rows / 3)?
+            }
+            Source::Cat(parts) => {
+                let ts = parts
+                    .iter()
+                    .map(|p| whole(p))
+                    .collect::<Result<Vec<_>, _>>()?;
+                Tensor::cat(&ts, 0).map_err(|_| {
+                    ModelError::Input(format!(
+                        "tensors {} cannot be stacked into {name:?} {shape:?}: shapes {:?}",
+                        parts.join(", "),
+                        ts.iter().map(|t| t.dims().to_vec()).collect::<Vec<_>>()
+                    ))
+                })?
+            }
+        };
+        if t.dims() != shape {
+            let key = match src {
+                Source::Cat(parts) => format!("{} (stacked as {name})", parts.join(" + ")),
+                Source::Third(n, i) => format!("{n} (part {i} of 3, as {name})"),
+                Source::One(n) | Source::Swap(n) => n.clone(),
+            };
+            return Err(WeightsError::Shape {
+                name: key,
+                expected: shape.to_vec(),
+                got: t.dims().to_vec(),
+            }
+            .into());
+        }
+        Ok(t)
+    }
+}
+
+/// The safetensors files of `path`: itself, or the sorted `*.safetensors` of a folder (or
+/// of its `transformer/` subfolder).
+fn shard_paths(path: &Path) -> Result<Vec<PathBuf>, ModelError> {
+    if !path.is_dir() {
+        return Ok(vec![path.to_path_buf()]);
+    }
+    let dir = if path.join("transformer").is_dir() {
+        path.join("transformer")
+    } else {
+        path.to_path_buf()
+    };
+    let mut out: Vec<PathBuf> = std::fs::read_dir(&dir)
+        .map_err(|e| WeightsError::Io(dir.clone(), e))?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.extension().is_some_and(|x| x == "safetensors"))
+        .collect();
+    out.sort();
+    if out.is_empty() {
+        return Err(ModelError::Input(format!(
+            "{} holds no .safetensors files",
+            dir.display()
+        )));
+    }
+    Ok(out)
+}
