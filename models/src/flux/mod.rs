@@ -24,7 +24,9 @@ use crate::joint::{
 pub use crate::joint::{JointOutput, Rows, TensorSource};
 use crate::ModelError;
 
+mod denoiser;
 mod load;
+pub use denoiser::{EncodedPrompt, FluxDenoiser, FluxText};
 pub use load::{FluxCheckpoint, FluxLayout};
 
 /// The architecture's sizes (Black Forest Labs' `FluxParams`).
@@ -299,6 +301,13 @@ impl Flux {
         }
         parts.push(self.final_mod.forward(&s)?.reshape((2, h))?);
         Ok(Tensor::cat(&parts, 0)?)
+    }
+
+    /// The first block's modulated image input for every token of `x` (`tokens x hidden`):
+    /// what whole-step caching watches.
+    pub fn first_block_input(&self, x: &Tensor, cond: &Tensor) -> Result<Tensor, ModelError> {
+        let im = cond.narrow(0, 0, 6)?;
+        Ok(modulate(&self.img_in.forward(x)?, &im, 0)?)
     }
 
     /// Forward of the image tokens in `rows` (every image token for the full forward) with

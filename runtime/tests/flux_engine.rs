@@ -1,0 +1,162 @@
+//! FLUX (random weights of a small config with FLUX's structure: diffusers' golden file)
+//! through the whole engine as a `Denoiser`: saliency partition, gate, subset forwards over
+//! cached K/V, workers (#12 item 5d, the engine's part: the text encoders here are a test
+//! stand-in, and the output is the latent preview, not a VAE image).
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use flashdiff_runtime::engine::{Engine, Mode, RequestConfig};
+use flashdiff_runtime::models::flux::{EncodedPrompt, FluxCheckpoint, FluxDenoiser, FluxText};
+use flashdiff_runtime::models::{Denoiser, Device, ModelError, Tensor};
+
+/// SentencePiece-like pieces ("▁word"), padded with `<pad>`; each piece's state and the
+/// pooled vector are fixed pseudo-random functions of the text.
+#[derive(Debug)]
+struct HashText;
+
+fn hash(s: &str, i: usize) -> f32 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325 ^ i as u64;
+    for b in s.bytes() {
+        h = (h ^ b as u64).wrapping_mul(0x100_0000_01b3);
+    }
+    ((h >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
+}
+
+impl FluxText for HashText {
+    fn encode(&self, prompt: &str) -> Result<EncodedPrompt, ModelError> {
+        let mut pieces: Vec<String> = prompt.split_whitespace().map(|w| format!("▁{w}")).collect();
+        if pieces.len() > self.tokens() {
+            return Err(ModelError::Input("prompt too long".into()));
+        }
+        pieces.resize(self.tokens(), "<pad>".into());
+        let states: Vec<f32> = pieces
+            .iter()
+            .flat_map(|p| (0..16).map(move |i| hash(p, i)))
+            .collect();
+        let pooled: Vec<f32> = (0..12).map(|i| hash(prompt, 100 + i)).collect();
+        Ok(EncodedPrompt {
+            states: Tensor::from_vec(states, (self.tokens(), 16), &Device::Cpu)?,
+            pooled: Tensor::from_vec(pooled, 12, &Device::Cpu)?,
+            pieces,
+        })
+    }
+
+    fn tokens(&self) -> usize {
+        10
+    }
+}
+
+fn model() -> Arc<dyn Denoiser> {
+    let golden = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../models/reference/flux_golden.safetensors");
+    let flux = FluxCheckpoint::open(&golden)
+        .unwrap()
+        .load(Some([4, 6, 6]), &Device::Cpu)
+        .unwrap();
+    Arc::new(FluxDenoiser::new(flux, Box::new(HashText), (6, 8), 3.5, Device::Cpu).unwrap())
+}
+
+fn cfg(mode: Mode) -> RequestConfig {
+    RequestConfig {
+        steps: 12,
+        warmup: 3,
+        patches: Some(4),
+        epsilon: 0.3,
+        max_skip: 2,
+        seed: 5,
+        mode,
+        monotasks: Some(2),
+        ..Default::default()
+    }
+}
+
+const PROMPT: &str = "a red dishwasher on the left of a blue table";
+
+#[test]
+fn flux_runs_through_the_engine_skips_and_is_deterministic() {
+    let m = model();
+    let c = m.condition(PROMPT).unwrap();
+    assert_eq!(c.words.len(), 10);
+    assert_eq!(c.salient.iter().filter(|&&s| s).count(), 5, "{:?}", c.words);
+    let mut one = Engine::with_model(m.clone(), 1, None).unwrap();
+    let fd = one
+        .generate(PROMPT, cfg(Mode::FlashDiff), &mut |_, _, _| {})
+        .unwrap();
+    assert!(
+        fd.report.computed < fd.report.patch_steps,
+        "FlashDiff skipped nothing on FLUX"
+    );
+    assert!(fd.report.work_skipped > 0.0);
+    assert_eq!(
+        (fd.sample.width, fd.sample.height),
+        (16, 12),
+        "latent preview: 2 px per token side"
+    );
+    let again = one
+        .generate(PROMPT, cfg(Mode::FlashDiff), &mut |_, _, _| {})
+        .unwrap();
+    assert_eq!(again.latent, fd.latent, "same request, same latent");
+    let mut two = Engine::with_model(m.clone(), 2, None).unwrap();
+    let w2 = two
+        .generate(PROMPT, cfg(Mode::FlashDiff), &mut |_, _, _| {})
+        .unwrap();
+    assert_eq!(w2.latent, fd.latent, "two workers change nothing");
+    // With no skipping and one forward per step, the patch-steps are full computation (the
+    // subset forward over every token equals the full forward); with two forwards per step
+    // each sees the other's tokens through last step's K/V, and the latent moves.
+    let single = |mode| RequestConfig {
+        monotasks: Some(1),
+        ..cfg(mode)
+    };
+    let full = one
+        .generate(PROMPT, single(Mode::Full), &mut |_, _, _| {})
+        .unwrap();
+    let ns = one
+        .generate(PROMPT, single(Mode::NoSkip), &mut |_, _, _| {})
+        .unwrap();
+    let displaced = one
+        .generate(PROMPT, cfg(Mode::NoSkip), &mut |_, _, _| {})
+        .unwrap();
+    assert_ne!(
+        displaced.latent, full.latent,
+        "two forwards a step displaced nothing"
+    );
+    let worst = full
+        .latent
+        .iter()
+        .zip(&ns.latent)
+        .map(|(a, b)| (a - b).abs())
+        .fold(0.0f32, f32::max);
+    let scale = full.latent.iter().fold(0.0f32, |m, v| m.max(v.abs()));
+    assert!(
+        worst <= 1e-4 * scale.max(1.0),
+        "no-skip differs from full by {worst} (scale {scale})"
+    );
+    assert!(fd.latent.iter().zip(&full.latent).any(|(a, b)| a != b));
+}
+
+#[test]
+fn flux_denoiser_refuses_bad_inputs_with_reasons() {
+    let m = model();
+    let e = m.condition("").unwrap_err().to_string();
+    assert!(e.contains("has no words"), "{e}");
+    let e = m.condition(&"word ".repeat(11)).unwrap_err().to_string();
+    assert!(e.contains("too long"), "{e}");
+    let short = Tensor::zeros(7, flashdiff_runtime::models::DType::F32, &Device::Cpu).unwrap();
+    let e = m.step_cond(&short, 0.5).unwrap_err().to_string();
+    assert!(e.contains("context of 7 values"), "{e}");
+    let e = m.decode(&[0.0; 5]).unwrap_err().to_string();
+    assert!(e.contains("latent of 5 values"), "{e}");
+    let flux = FluxCheckpoint::open(
+        &PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+            .join("../models/reference/flux_golden.safetensors"),
+    )
+    .unwrap()
+    .load(Some([4, 6, 6]), &Device::Cpu)
+    .unwrap();
+    let e = FluxDenoiser::new(flux, Box::new(HashText), (0, 8), 3.5, Device::Cpu)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("non-empty token grid"), "{e}");
+}
