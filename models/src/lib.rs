@@ -25,6 +25,7 @@ mod checkpoint;
 pub mod clips;
 pub mod flux;
 mod joint;
+pub mod joint_denoiser;
 pub mod mmdit;
 pub mod pieces;
 pub mod scene;

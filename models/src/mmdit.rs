@@ -22,6 +22,7 @@ use crate::joint::{
     check_rows, check_text_cache, layer_norm, lin, rms, Attention, Embedder, Lin, Pass,
 };
 pub use crate::joint::{JointOutput, Rows, TensorSource};
+pub use crate::joint_denoiser::Sd3Denoiser;
 use crate::ModelError;
 
 /// The architecture's sizes (diffusers' `SD3Transformer2DModel` config).
@@ -504,6 +505,37 @@ impl Mmdit {
             Some((tks, tvs))
         };
         Ok(pass.finish(velocity, (ks, vs), text, self.blocks.len())?)
+    }
+
+    /// The first block's modulated image input of every token of `x` (`width` tokens a
+    /// row): what whole-step caching watches.
+    pub fn first_block_input(
+        &self,
+        x: &Tensor,
+        width: usize,
+        cond: &Tensor,
+    ) -> Result<Tensor, ModelError> {
+        let tokens = x.dim(0)?;
+        let ids: Vec<u32> = (0..tokens as u32).collect();
+        let rows = Rows {
+            x,
+            ids: &ids,
+            width,
+            tokens,
+            cache: None,
+            patches: None,
+            saliency: false,
+            text_cache: None,
+        };
+        check_rows(
+            &rows,
+            "MMDiT",
+            self.cfg.token_in(),
+            self.cfg.kv_layers(),
+            self.cfg.hidden,
+        )?;
+        let h = self.patch_in.forward(x)?.add(&self.positions(&rows)?)?;
+        Ok(affine(&layer_norm(&h)?, &cond.narrow(0, 0, 2)?, 1, 0)?)
     }
 
     /// The learned positions of the rows' tokens: the image's grid cropped from the centre

@@ -7,7 +7,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use flashdiff_runtime::engine::{Engine, Mode, RequestConfig};
-use flashdiff_runtime::models::flux::{EncodedPrompt, FluxCheckpoint, FluxDenoiser, FluxText};
+use flashdiff_runtime::models::flux::{EncodedPrompt, FluxCheckpoint, FluxDenoiser, PromptEncoder};
 use flashdiff_runtime::models::{Denoiser, Device, ModelError, Tensor};
 
 /// SentencePiece-like pieces ("▁word"), padded with `<pad>`; each piece's state and the
@@ -23,7 +23,7 @@ fn hash(s: &str, i: usize) -> f32 {
     ((h >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
 }
 
-impl FluxText for HashText {
+impl PromptEncoder for HashText {
     fn encode(&self, prompt: &str) -> Result<EncodedPrompt, ModelError> {
         let mut pieces: Vec<String> = prompt.split_whitespace().map(|w| format!("▁{w}")).collect();
         if pieces.len() > self.tokens() {
@@ -159,4 +159,60 @@ fn flux_denoiser_refuses_bad_inputs_with_reasons() {
         .unwrap_err()
         .to_string();
     assert!(e.contains("non-empty token grid"), "{e}");
+}
+
+/// SD3.5 (diffusers' golden weights: RMS Q/K norms, a dual-attention block) through the
+/// engine the same way.
+#[test]
+fn sd35_runs_through_the_engine_skips_and_is_deterministic() {
+    use flashdiff_runtime::models::mmdit::{MmditCheckpoint, Sd3Denoiser};
+    let golden = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../models/reference/sd35_golden.safetensors");
+    let mmdit = MmditCheckpoint::open(&golden)
+        .unwrap()
+        .load(None, &Device::Cpu)
+        .unwrap();
+    let m: Arc<dyn Denoiser> =
+        Arc::new(Sd3Denoiser::new(mmdit, Box::new(HashText), (4, 6), 0.0, Device::Cpu).unwrap());
+    assert_eq!(m.name(), "sd3.5");
+    assert_eq!(m.dims().kv_layers, 4);
+    let mut e = Engine::with_model(m.clone(), 1, None).unwrap();
+    let fd = e
+        .generate(PROMPT, cfg(Mode::FlashDiff), &mut |_, _, _| {})
+        .unwrap();
+    assert!(
+        fd.report.computed < fd.report.patch_steps,
+        "nothing skipped on SD3.5"
+    );
+    assert_eq!((fd.sample.width, fd.sample.height), (12, 8));
+    let again = e
+        .generate(PROMPT, cfg(Mode::FlashDiff), &mut |_, _, _| {})
+        .unwrap();
+    assert_eq!(again.latent, fd.latent);
+    let single = |mode| RequestConfig {
+        monotasks: Some(1),
+        ..cfg(mode)
+    };
+    let full = e
+        .generate(PROMPT, single(Mode::Full), &mut |_, _, _| {})
+        .unwrap();
+    let ns = e
+        .generate(PROMPT, single(Mode::NoSkip), &mut |_, _, _| {})
+        .unwrap();
+    let worst = full
+        .latent
+        .iter()
+        .zip(&ns.latent)
+        .map(|(a, b)| (a - b).abs())
+        .fold(0.0f32, f32::max);
+    let scale = full.latent.iter().fold(0.0f32, |m, v| m.max(v.abs()));
+    assert!(
+        worst <= 1e-4 * scale.max(1.0),
+        "no-skip differs from full by {worst}"
+    );
+    // Whole-step caching watches the first block's input: it runs too.
+    let tc = e
+        .generate(PROMPT, cfg(Mode::TeaCache), &mut |_, _, _| {})
+        .unwrap();
+    assert_eq!(tc.latent.len(), full.latent.len());
 }

@@ -24,9 +24,8 @@ use crate::joint::{
 pub use crate::joint::{JointOutput, Rows, TensorSource};
 use crate::ModelError;
 
-mod denoiser;
 mod load;
-pub use denoiser::{EncodedPrompt, FluxDenoiser, FluxText};
+pub use crate::joint_denoiser::{EncodedPrompt, FluxDenoiser, PromptEncoder};
 pub use load::{FluxCheckpoint, FluxLayout};
 
 /// The architecture's sizes (Black Forest Labs' `FluxParams`).

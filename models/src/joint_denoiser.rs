@@ -1,0 +1,442 @@
+//! FLUX and SD3 as [`Denoiser`]s: what the engine, the workers and the bench see.
+//!
+//! The text encoders come in through [`PromptEncoder`] (T5 + CLIP in the released
+//! pipelines; a test supplies a small one), so that the transformers' contract with the
+//! engine is settled and tested before the encoders and the VAE are wired in. Until the VAE
+//! is, [`Denoiser::decode`] returns a *latent preview* (see there), not an image.
+//!
+//! Context layout (f32, flat): the text states after the model's text projection
+//! (`text_tokens x hidden`), then the pooled vector after its embedder (`hidden`), then the
+//! word of each text token (`text_tokens` values, -1 for none): the saliency map's columns
+//! are words ([`crate::pieces`]). The text stream is computed in every forward (exact); the
+//! engine's K/V cache holds the image tokens only.
+
+use std::fmt;
+
+use candle_core::{Device, Tensor};
+
+use crate::flux::Flux;
+use crate::joint::{JointOutput, Rows};
+use crate::mmdit::Mmdit;
+use crate::pieces::words_from_pieces;
+use crate::{
+    Conditioning, Denoiser, Dims, FullOutput, KvCache, LatentGrid, ModelError, Patches, Sample,
+    StepInput, SubsetOutput,
+};
+
+/// A prompt as FLUX and SD3 read it.
+#[derive(Debug, Clone)]
+pub struct EncodedPrompt {
+    /// The text tokens as strings (SentencePiece pieces, special tokens included), one per
+    /// row of `states`.
+    pub pieces: Vec<String>,
+    /// The text encoder's states, `text_tokens x context_in_dim`.
+    pub states: Tensor,
+    /// The pooled vector, `vec_in_dim`.
+    pub pooled: Tensor,
+}
+
+/// What turns a prompt into the transformer's text inputs (FLUX: T5 states and CLIP's
+/// pooled vector; SD3: CLIP-L/G and T5 states joined, and both CLIPs' pooled vectors).
+pub trait PromptEncoder: Send + Sync + fmt::Debug {
+    /// Encodes a prompt; always [`PromptEncoder::tokens`] rows.
+    fn encode(&self, prompt: &str) -> Result<EncodedPrompt, ModelError>;
+    /// Text tokens per prompt (FLUX: T5's padded length, 512 for dev, 256 for schnell).
+    fn tokens(&self) -> usize;
+}
+
+/// A joint-attention transformer the engine can run: FLUX or SD3's MMDiT.
+pub trait JointModel: Send + Sync + fmt::Debug {
+    /// Report name ("flux-dev").
+    fn name(&self) -> &str;
+    /// Values per latent token.
+    fn token_values(&self) -> usize;
+    /// Layers with image K/V.
+    fn kv_layers(&self) -> usize;
+    /// Width of a K/V row.
+    fn hidden(&self) -> usize;
+    /// Rows of `hidden` in a step's conditioning.
+    fn cond_rows(&self) -> usize;
+    /// Width of the text states and of the pooled vector.
+    fn text_widths(&self) -> (usize, usize);
+    /// A request's context rows from the encoders' outputs.
+    fn context(&self, txt: &Tensor, pooled: &Tensor) -> Result<Tensor, ModelError>;
+    /// A step's conditioning rows (`guidance` where the model embeds one).
+    fn step_cond(&self, context: &Tensor, t: f32, guidance: f32) -> Result<Tensor, ModelError>;
+    /// Forward of some image rows.
+    fn forward(
+        &self,
+        rows: Rows<'_>,
+        context: &Tensor,
+        cond: &Tensor,
+    ) -> Result<JointOutput, ModelError>;
+    /// The first block's modulated input of every token of `x` (`width` tokens a row).
+    fn first_block_input(
+        &self,
+        x: &Tensor,
+        width: usize,
+        cond: &Tensor,
+    ) -> Result<Tensor, ModelError>;
+    /// Latent pixels per token side, and where latent channel `k` of pixel (dy, dx) is in
+    /// a token's values.
+    fn packing(&self) -> (usize, fn(usize, usize, usize, usize, usize) -> usize);
+}
+
+impl JointModel for Flux {
+    fn name(&self) -> &str {
+        if self.config().guidance_embed {
+            "flux-dev"
+        } else {
+            "flux-schnell"
+        }
+    }
+    fn token_values(&self) -> usize {
+        self.config().in_channels
+    }
+    fn kv_layers(&self) -> usize {
+        self.config().kv_layers()
+    }
+    fn hidden(&self) -> usize {
+        self.config().hidden
+    }
+    fn cond_rows(&self) -> usize {
+        self.config().cond_rows()
+    }
+    fn text_widths(&self) -> (usize, usize) {
+        (self.config().context_in_dim, self.config().vec_in_dim)
+    }
+    fn context(&self, txt: &Tensor, pooled: &Tensor) -> Result<Tensor, ModelError> {
+        Flux::context(self, txt, pooled)
+    }
+    fn step_cond(&self, context: &Tensor, t: f32, guidance: f32) -> Result<Tensor, ModelError> {
+        Flux::step_cond(self, context, t, guidance)
+    }
+    fn forward(
+        &self,
+        rows: Rows<'_>,
+        context: &Tensor,
+        cond: &Tensor,
+    ) -> Result<JointOutput, ModelError> {
+        Flux::forward(self, rows, context, cond)
+    }
+    fn first_block_input(&self, x: &Tensor, _: usize, cond: &Tensor) -> Result<Tensor, ModelError> {
+        Flux::first_block_input(self, x, cond)
+    }
+    fn packing(&self) -> (usize, fn(usize, usize, usize, usize, usize) -> usize) {
+        // FLUX packs 2 x 2 latent pixels as (channel, dy, dx), the channel slowest.
+        (2, |k, dy, dx, p, _| (k * p + dy) * p + dx)
+    }
+}
+
+impl JointModel for Mmdit {
+    fn name(&self) -> &str {
+        if self.config().qk_norm {
+            "sd3.5"
+        } else {
+            "sd3"
+        }
+    }
+    fn token_values(&self) -> usize {
+        self.config().token_in()
+    }
+    fn kv_layers(&self) -> usize {
+        self.config().kv_layers()
+    }
+    fn hidden(&self) -> usize {
+        self.config().hidden
+    }
+    fn cond_rows(&self) -> usize {
+        self.config().cond_rows()
+    }
+    fn text_widths(&self) -> (usize, usize) {
+        (self.config().context_in_dim, self.config().pooled_dim)
+    }
+    fn context(&self, txt: &Tensor, pooled: &Tensor) -> Result<Tensor, ModelError> {
+        Mmdit::context(self, txt, pooled)
+    }
+    fn step_cond(&self, context: &Tensor, t: f32, _: f32) -> Result<Tensor, ModelError> {
+        Mmdit::step_cond(self, context, t)
+    }
+    fn forward(
+        &self,
+        rows: Rows<'_>,
+        context: &Tensor,
+        cond: &Tensor,
+    ) -> Result<JointOutput, ModelError> {
+        Mmdit::forward(self, rows, context, cond)
+    }
+    fn first_block_input(
+        &self,
+        x: &Tensor,
+        width: usize,
+        cond: &Tensor,
+    ) -> Result<Tensor, ModelError> {
+        Mmdit::first_block_input(self, x, width, cond)
+    }
+    fn packing(&self) -> (usize, fn(usize, usize, usize, usize, usize) -> usize) {
+        // A token holds its patch as (row, column, channel), the channel fastest.
+        (self.config().patch, |k, dy, dx, p, c| (dy * p + dx) * c + k)
+    }
+}
+
+/// A joint-attention transformer with its text side, on a fixed latent grid.
+#[derive(Debug)]
+pub struct JointDenoiser<M: JointModel> {
+    flux: M,
+    text: Box<dyn PromptEncoder>,
+    dims: Dims,
+    device: Device,
+    guidance: f32,
+    name: String,
+}
+
+/// FLUX behind the `Denoiser` contract.
+pub type FluxDenoiser = JointDenoiser<Flux>;
+/// SD3 / SD3.5 behind the `Denoiser` contract.
+pub type Sd3Denoiser = JointDenoiser<Mmdit>;
+
+impl<M: JointModel> JointDenoiser<M> {
+    /// The model on a `height x width` grid of image tokens (16 x that in pixels for FLUX
+    /// and SD3), with guidance `guidance` (FLUX.1 dev's default is 3.5; schnell and SD3,
+    /// whose guidance is classifier-free, ignore it).
+    pub fn new(
+        flux: M,
+        text: Box<dyn PromptEncoder>,
+        (height, width): (usize, usize),
+        guidance: f32,
+        device: Device,
+    ) -> Result<Self, ModelError> {
+        if height == 0 || width == 0 || !guidance.is_finite() {
+            return Err(ModelError::Input(format!(
+                "{} needs a non-empty token grid and a finite guidance; got {height} x {width}, {guidance}",
+                flux.name()
+            )));
+        }
+        let (hidden, nt) = (flux.hidden(), text.tokens());
+        let dims = Dims {
+            grid: LatentGrid {
+                frames: 1,
+                height,
+                width,
+            },
+            channels: flux.token_values(),
+            kv_layers: flux.kv_layers(),
+            kv_dim: hidden,
+            words: nt,
+            context_len: (nt + 1) * hidden + nt,
+            cond_len: flux.cond_rows() * hidden,
+        };
+        let name = flux.name().to_string();
+        Ok(Self {
+            flux,
+            text,
+            dims,
+            device,
+            guidance,
+            name,
+        })
+    }
+
+    /// The request context's parts: `(text_tokens + 1) x hidden` and the `text_tokens x
+    /// words` piece-to-word matrix.
+    fn context_parts(&self, context: &Tensor) -> Result<(Tensor, Tensor), ModelError> {
+        let (nt, h) = (self.text.tokens(), self.flux.hidden());
+        if context.elem_count() != self.dims.context_len {
+            return Err(ModelError::Input(format!(
+                "context of {} values, {} takes {}",
+                context.elem_count(),
+                self.name,
+                self.dims.context_len
+            )));
+        }
+        let flat = context.flatten_all()?;
+        let ctx = flat.narrow(0, 0, (nt + 1) * h)?.reshape((nt + 1, h))?;
+        let word_of = flat.narrow(0, (nt + 1) * h, nt)?.to_vec1::<f32>()?;
+        let mut m = vec![0f32; nt * nt];
+        for (i, &w) in word_of.iter().enumerate() {
+            if w >= 0.0 && (w as usize) < nt {
+                m[i * nt + w as usize] = 1.0;
+            }
+        }
+        Ok((ctx, Tensor::from_vec(m, (nt, nt), &self.device)?))
+    }
+
+    fn cond(&self, step: &StepInput<'_>) -> Result<Tensor, ModelError> {
+        if step.cond.elem_count() != self.dims.cond_len {
+            return Err(ModelError::Input(format!(
+                "step conditioning of {} values, {} takes {}",
+                step.cond.elem_count(),
+                self.name,
+                self.dims.cond_len
+            )));
+        }
+        Ok(step
+            .cond
+            .reshape((self.flux.cond_rows(), self.flux.hidden()))?)
+    }
+}
+
+impl<M: JointModel> Denoiser for JointDenoiser<M> {
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    fn dims(&self) -> &Dims {
+        &self.dims
+    }
+
+    fn device(&self) -> &Device {
+        &self.device
+    }
+
+    fn condition(&self, prompt: &str) -> Result<Conditioning, ModelError> {
+        let e = self.text.encode(prompt)?;
+        let (nt, (width, _)) = (self.text.tokens(), self.flux.text_widths());
+        if e.pieces.len() != nt || e.states.dims() != [nt, width] {
+            return Err(ModelError::Input(format!(
+                "the text encoder gave {} pieces and states {:?}; {} takes {nt} and [{nt}, {width}]",
+                e.pieces.len(),
+                e.states.dims(),
+                self.name
+            )));
+        }
+        let pw = words_from_pieces(&e.pieces);
+        if pw.words.is_empty() {
+            return Err(ModelError::Input(format!("prompt {prompt:?} has no words")));
+        }
+        let ctx = self.flux.context(&e.states, &e.pooled)?;
+        let mut context = ctx.flatten_all()?.to_vec1::<f32>()?;
+        context.extend(pw.word_of.iter().map(|w| w.map_or(-1.0, |w| w as f32)));
+        Ok(Conditioning {
+            salient: pw.salient(),
+            words: pw.words,
+            context,
+        })
+    }
+
+    fn step_cond(&self, context: &Tensor, t: f32) -> Result<Tensor, ModelError> {
+        if !t.is_finite() {
+            return Err(ModelError::Input(format!("step time {t} is not finite")));
+        }
+        let (ctx, _) = self.context_parts(context)?;
+        Ok(self.flux.step_cond(&ctx, t, self.guidance)?.flatten_all()?)
+    }
+
+    fn full_forward(
+        &self,
+        x: &Tensor,
+        step: StepInput<'_>,
+        saliency: bool,
+    ) -> Result<FullOutput, ModelError> {
+        let (ctx, words) = self.context_parts(step.context)?;
+        let cond = self.cond(&step)?;
+        let ids: Vec<u32> = (0..self.dims.grid.tokens() as u32).collect();
+        let out = self.flux.forward(
+            Rows {
+                x,
+                ids: &ids,
+                width: self.dims.grid.width,
+                tokens: self.dims.grid.tokens(),
+                cache: None,
+                patches: None,
+                saliency,
+                text_cache: None,
+            },
+            &ctx,
+            &cond,
+        )?;
+        let saliency = match out.saliency {
+            Some(s) => Some(s.matmul(&words)?),
+            None => None,
+        };
+        Ok(FullOutput {
+            velocity: out.velocity,
+            k: out.k,
+            v: out.v,
+            saliency,
+        })
+    }
+
+    fn subset_forward(
+        &self,
+        x_active: &Tensor,
+        active: &[u32],
+        step: StepInput<'_>,
+        cache: Option<KvCache<'_>>,
+        patches: Patches<'_>,
+    ) -> Result<SubsetOutput, ModelError> {
+        let (ctx, _) = self.context_parts(step.context)?;
+        let cond = self.cond(&step)?;
+        let out = self.flux.forward(
+            Rows {
+                x: x_active,
+                ids: active,
+                width: self.dims.grid.width,
+                tokens: self.dims.grid.tokens(),
+                cache: cache.map(|c| (c.k, c.v)),
+                patches: Some((patches.of_token, patches.patches)),
+                saliency: false,
+                text_cache: None,
+            },
+            &ctx,
+            &cond,
+        )?;
+        // Without a cache (NaivePatch) the rows see only each other: no mass over the
+        // whole latent's patches is defined, and none is reported.
+        let patch_mass = match out.patch_mass {
+            Some(m) => m,
+            None => Tensor::zeros(
+                (active.len(), patches.patches),
+                candle_core::DType::F32,
+                &self.device,
+            )?,
+        };
+        Ok(SubsetOutput {
+            velocity: out.velocity,
+            k: out.k,
+            v: out.v,
+            patch_mass,
+        })
+    }
+
+    fn first_block_input(&self, x: &Tensor, step: StepInput<'_>) -> Result<Tensor, ModelError> {
+        let cond = self.cond(&step)?;
+        self.flux.first_block_input(x, self.dims.grid.width, &cond)
+    }
+
+    /// No VAE is wired in yet: the *latent preview*, each token's `p x p` cell of latent
+    /// pixels shown as RGB from latent channels 0-2, squashed to [0, 1] by `0.5 + 0.5 tanh`.
+    /// An image of `p height x p width` pixels (p = 2 for FLUX and SD3).
+    fn decode(&self, latent: &[f32]) -> Result<Sample, ModelError> {
+        let (h, w, c) = (
+            self.dims.grid.height,
+            self.dims.grid.width,
+            self.dims.channels,
+        );
+        let (p, at) = self.flux.packing();
+        if latent.len() != h * w * c || c % (p * p) != 0 {
+            return Err(ModelError::Input(format!(
+                "latent of {} values, expected {}",
+                latent.len(),
+                h * w * c
+            )));
+        }
+        let ch = c / (p * p);
+        let (pw, ph) = (p * w, p * h);
+        let mut rgb = vec![0f32; ph * pw * 3];
+        for ty in 0..h {
+            for tx in 0..w {
+                let tok = &latent[(ty * w + tx) * c..(ty * w + tx + 1) * c];
+                for dy in 0..p {
+                    for dx in 0..p {
+                        let px = ((p * ty + dy) * pw + p * tx + dx) * 3;
+                        for k in 0..3.min(ch) {
+                            rgb[px + k] = 0.5 + 0.5 * tok[at(k, dy, dx, p, ch)].tanh();
+                        }
+                    }
+                }
+            }
+        }
+        Ok(Sample::frames(rgb, pw, ph, 1))
+    }
+}
