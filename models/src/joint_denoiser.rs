@@ -45,6 +45,10 @@ pub trait PromptEncoder: Send + Sync + fmt::Debug {
     fn tokens(&self) -> usize;
 }
 
+/// Where latent channel `k` of pixel `(dy, dx)` is in a token's values, given the patch
+/// side `p` and the latent channels `c`: `(k, dy, dx, p, c) -> index`.
+pub type PixelIndex = fn(usize, usize, usize, usize, usize) -> usize;
+
 /// A joint-attention transformer the engine can run: FLUX or SD3's MMDiT.
 pub trait JointModel: Send + Sync + fmt::Debug {
     /// Report name ("flux-dev").
@@ -79,7 +83,7 @@ pub trait JointModel: Send + Sync + fmt::Debug {
     ) -> Result<Tensor, ModelError>;
     /// Latent pixels per token side, and where latent channel `k` of pixel (dy, dx) is in
     /// a token's values.
-    fn packing(&self) -> (usize, fn(usize, usize, usize, usize, usize) -> usize);
+    fn packing(&self) -> (usize, PixelIndex);
 }
 
 impl JointModel for Flux {
@@ -122,7 +126,7 @@ impl JointModel for Flux {
     fn first_block_input(&self, x: &Tensor, _: usize, cond: &Tensor) -> Result<Tensor, ModelError> {
         Flux::first_block_input(self, x, cond)
     }
-    fn packing(&self) -> (usize, fn(usize, usize, usize, usize, usize) -> usize) {
+    fn packing(&self) -> (usize, PixelIndex) {
         // FLUX packs 2 x 2 latent pixels as (channel, dy, dx), the channel slowest.
         (2, |k, dy, dx, p, _| (k * p + dy) * p + dx)
     }
@@ -173,7 +177,7 @@ impl JointModel for Mmdit {
     ) -> Result<Tensor, ModelError> {
         Mmdit::first_block_input(self, x, width, cond)
     }
-    fn packing(&self) -> (usize, fn(usize, usize, usize, usize, usize) -> usize) {
+    fn packing(&self) -> (usize, PixelIndex) {
         // A token holds its patch as (row, column, channel), the channel fastest.
         (self.config().patch, |k, dy, dx, p, c| (dy * p + dx) * c + k)
     }
