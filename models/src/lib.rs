@@ -28,6 +28,7 @@ mod joint;
 pub mod joint_denoiser;
 pub mod mmdit;
 pub mod pieces;
+pub mod sao;
 pub mod scene;
 pub mod sounds;
 mod tinydit;

@@ -1,0 +1,399 @@
+//! Stable Audio Open's DiT with FlashDiff's token-subset forward, written from diffusers'
+//! `StableAudioDiTModel` description and weight names: a global token (projected global
+//! conditioning plus the Gaussian-Fourier time embedding) prepended to the latent frames,
+//! self-attention with rotary positions on the first half of each head, cross-attention to
+//! the projected text states with grouped key/value heads, SwiGLU feed-forward, 1x1
+//! convolutions around it.
+//!
+//! The patchable grid is the latent's frames (a 1-D grid). The global token is computed in
+//! every forward, like the text stream of FLUX and SD3: it is one row. Its self-attention
+//! keys and values are therefore always fresh; the frames' come fresh for the computed rows
+//! and from the cache for the others (one layer per block, after the rotary encoding).
+
+use candle_core::{Tensor, D};
+
+use crate::joint::{check_rows, lin, Attention, Lin, Pass};
+pub use crate::joint::{JointOutput, Rows, TensorSource};
+use crate::ModelError;
+
+/// The architecture's sizes (diffusers' `StableAudioDiTModel` config).
+#[derive(Debug, Clone, PartialEq)]
+pub struct SaoConfig {
+    /// Latent channels in (64 for Stable Audio Open's Oobleck VAE).
+    pub in_channels: usize,
+    /// Latent channels out.
+    pub out_channels: usize,
+    /// Attention heads.
+    pub heads: usize,
+    /// Key/value heads of the cross-attention.
+    pub kv_heads: usize,
+    /// Width of one head.
+    pub head_dim: usize,
+    /// Blocks.
+    pub depth: usize,
+    /// Width of the projected text states.
+    pub cross_dim: usize,
+    /// Width of the text encoder's states (T5-base: 768).
+    pub cross_in: usize,
+    /// Width of the global conditioning (1536).
+    pub global_in: usize,
+    /// Width of the time embedding (256).
+    pub time_proj_dim: usize,
+}
+
+impl SaoConfig {
+    /// Stable Audio Open 1.0.
+    pub fn open_1_0() -> Self {
+        Self {
+            in_channels: 64,
+            out_channels: 64,
+            heads: 24,
+            kv_heads: 12,
+            head_dim: 64,
+            depth: 24,
+            cross_dim: 768,
+            cross_in: 768,
+            global_in: 1536,
+            time_proj_dim: 256,
+        }
+    }
+
+    /// Transformer width.
+    pub fn hidden(&self) -> usize {
+        self.heads * self.head_dim
+    }
+
+    /// Checks what the forward relies on, with the reason.
+    pub fn validate(&self) -> Result<(), ModelError> {
+        let bad = |m: String| Err(ModelError::Input(format!("Stable Audio DiT config: {m}")));
+        if self.heads == 0 || self.kv_heads == 0 || self.heads % self.kv_heads != 0 {
+            return bad(format!(
+                "{} heads cannot share {} key/value heads",
+                self.heads, self.kv_heads
+            ));
+        }
+        if self.head_dim % 4 != 0 || self.head_dim == 0 {
+            return bad(format!(
+                "head width {} must be a positive multiple of 4 (rotary on its first half)",
+                self.head_dim
+            ));
+        }
+        if self.depth == 0 || self.time_proj_dim % 2 != 0 {
+            return bad("depth must be positive and the time embedding even".into());
+        }
+        Ok(())
+    }
+}
+
+#[derive(Debug, Clone)]
+struct Norm {
+    w: Tensor,
+    b: Tensor,
+}
+
+impl Norm {
+    fn load(get: &TensorSource, p: &str, h: usize) -> Result<Self, ModelError> {
+        Ok(Self {
+            w: get(&format!("{p}.weight"), &[h])?,
+            b: get(&format!("{p}.bias"), &[h])?,
+        })
+    }
+
+    /// LayerNorm with its affine parameters, eps 1e-5.
+    fn forward(&self, x: &Tensor) -> candle_core::Result<Tensor> {
+        let mean = x.mean_keepdim(D::Minus1)?;
+        let xc = x.broadcast_sub(&mean)?;
+        let var = xc.sqr()?.mean_keepdim(D::Minus1)?;
+        xc.broadcast_div(&(var + 1e-5)?.sqrt()?)?
+            .broadcast_mul(&self.w)?
+            .broadcast_add(&self.b)
+    }
+}
+
+#[derive(Debug, Clone)]
+struct Block {
+    norm1: Norm,
+    q: Lin,
+    k: Lin,
+    v: Lin,
+    out: Lin,
+    norm2: Norm,
+    cq: Lin,
+    ck: Lin,
+    cv: Lin,
+    cout: Lin,
+    norm3: Norm,
+    ff_in: Lin,
+    ff_out: Lin,
+}
+
+/// A request's conditioning: the projected text states and the projected global vector.
+#[derive(Debug, Clone)]
+pub struct SaoContext {
+    /// `cross_attention_proj(text states)`, `text_tokens x cross_dim`.
+    pub cross: Tensor,
+    /// `global_proj(global states)`, `1 x hidden`.
+    pub global: Tensor,
+}
+
+/// Stable Audio Open's DiT.
+#[derive(Debug, Clone)]
+pub struct Sao {
+    cfg: SaoConfig,
+    fourier: Tensor,
+    time1: Lin,
+    time2: Lin,
+    global1: Lin,
+    global2: Lin,
+    cross1: Lin,
+    cross2: Lin,
+    pre: Lin,
+    proj_in: Lin,
+    blocks: Vec<Block>,
+    proj_out: Lin,
+    post: Lin,
+}
+
+impl Sao {
+    /// Loads the DiT from tensors named as in diffusers' `StableAudioDiTModel`.
+    pub fn load(cfg: SaoConfig, get: &TensorSource) -> Result<Self, ModelError> {
+        cfg.validate()?;
+        let (h, c, o) = (cfg.hidden(), cfg.in_channels, cfg.out_channels);
+        let kv = cfg.kv_heads * cfg.head_dim;
+        let conv = |n: &str, ch: usize| -> Result<Lin, ModelError> {
+            Ok(Lin {
+                w: get(n, &[ch, ch, 1])?.squeeze(2)?,
+                b: None,
+            })
+        };
+        let blocks = (0..cfg.depth)
+            .map(|i| {
+                let p = format!("transformer_blocks.{i}");
+                let l = |n: &str, inp: usize, out: usize| {
+                    lin(get, &format!("{p}.{n}"), inp, out, false)
+                };
+                Ok(Block {
+                    norm1: Norm::load(get, &format!("{p}.norm1"), h)?,
+                    q: l("attn1.to_q", h, h)?,
+                    k: l("attn1.to_k", h, h)?,
+                    v: l("attn1.to_v", h, h)?,
+                    out: l("attn1.to_out.0", h, h)?,
+                    norm2: Norm::load(get, &format!("{p}.norm2"), h)?,
+                    cq: l("attn2.to_q", h, h)?,
+                    ck: l("attn2.to_k", cfg.cross_dim, kv)?,
+                    cv: l("attn2.to_v", cfg.cross_dim, kv)?,
+                    cout: l("attn2.to_out.0", h, h)?,
+                    norm3: Norm::load(get, &format!("{p}.norm3"), h)?,
+                    ff_in: lin(get, &format!("{p}.ff.net.0.proj"), h, 8 * h, true)?,
+                    ff_out: lin(get, &format!("{p}.ff.net.2"), 4 * h, h, true)?,
+                })
+            })
+            .collect::<Result<Vec<_>, ModelError>>()?;
+        Ok(Self {
+            fourier: get("time_proj.weight", &[cfg.time_proj_dim / 2])?,
+            time1: lin(get, "timestep_proj.0", cfg.time_proj_dim, h, true)?,
+            time2: lin(get, "timestep_proj.2", h, h, true)?,
+            global1: lin(get, "global_proj.0", cfg.global_in, h, false)?,
+            global2: lin(get, "global_proj.2", h, h, false)?,
+            cross1: lin(
+                get,
+                "cross_attention_proj.0",
+                cfg.cross_in,
+                cfg.cross_dim,
+                false,
+            )?,
+            cross2: lin(
+                get,
+                "cross_attention_proj.2",
+                cfg.cross_dim,
+                cfg.cross_dim,
+                false,
+            )?,
+            pre: conv("preprocess_conv.weight", c)?,
+            proj_in: lin(get, "proj_in", c, h, false)?,
+            blocks,
+            proj_out: lin(get, "proj_out", h, o, false)?,
+            post: conv("postprocess_conv.weight", o)?,
+            cfg,
+        })
+    }
+
+    /// The architecture.
+    pub fn config(&self) -> &SaoConfig {
+        &self.cfg
+    }
+
+    /// A request's conditioning from the text encoder's states (`n x cross_in`) and the
+    /// global conditioning vector (`global_in`).
+    pub fn context(&self, text: &Tensor, global: &Tensor) -> Result<SaoContext, ModelError> {
+        let cfg = &self.cfg;
+        if text.dims().len() != 2
+            || text.dim(1)? != cfg.cross_in
+            || global.dims() != [cfg.global_in]
+        {
+            return Err(ModelError::Input(format!(
+                "Stable Audio text states must be n x {} and the global vector {} wide; got {:?} and {:?}",
+                cfg.cross_in,
+                cfg.global_in,
+                text.dims(),
+                global.dims()
+            )));
+        }
+        let cross = self.cross2.forward(&self.cross1.forward(text)?.silu()?)?;
+        let g = self
+            .global2
+            .forward(&self.global1.forward(&global.unsqueeze(0)?)?.silu()?)?;
+        Ok(SaoContext { cross, global: g })
+    }
+
+    /// The global token of time `t` (what diffusers passes as `timestep`), `1 x hidden`.
+    pub fn step_cond(&self, context: &SaoContext, t: f32) -> Result<Tensor, ModelError> {
+        // Gaussian Fourier features 2 pi t w, cosines then sines.
+        let a = (self.fourier.unsqueeze(0)? * (2.0 * std::f64::consts::PI * t as f64))?;
+        let emb = Tensor::cat(&[a.cos()?, a.sin()?], 1)?;
+        let time = self.time2.forward(&self.time1.forward(&emb)?.silu()?)?;
+        Ok(context.global.add(&time)?)
+    }
+
+    /// Forward of the latent frames in `rows` (every frame for the full forward): velocity
+    /// rows (`n x out_channels`), fresh self-attention K/V of the frames, the cross-attention
+    /// saliency (`n x text_tokens`, averaged over heads and blocks) and per-patch mass.
+    pub fn forward(
+        &self,
+        rows: Rows<'_>,
+        context: &SaoContext,
+        cond: &Tensor,
+    ) -> Result<JointOutput, ModelError> {
+        let cfg = &self.cfg;
+        let (h, hd, heads) = (cfg.hidden(), cfg.head_dim, cfg.heads);
+        check_rows(&rows, "Stable Audio DiT", cfg.in_channels, cfg.depth, h)?;
+        if cond.dims() != [1, h] {
+            return Err(ModelError::Input(format!(
+                "Stable Audio step conditioning must be 1 x {h}, got {:?}",
+                cond.dims()
+            )));
+        }
+        let n = rows.ids.len();
+        let dev = rows.x.device().clone();
+        // Positions: the global token at 0, frame i at i + 1.
+        let pos: Vec<f32> = std::iter::once(0.0)
+            .chain(rows.ids.iter().map(|&t| t as f32 + 1.0))
+            .collect();
+        let (cos, sin) = rotary_table(&pos, hd / 2, &dev)?;
+        let x = rows.x.add(&self.pre.forward(rows.x)?)?;
+        let mut seq = Tensor::cat(&[cond, &self.proj_in.forward(&x)?], 0)?;
+        let mut pass = Pass::new(rows, heads, hd)?;
+        let (mut ks, mut vs) = (Vec::new(), Vec::new());
+        let ne = context.cross.dim(0)?;
+        let group: Vec<u32> = (0..heads)
+            .map(|i| (i / (heads / cfg.kv_heads)) as u32)
+            .collect();
+        let group = Tensor::from_vec(group, heads, &dev)?;
+        let mut saliency: Option<Tensor> = None;
+        for (layer, b) in self.blocks.iter().enumerate() {
+            let r = n + 1;
+            let a = b.norm1.forward(&seq)?;
+            let split = |l: &Lin| l.forward(&a)?.reshape((r, heads, hd));
+            let q = rotate(&split(&b.q)?, &cos, &sin)?;
+            let k = rotate(&split(&b.k)?, &cos, &sin)?;
+            let v = split(&b.v)?;
+            let o = pass.attend(Attention {
+                q: &q,
+                k: &k,
+                v: &v,
+                nt: 1,
+                qt: 1,
+                layer,
+                saliency: false,
+            })?;
+            ks.push(k.narrow(0, 1, n)?);
+            vs.push(v.narrow(0, 1, n)?);
+            seq = seq.add(&b.out.forward(&o)?)?;
+            // Cross-attention: every row to the text, key/value heads shared by groups.
+            let a = b.norm2.forward(&seq)?;
+            let cq =
+                b.cq.forward(&a)?
+                    .reshape((r, heads, hd))?
+                    .transpose(0, 1)?
+                    .contiguous()?;
+            let kv = |l: &Lin| -> candle_core::Result<Tensor> {
+                l.forward(&context.cross)?
+                    .reshape((ne, cfg.kv_heads, hd))?
+                    .index_select(&group, 1)?
+                    .transpose(0, 1)?
+                    .contiguous()
+            };
+            let (ck, cv) = (kv(&b.ck)?, kv(&b.cv)?);
+            let p = candle_nn::ops::softmax_last_dim(
+                &(cq.matmul(&ck.t()?)? * (1.0 / (hd as f64).sqrt()))?,
+            )?;
+            if pass.rows.saliency {
+                let s = p.mean(0)?.narrow(0, 1, n)?;
+                saliency = Some(match saliency {
+                    Some(acc) => acc.add(&s)?,
+                    None => s,
+                });
+            }
+            let o = p.matmul(&cv)?.transpose(0, 1)?.reshape((r, h))?;
+            seq = seq.add(&b.cout.forward(&o)?)?;
+            // SwiGLU feed-forward.
+            let y = b.ff_in.forward(&b.norm3.forward(&seq)?)?;
+            let f = y
+                .narrow(1, 0, 4 * h)?
+                .mul(&y.narrow(1, 4 * h, 4 * h)?.silu()?)?;
+            seq = seq.add(&b.ff_out.forward(&f)?)?;
+        }
+        let y = self.proj_out.forward(&seq.narrow(0, 1, n)?)?;
+        let velocity = y.add(&self.post.forward(&y)?)?;
+        let mut out = pass.finish(velocity, (ks, vs), None, 1)?;
+        out.saliency = match saliency {
+            Some(s) => Some((s / self.blocks.len() as f64)?),
+            None => None,
+        };
+        Ok(out)
+    }
+}
+
+/// Cosines and sines for rotating `dim` values at each position: `rows x 1 x dim`, the
+/// frequencies repeated over both halves (diffusers' non-interleaved real form).
+fn rotary_table(
+    pos: &[f32],
+    dim: usize,
+    dev: &candle_core::Device,
+) -> candle_core::Result<(Tensor, Tensor)> {
+    let half = dim / 2;
+    let freqs: Vec<f32> = (0..half)
+        .map(|i| 1.0 / 10_000f32.powf((2 * i) as f32 / dim as f32))
+        .collect();
+    let (mut c, mut s) = (
+        Vec::with_capacity(pos.len() * dim),
+        Vec::with_capacity(pos.len() * dim),
+    );
+    for &p in pos {
+        for _ in 0..2 {
+            for &f in &freqs {
+                c.push((p * f).cos());
+                s.push((p * f).sin());
+            }
+        }
+    }
+    Ok((
+        Tensor::from_vec(c, (pos.len(), 1, dim), dev)?,
+        Tensor::from_vec(s, (pos.len(), 1, dim), dev)?,
+    ))
+}
+
+/// Rotates the first `dim` values of each head (`rows x heads x head_dim`) by the table,
+/// halves as real and imaginary parts: `x cos + (-x_imag, x_real) sin`; the rest unchanged.
+fn rotate(x: &Tensor, cos: &Tensor, sin: &Tensor) -> candle_core::Result<Tensor> {
+    let dim = cos.dim(2)?;
+    let hd = x.dim(2)?;
+    let r = x.narrow(2, 0, dim)?;
+    let (re, im) = (r.narrow(2, 0, dim / 2)?, r.narrow(2, dim / 2, dim / 2)?);
+    let turned = Tensor::cat(&[&im.neg()?, &re], 2)?;
+    let rot = r.broadcast_mul(cos)?.add(&turned.broadcast_mul(sin)?)?;
+    if dim == hd {
+        return Ok(rot);
+    }
+    Tensor::cat(&[&rot, &x.narrow(2, dim, hd - dim)?], 2)
+}

@@ -1,0 +1,181 @@
+//! Stable Audio Open's DiT against diffusers' own StableAudioDiTModel (golden file written by
+//! `models/reference/sao_golden.py` on random weights of a small config with the real
+//! structure), and its token-subset forward against the full one (#14 item 3).
+
+use std::path::Path;
+
+use candle_core::{Device, Tensor};
+use flashdiff_models::sao::{Rows, Sao, SaoConfig};
+use flashdiff_models::Weights;
+
+const TOL: f32 = 1e-4;
+
+fn config() -> SaoConfig {
+    SaoConfig {
+        in_channels: 8,
+        out_channels: 8,
+        heads: 4,
+        kv_heads: 2,
+        head_dim: 16,
+        depth: 2,
+        cross_dim: 24,
+        cross_in: 12,
+        global_in: 20,
+        time_proj_dim: 32,
+    }
+}
+
+fn golden() -> Weights {
+    Weights::open(&Path::new(env!("CARGO_MANIFEST_DIR")).join("reference/sao_golden.safetensors"))
+        .unwrap()
+}
+
+fn t(w: &Weights, n: &str) -> Tensor {
+    let (s, v) = w.get_any(n).unwrap();
+    Tensor::from_slice(v, s, &Device::Cpu).unwrap()
+}
+
+fn max_diff(a: &Tensor, b: &Tensor) -> f32 {
+    assert_eq!(a.dims(), b.dims());
+    (a - b)
+        .unwrap()
+        .abs()
+        .unwrap()
+        .max_all()
+        .unwrap()
+        .to_scalar::<f32>()
+        .unwrap()
+}
+
+fn max_abs(a: &Tensor) -> f32 {
+    a.abs()
+        .unwrap()
+        .max_all()
+        .unwrap()
+        .to_scalar::<f32>()
+        .unwrap()
+}
+
+#[test]
+fn full_forward_equals_diffusers_and_the_subset_forward_equals_its_rows() {
+    let w = golden();
+    let m = Sao::load(config(), &|n, s| Ok(w.tensor(n, s, &Device::Cpu)?)).unwrap();
+    let ctx = m
+        .context(&t(&w, "golden.enc"), &t(&w, "golden.global"))
+        .unwrap();
+    let time = t(&w, "golden.t").to_vec1::<f32>().unwrap()[0];
+    let cond = m.step_cond(&ctx, time).unwrap();
+    let x = t(&w, "golden.x");
+    let frames = x.dim(0).unwrap();
+    let ids: Vec<u32> = (0..frames as u32).collect();
+    let patch_of: Vec<u32> = (0..frames as u32).map(|f| f / 3).collect();
+    let base = Rows {
+        x: &x,
+        ids: &ids,
+        width: frames,
+        tokens: frames,
+        cache: None,
+        patches: Some((&patch_of, 4)),
+        saliency: true,
+        text_cache: None,
+    };
+    let full = m.forward(base, &ctx, &cond).unwrap();
+    let want = t(&w, "golden.out");
+    let scale = max_abs(&want);
+    let d = max_diff(&full.velocity, &want);
+    assert!(scale > 1.0, "output too small to compare ({scale})");
+    assert!(
+        d <= TOL * scale,
+        "max |ours - diffusers| = {d} (largest output {scale})"
+    );
+    let sal = full.saliency.as_ref().unwrap();
+    assert_eq!(sal.dims(), [frames, 5]);
+    let sum: f32 = sal.sum_all().unwrap().to_scalar().unwrap();
+    assert!(
+        (sum - frames as f32).abs() < 1e-3,
+        "cross-attention rows sum to 1: {sum}"
+    );
+
+    let active = vec![1u32, 2, 6, 9];
+    let at = Tensor::new(active.as_slice(), &Device::Cpu).unwrap();
+    let xs = x.index_select(&at, 0).unwrap();
+    let rows = Rows {
+        x: &xs,
+        ids: &active,
+        cache: Some((&full.k, &full.v)),
+        saliency: false,
+        ..base
+    };
+    let sub = m.forward(rows, &ctx, &cond).unwrap();
+    let d = max_diff(&sub.velocity, &full.velocity.index_select(&at, 0).unwrap());
+    assert!(d <= TOL * scale, "velocity rows differ by {d}");
+    assert!(max_diff(&sub.k, &full.k.index_select(&at, 1).unwrap()) <= TOL * max_abs(&full.k));
+    let fm = full.patch_mass.unwrap().index_select(&at, 0).unwrap();
+    assert!(max_diff(&sub.patch_mass.unwrap(), &fm) <= TOL);
+    let stale = (&full.v * 0.5).unwrap();
+    let moved = m
+        .forward(
+            Rows {
+                cache: Some((&full.k, &stale)),
+                ..rows
+            },
+            &ctx,
+            &cond,
+        )
+        .unwrap();
+    assert!(
+        max_diff(&moved.velocity, &sub.velocity) > 1e-3,
+        "the cache is read"
+    );
+}
+
+#[test]
+fn bad_configs_weights_and_inputs_are_errors_that_say_why() {
+    let w = golden();
+    let get = |n: &str, s: &[usize]| Ok(w.tensor(n, s, &Device::Cpu)?);
+    let e = Sao::load(
+        SaoConfig {
+            kv_heads: 3,
+            ..config()
+        },
+        &get,
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(e.contains("4 heads cannot share 3"), "{e}");
+    let e = Sao::load(
+        SaoConfig {
+            cross_dim: 16,
+            ..config()
+        },
+        &get,
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(
+        e.contains("transformer_blocks.0.attn2.to_k.weight") || e.contains("cross_attention_proj"),
+        "{e}"
+    );
+    let m = Sao::load(config(), &get).unwrap();
+    let g = t(&w, "golden.global");
+    let e = m
+        .context(&g.unsqueeze(0).unwrap(), &g)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("text states"), "{e}");
+    let ctx = m.context(&t(&w, "golden.enc"), &g).unwrap();
+    let x = t(&w, "golden.x");
+    let ids: Vec<u32> = (0..10).collect();
+    let rows = Rows {
+        x: &x,
+        ids: &ids,
+        width: 10,
+        tokens: 10,
+        cache: None,
+        patches: None,
+        saliency: false,
+        text_cache: None,
+    };
+    let e = m.forward(rows, &ctx, &g).unwrap_err().to_string();
+    assert!(e.contains("step conditioning"), "{e}");
+}
