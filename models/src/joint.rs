@@ -418,9 +418,65 @@ pub(crate) fn rms(x: &Tensor, scale: &Tensor) -> candle_core::Result<Tensor> {
     candle_nn::ops::rms_norm(&x.contiguous()?, scale, 1e-6)
 }
 
+/// `x * (1 + m[scale]) + m[shift]`: modulation by rows `scale` and `shift` of `m`.
+pub(crate) fn affine(
+    x: &Tensor,
+    m: &Tensor,
+    scale: usize,
+    shift: usize,
+) -> candle_core::Result<Tensor> {
+    x.broadcast_mul(&(m.i(scale)? + 1.0)?)?
+        .broadcast_add(&m.i(shift)?)
+}
+
 /// `(1 + scale) * LN(x) + shift` with the chunks `at` (shift), `at + 1` (scale) of `m`.
 pub(crate) fn modulate(x: &Tensor, m: &Tensor, at: usize) -> candle_core::Result<Tensor> {
     layer_norm(x)?
         .broadcast_mul(&(m.i(at + 1)? + 1.0)?)?
         .broadcast_add(&m.i(at)?)
+}
+
+/// Cosines and sines of every rotated pair for tokens at the given (axis 0, 1, 2)
+/// positions, each `rows x head_dim / 2`: the pairs of axis 0 first, then 1, then 2.
+pub(crate) fn rope_table(
+    axes_dim: [usize; 3],
+    theta: f64,
+    pos: impl Iterator<Item = [f32; 3]>,
+    dev: &Device,
+) -> candle_core::Result<(Tensor, Tensor)> {
+    let half = axes_dim.iter().sum::<usize>() / 2;
+    let mut freqs = Vec::with_capacity(half);
+    for (axis, &d) in axes_dim.iter().enumerate() {
+        for i in (0..d).step_by(2) {
+            let f = 1.0f32 / theta.powf(i as f64 / d as f64) as f32;
+            freqs.push((axis, f));
+        }
+    }
+    let (mut cos, mut sin) = (Vec::new(), Vec::new());
+    let mut rows = 0;
+    for p in pos {
+        for &(axis, f) in &freqs {
+            let a = p[axis] * f;
+            cos.push(a.cos());
+            sin.push(a.sin());
+        }
+        rows += 1;
+    }
+    Ok((
+        Tensor::from_vec(cos, (rows, 1, half), dev)?,
+        Tensor::from_vec(sin, (rows, 1, half), dev)?,
+    ))
+}
+
+/// Rotates consecutive pairs (x0, x1) of `x` (`rows x heads x head_dim`) by the table:
+/// (cos x0 - sin x1, sin x0 + cos x1).
+pub(crate) fn rope(x: &Tensor, pe: &(Tensor, Tensor)) -> candle_core::Result<Tensor> {
+    let (r, h, d) = x.dims3()?;
+    let x = x.reshape((r, h, d / 2, 2))?;
+    let x0 = x.narrow(3, 0, 1)?.squeeze(3)?;
+    let x1 = x.narrow(3, 1, 1)?.squeeze(3)?;
+    let (c, s) = pe;
+    let y0 = (x0.broadcast_mul(c)? - x1.broadcast_mul(s)?)?;
+    let y1 = (x0.broadcast_mul(s)? + x1.broadcast_mul(c)?)?;
+    Tensor::stack(&[y0, y1], 3)?.reshape((r, h, d))
 }

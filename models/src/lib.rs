@@ -32,6 +32,7 @@ pub mod sao;
 pub mod scene;
 pub mod sounds;
 mod tinydit;
+pub mod wan;
 mod weights;
 
 pub use tinydit::{synthesize, unpatchify, AudioSpec, Config, TinyDit};

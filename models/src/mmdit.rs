@@ -19,7 +19,7 @@ use candle_core::{IndexOp, Tensor};
 
 use crate::checkpoint::{Shards, Source};
 use crate::joint::{
-    check_rows, check_text_cache, layer_norm, lin, rms, Attention, Embedder, Lin, Pass,
+    affine, check_rows, check_text_cache, layer_norm, lin, rms, Attention, Embedder, Lin, Pass,
 };
 pub use crate::joint::{JointOutput, Rows, TensorSource};
 pub use crate::joint_denoiser::Sd3Denoiser;
@@ -558,12 +558,6 @@ impl Mmdit {
             .pos
             .index_select(&Tensor::from_vec(at, n, rows.x.device())?, 0)?)
     }
-}
-
-/// `x * (1 + m[scale]) + m[shift]`.
-fn affine(x: &Tensor, m: &Tensor, scale: usize, shift: usize) -> candle_core::Result<Tensor> {
-    x.broadcast_mul(&(m.i(scale)? + 1.0)?)?
-        .broadcast_add(&m.i(shift)?)
 }
 
 /// diffusers' `Timesteps(256, flip_sin_to_cos=True, downscale_freq_shift=0)` of `t`, in

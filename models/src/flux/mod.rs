@@ -19,7 +19,8 @@
 use candle_core::{Device, IndexOp, Tensor};
 
 use crate::joint::{
-    check_rows, check_text_cache, layer_norm, lin, modulate, rms, Attention, Embedder, Lin, Pass,
+    check_rows, check_text_cache, layer_norm, lin, modulate, rms, rope, rope_table, Attention,
+    Embedder, Lin, Pass,
 };
 pub use crate::joint::{JointOutput, Rows, TensorSource};
 use crate::ModelError;
@@ -332,7 +333,8 @@ impl Flux {
             )));
         }
         let img_pe = rope_table(
-            cfg,
+            cfg.axes_dim,
+            cfg.theta,
             rows.ids.iter().map(|&t| {
                 [
                     0.0,
@@ -342,7 +344,7 @@ impl Flux {
             }),
             &dev,
         )?;
-        let txt_pe = rope_table(cfg, (0..nt).map(|_| [0.0f32; 3]), &dev)?;
+        let txt_pe = rope_table(cfg.axes_dim, cfg.theta, (0..nt).map(|_| [0.0f32; 3]), &dev)?;
         // With a text cache the text stream is not computed: its keys and values at every
         // layer come from the cache, and only image rows make queries.
         let cached = rows.text_cache;
@@ -498,48 +500,4 @@ fn timestep_embedding(t: f32, dim: usize, dev: &Device) -> candle_core::Result<T
         v[half + i] = a.sin();
     }
     Tensor::from_vec(v, (1, dim), dev)
-}
-
-/// Cosines and sines of every rotated pair for tokens at the given (axis 0, 1, 2)
-/// positions, each `rows x head_dim / 2`: the pairs of axis 0 first, then 1, then 2.
-fn rope_table(
-    cfg: &FluxConfig,
-    pos: impl Iterator<Item = [f32; 3]>,
-    dev: &Device,
-) -> candle_core::Result<(Tensor, Tensor)> {
-    let half = cfg.head_dim() / 2;
-    let mut freqs = Vec::with_capacity(half);
-    for (axis, &d) in cfg.axes_dim.iter().enumerate() {
-        for i in (0..d).step_by(2) {
-            let f = 1.0f32 / cfg.theta.powf(i as f64 / d as f64) as f32;
-            freqs.push((axis, f));
-        }
-    }
-    let (mut cos, mut sin) = (Vec::new(), Vec::new());
-    let mut rows = 0;
-    for p in pos {
-        for &(axis, f) in &freqs {
-            let a = p[axis] * f;
-            cos.push(a.cos());
-            sin.push(a.sin());
-        }
-        rows += 1;
-    }
-    Ok((
-        Tensor::from_vec(cos, (rows, 1, half), dev)?,
-        Tensor::from_vec(sin, (rows, 1, half), dev)?,
-    ))
-}
-
-/// Rotates consecutive pairs (x0, x1) of `x` (`rows x heads x head_dim`) by the table:
-/// (cos x0 - sin x1, sin x0 + cos x1).
-fn rope(x: &Tensor, pe: &(Tensor, Tensor)) -> candle_core::Result<Tensor> {
-    let (r, h, d) = x.dims3()?;
-    let x = x.reshape((r, h, d / 2, 2))?;
-    let x0 = x.narrow(3, 0, 1)?.squeeze(3)?;
-    let x1 = x.narrow(3, 1, 1)?.squeeze(3)?;
-    let (c, s) = pe;
-    let y0 = (x0.broadcast_mul(c)? - x1.broadcast_mul(s)?)?;
-    let y1 = (x0.broadcast_mul(s)? + x1.broadcast_mul(c)?)?;
-    Tensor::stack(&[y0, y1], 3)?.reshape((r, h, d))
 }

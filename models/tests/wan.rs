@@ -1,0 +1,173 @@
+//! Wan2.1's transformer against diffusers' own WanTransformer3DModel (golden file written by
+//! `models/reference/wan_golden.py` on random weights of a small config with the real
+//! structure), and its token-subset forward against the full one (#13 item 3).
+
+use std::path::Path;
+
+use candle_core::{Device, Tensor};
+use flashdiff_models::wan::{Rows, Wan, WanConfig};
+use flashdiff_models::Weights;
+
+const TOL: f32 = 1e-4;
+
+fn config() -> WanConfig {
+    WanConfig {
+        patch: [1, 2, 2],
+        in_channels: 4,
+        out_channels: 4,
+        heads: 2,
+        head_dim: 12,
+        depth: 2,
+        ffn_dim: 64,
+        text_dim: 16,
+        freq_dim: 32,
+        cross_attn_norm: true,
+    }
+}
+
+fn golden() -> Weights {
+    Weights::open(&Path::new(env!("CARGO_MANIFEST_DIR")).join("reference/wan_golden.safetensors"))
+        .unwrap()
+}
+
+fn t(w: &Weights, n: &str) -> Tensor {
+    let (s, v) = w.get_any(n).unwrap();
+    Tensor::from_slice(v, s, &Device::Cpu).unwrap()
+}
+
+fn max_diff(a: &Tensor, b: &Tensor) -> f32 {
+    assert_eq!(a.dims(), b.dims());
+    (a - b)
+        .unwrap()
+        .abs()
+        .unwrap()
+        .max_all()
+        .unwrap()
+        .to_scalar::<f32>()
+        .unwrap()
+}
+
+fn max_abs(a: &Tensor) -> f32 {
+    a.abs()
+        .unwrap()
+        .max_all()
+        .unwrap()
+        .to_scalar::<f32>()
+        .unwrap()
+}
+
+#[test]
+fn full_forward_equals_diffusers_and_the_subset_forward_equals_its_rows() {
+    let w = golden();
+    let m = Wan::load(config(), &|n, s| Ok(w.tensor(n, s, &Device::Cpu)?)).unwrap();
+    assert_eq!(m.config().axes_dim(), [4, 4, 4]);
+    let ctx = m.context(&t(&w, "golden.txt")).unwrap();
+    let time = t(&w, "golden.t").to_vec1::<f32>().unwrap()[0];
+    let cond = m.step_cond(time, &Device::Cpu).unwrap();
+    let grid = t(&w, "golden.grid").to_vec1::<f32>().unwrap();
+    let (frames, width) = (grid[0] as usize, grid[2] as usize);
+    let x = t(&w, "golden.x");
+    let tokens = x.dim(0).unwrap();
+    let ids: Vec<u32> = (0..tokens as u32).collect();
+    let patch_of: Vec<u32> = (0..tokens as u32).map(|i| i / 6).collect();
+    let base = Rows {
+        x: &x,
+        ids: &ids,
+        width,
+        tokens,
+        cache: None,
+        patches: Some((&patch_of, 3)),
+        saliency: true,
+        text_cache: None,
+    };
+    let full = m.forward(base, frames, &ctx, &cond).unwrap();
+    let want = t(&w, "golden.out");
+    let scale = max_abs(&want);
+    let d = max_diff(&full.velocity, &want);
+    assert!(scale > 1.0, "output too small to compare ({scale})");
+    assert!(
+        d <= TOL * scale,
+        "max |ours - diffusers| = {d} (largest output {scale})"
+    );
+    assert_eq!(full.saliency.as_ref().unwrap().dims(), [tokens, 5]);
+
+    // Tokens of the middle frame and one of the last: positions in all three axes matter.
+    let active = vec![6u32, 7, 10, 16];
+    let at = Tensor::new(active.as_slice(), &Device::Cpu).unwrap();
+    let xs = x.index_select(&at, 0).unwrap();
+    let rows = Rows {
+        x: &xs,
+        ids: &active,
+        cache: Some((&full.k, &full.v)),
+        saliency: false,
+        ..base
+    };
+    let sub = m.forward(rows, frames, &ctx, &cond).unwrap();
+    let d = max_diff(&sub.velocity, &full.velocity.index_select(&at, 0).unwrap());
+    assert!(d <= TOL * scale, "velocity rows differ by {d}");
+    let fm = full.patch_mass.unwrap().index_select(&at, 0).unwrap();
+    assert!(max_diff(&sub.patch_mass.unwrap(), &fm) <= TOL);
+    let stale = (&full.k * 1.5).unwrap();
+    let moved = m
+        .forward(
+            Rows {
+                cache: Some((&stale, &full.v)),
+                ..rows
+            },
+            frames,
+            &ctx,
+            &cond,
+        )
+        .unwrap();
+    assert!(
+        max_diff(&moved.velocity, &sub.velocity) > 1e-3,
+        "the cache is read"
+    );
+}
+
+#[test]
+fn bad_configs_and_inputs_are_errors_that_say_why() {
+    let w = golden();
+    let get = |n: &str, s: &[usize]| Ok(w.tensor(n, s, &Device::Cpu)?);
+    let e = Wan::load(
+        WanConfig {
+            head_dim: 9,
+            ..config()
+        },
+        &get,
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(e.contains("odd RoPE axes"), "{e}");
+    let e = Wan::load(
+        WanConfig {
+            ffn_dim: 32,
+            ..config()
+        },
+        &get,
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(e.contains("blocks.0.ffn.net.0.proj.weight"), "{e}");
+    let m = Wan::load(config(), &get).unwrap();
+    let e = m.context(&t(&w, "golden.t")).unwrap_err().to_string();
+    assert!(e.contains("text states must be n x 16"), "{e}");
+    let ctx = m.context(&t(&w, "golden.txt")).unwrap();
+    let cond = m.step_cond(500.0, &Device::Cpu).unwrap();
+    let x = t(&w, "golden.x");
+    let ids: Vec<u32> = (0..18).collect();
+    let rows = Rows {
+        x: &x,
+        ids: &ids,
+        width: 3,
+        tokens: 18,
+        cache: None,
+        patches: None,
+        saliency: false,
+        text_cache: None,
+    };
+    let e = m.forward(rows, 4, &ctx, &cond).unwrap_err().to_string();
+    assert!(e.contains("not 4 equal frames"), "{e}");
+    let e = m.forward(rows, 3, &ctx, &ctx).unwrap_err().to_string();
+    assert!(e.contains("step conditioning"), "{e}");
+}
