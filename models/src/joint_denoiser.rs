@@ -19,9 +19,10 @@ use crate::flux::Flux;
 use crate::joint::{JointOutput, Rows};
 use crate::mmdit::Mmdit;
 use crate::pieces::words_from_pieces;
+use crate::wan::Wan;
 use crate::{
-    Conditioning, Denoiser, Dims, FullOutput, KvCache, LatentGrid, ModelError, Patches, Sample,
-    StepInput, SubsetOutput,
+    Conditioning, Denoiser, Dims, FullOutput, Kind, KvCache, LatentGrid, ModelError, Patches,
+    Sample, StepInput, SubsetOutput,
 };
 
 /// A prompt as FLUX and SD3 read it.
@@ -67,10 +68,11 @@ pub trait JointModel: Send + Sync + fmt::Debug {
     fn context(&self, txt: &Tensor, pooled: &Tensor) -> Result<Tensor, ModelError>;
     /// A step's conditioning rows (`guidance` where the model embeds one).
     fn step_cond(&self, context: &Tensor, t: f32, guidance: f32) -> Result<Tensor, ModelError>;
-    /// Forward of some image rows.
+    /// Forward of some latent rows of a grid of `frames` frames.
     fn forward(
         &self,
         rows: Rows<'_>,
+        frames: usize,
         context: &Tensor,
         cond: &Tensor,
     ) -> Result<JointOutput, ModelError>;
@@ -118,6 +120,7 @@ impl JointModel for Flux {
     fn forward(
         &self,
         rows: Rows<'_>,
+        _frames: usize,
         context: &Tensor,
         cond: &Tensor,
     ) -> Result<JointOutput, ModelError> {
@@ -164,6 +167,7 @@ impl JointModel for Mmdit {
     fn forward(
         &self,
         rows: Rows<'_>,
+        _frames: usize,
         context: &Tensor,
         cond: &Tensor,
     ) -> Result<JointOutput, ModelError> {
@@ -194,6 +198,60 @@ pub struct JointDenoiser<M: JointModel> {
     name: String,
 }
 
+impl JointModel for Wan {
+    fn name(&self) -> &str {
+        "wan2.1"
+    }
+    fn token_values(&self) -> usize {
+        self.config().token_in()
+    }
+    fn kv_layers(&self) -> usize {
+        self.config().depth
+    }
+    fn hidden(&self) -> usize {
+        self.config().hidden()
+    }
+    fn cond_rows(&self) -> usize {
+        7
+    }
+    /// Wan reads no pooled vector: its width is 0 and the context's pooled row is zeros.
+    fn text_widths(&self) -> (usize, usize) {
+        (self.config().text_dim, 0)
+    }
+    fn context(&self, txt: &Tensor, _pooled: &Tensor) -> Result<Tensor, ModelError> {
+        let t = Wan::context(self, txt)?;
+        let zero = Tensor::zeros((1, self.hidden()), t.dtype(), t.device())?;
+        Ok(Tensor::cat(&[t, zero], 0)?)
+    }
+    /// Wan's time runs 0-1000.
+    fn step_cond(&self, context: &Tensor, t: f32, _: f32) -> Result<Tensor, ModelError> {
+        Wan::step_cond(self, t * 1000.0, context.device())
+    }
+    fn forward(
+        &self,
+        rows: Rows<'_>,
+        frames: usize,
+        context: &Tensor,
+        cond: &Tensor,
+    ) -> Result<JointOutput, ModelError> {
+        let nt = context.dim(0)? - 1;
+        Wan::forward(self, rows, frames, &context.narrow(0, 0, nt)?, cond)
+    }
+    fn first_block_input(&self, x: &Tensor, _: usize, cond: &Tensor) -> Result<Tensor, ModelError> {
+        Wan::first_block_input(self, x, cond)
+    }
+    /// A token's (row, column) latent pixels of its first latent frame (Wan2.1 patches one
+    /// latent frame per token).
+    fn packing(&self) -> (usize, PixelIndex) {
+        (self.config().patch[1], |k, dy, dx, p, c| {
+            (dy * p + dx) * c + k
+        })
+    }
+}
+
+/// Wan2.1 behind the `Denoiser` contract.
+pub type WanDenoiser = JointDenoiser<Wan>;
+
 /// FLUX behind the `Denoiser` contract.
 pub type FluxDenoiser = JointDenoiser<Flux>;
 /// SD3 / SD3.5 behind the `Denoiser` contract.
@@ -210,16 +268,27 @@ impl<M: JointModel> JointDenoiser<M> {
         guidance: f32,
         device: Device,
     ) -> Result<Self, ModelError> {
-        if height == 0 || width == 0 || !guidance.is_finite() {
+        Self::new_video(flux, text, (1, height, width), guidance, device)
+    }
+
+    /// The model on a `frames x height x width` grid of tokens (a video for Wan).
+    pub fn new_video(
+        flux: M,
+        text: Box<dyn PromptEncoder>,
+        (frames, height, width): (usize, usize, usize),
+        guidance: f32,
+        device: Device,
+    ) -> Result<Self, ModelError> {
+        if frames == 0 || height == 0 || width == 0 || !guidance.is_finite() {
             return Err(ModelError::Input(format!(
-                "{} needs a non-empty token grid and a finite guidance; got {height} x {width}, {guidance}",
+                "{} needs a non-empty token grid and a finite guidance; got {frames} x {height} x {width}, {guidance}",
                 flux.name()
             )));
         }
         let (hidden, nt) = (flux.hidden(), text.tokens());
         let dims = Dims {
             grid: LatentGrid {
-                frames: 1,
+                frames,
                 height,
                 width,
             },
@@ -346,6 +415,7 @@ impl<M: JointModel> Denoiser for JointDenoiser<M> {
                 saliency,
                 text_cache: None,
             },
+            self.dims.grid.frames,
             &ctx,
             &cond,
         )?;
@@ -382,6 +452,7 @@ impl<M: JointModel> Denoiser for JointDenoiser<M> {
                 saliency: false,
                 text_cache: None,
             },
+            self.dims.grid.frames,
             &ctx,
             &cond,
         )?;
@@ -408,26 +479,51 @@ impl<M: JointModel> Denoiser for JointDenoiser<M> {
         self.flux.first_block_input(x, self.dims.grid.width, &cond)
     }
 
+    fn kind(&self) -> Kind {
+        if self.dims.grid.frames > 1 {
+            Kind::Video
+        } else {
+            Kind::Image
+        }
+    }
+
     /// No VAE is wired in yet: the *latent preview*, each token's `p x p` cell of latent
     /// pixels shown as RGB from latent channels 0-2, squashed to [0, 1] by `0.5 + 0.5 tanh`.
-    /// An image of `p height x p width` pixels (p = 2 for FLUX and SD3).
+    /// Frames of `p height x p width` pixels (p = 2 for FLUX, SD3 and Wan).
     fn decode(&self, latent: &[f32]) -> Result<Sample, ModelError> {
-        let (h, w, c) = (
+        let (f, h, w, c) = (
+            self.dims.grid.frames,
             self.dims.grid.height,
             self.dims.grid.width,
             self.dims.channels,
         );
         let (p, at) = self.flux.packing();
-        if latent.len() != h * w * c || c % (p * p) != 0 {
+        if latent.len() != f * h * w * c || c % (p * p) != 0 {
             return Err(ModelError::Input(format!(
                 "latent of {} values, expected {}",
                 latent.len(),
-                h * w * c
+                f * h * w * c
             )));
         }
-        let ch = c / (p * p);
+        let ch = (c / (p * p)).min(c);
         let (pw, ph) = (p * w, p * h);
-        let mut rgb = vec![0f32; ph * pw * 3];
+        let mut rgb = vec![0f32; f * ph * pw * 3];
+        for (frame, out) in latent.chunks(h * w * c).zip(rgb.chunks_mut(ph * pw * 3)) {
+            Self::preview_frame(frame, out, (h, w, c, p, ch), at);
+        }
+        Ok(Sample::frames(rgb, pw, ph, f))
+    }
+}
+
+impl<M: JointModel> JointDenoiser<M> {
+    /// One frame of the latent preview.
+    fn preview_frame(
+        latent: &[f32],
+        rgb: &mut [f32],
+        (h, w, c, p, ch): (usize, usize, usize, usize, usize),
+        at: PixelIndex,
+    ) {
+        let pw = p * w;
         for ty in 0..h {
             for tx in 0..w {
                 let tok = &latent[(ty * w + tx) * c..(ty * w + tx + 1) * c];
@@ -441,6 +537,5 @@ impl<M: JointModel> Denoiser for JointDenoiser<M> {
                 }
             }
         }
-        Ok(Sample::frames(rgb, pw, ph, 1))
     }
 }

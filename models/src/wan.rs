@@ -14,6 +14,7 @@ use candle_core::{IndexOp, Tensor};
 
 use crate::joint::{affine, check_rows, layer_norm, lin, rope, rope_table, Attention, Lin, Pass};
 pub use crate::joint::{JointOutput, Rows, TensorSource};
+pub use crate::joint_denoiser::WanDenoiser;
 use crate::ModelError;
 
 /// The architecture's sizes (diffusers' `WanTransformer3DModel` config).
@@ -250,6 +251,13 @@ impl Wan {
             .forward(&temb.silu()?)?
             .reshape((6, self.cfg.hidden()))?;
         Ok(Tensor::cat(&[temb, proj], 0)?)
+    }
+
+    /// The first block's modulated input of every token of `x`: what whole-step caching
+    /// watches.
+    pub fn first_block_input(&self, x: &Tensor, cond: &Tensor) -> Result<Tensor, ModelError> {
+        let m = self.blocks[0].table.add(&cond.narrow(0, 1, 6)?)?;
+        Ok(affine(&layer_norm(&self.patch_in.forward(x)?)?, &m, 1, 0)?)
     }
 
     /// Forward of the video tokens in `rows` (every token for the full forward) on a grid of
