@@ -3,7 +3,10 @@
 names, inputs and output.
 
     pip install torch diffusers safetensors
-    python3 models/reference/wan_golden.py   # writes models/reference/wan_golden.safetensors
+    python3 models/reference/wan_golden.py
+    # writes models/reference/wan_golden.safetensors, and wan_official.safetensors: the same
+    # weights in Wan-AI's own layout (`blocks.N.self_attn.q.weight`, ...), checked by
+    # converting them back with diffusers' own converter
 
 `models/tests/wan.rs` must reproduce the output (max abs difference <= 1e-4 of the largest).
 Latent tokens are stored in FlashDiff's layout too (one 1x2x2 patch per token, frame-major,
@@ -13,6 +16,7 @@ import os
 
 import torch
 from diffusers import WanTransformer3DModel
+from diffusers.loaders.single_file_utils import convert_wan_transformer_to_diffusers
 from safetensors.torch import save_file
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -25,6 +29,30 @@ def tokens(latent):
     x = latent[0].reshape(c, f // PT, PT, h // PH, PH, w // PW, PW)
     x = x.permute(1, 3, 5, 2, 4, 6, 0)
     return x.reshape((f // PT) * (h // PH) * (w // PW), PT * PH * PW * c).contiguous()
+
+
+OFFICIAL = [  # diffusers' name part -> Wan-AI's, applied in order
+    ("condition_embedder.time_embedder.linear_1", "time_embedding.0"),
+    ("condition_embedder.time_embedder.linear_2", "time_embedding.2"),
+    ("condition_embedder.text_embedder.linear_1", "text_embedding.0"),
+    ("condition_embedder.text_embedder.linear_2", "text_embedding.2"),
+    ("condition_embedder.time_proj", "time_projection.1"),
+    (".attn1.", ".self_attn."), (".attn2.", ".cross_attn."),
+    (".to_q.", ".q."), (".to_k.", ".k."), (".to_v.", ".v."), (".to_out.0.", ".o."),
+    (".norm2.", ".norm3."), (".scale_shift_table", ".modulation"),
+    (".ffn.net.0.proj.", ".ffn.0."), (".ffn.net.2.", ".ffn.2."),
+    ("proj_out.", "head.head."),
+]
+
+
+def to_official(sd):
+    out = {}
+    for k, v in sd.items():
+        n = "head.modulation" if k == "scale_shift_table" else k
+        for a, b in OFFICIAL:
+            n = n.replace(a, b)
+        out[n] = v.contiguous()
+    return out
 
 
 def main():
@@ -49,6 +77,15 @@ def main():
               metadata={"diffusers": __import__("diffusers").__version__,
                         "torch": torch.__version__})
     print(f"wrote wan_golden.safetensors: max |out| {out.abs().max().item():.3f}")
+    sd = m.state_dict()
+    official = to_official(sd)
+    back = convert_wan_transformer_to_diffusers(dict(official))
+    assert set(back) == set(sd), sorted(set(back) ^ set(sd))
+    for k in sd:
+        assert torch.equal(back[k], sd[k]), k
+    save_file(official, os.path.join(HERE, "wan_official.safetensors"))
+    print(f"wrote wan_official.safetensors ({len(official)} tensors; diffusers' converter maps "
+          "them back exactly)")
 
 
 if __name__ == "__main__":

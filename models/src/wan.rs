@@ -12,6 +12,7 @@
 
 use candle_core::{IndexOp, Tensor};
 
+use crate::checkpoint::{Shards, Source};
 use crate::joint::{affine, check_rows, layer_norm, lin, rope, rope_table, Attention, Lin, Pass};
 pub use crate::joint::{JointOutput, Rows, TensorSource};
 pub use crate::joint_denoiser::WanDenoiser;
@@ -371,4 +372,167 @@ impl Wan {
 /// RMS norm over the whole row (across heads), eps 1e-6.
 fn rms(x: &Tensor, w: &Tensor) -> candle_core::Result<Tensor> {
     candle_nn::ops::rms_norm(&x.contiguous()?, w, 1e-6)
+}
+
+/// How a Wan checkpoint names its tensors.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum WanLayout {
+    /// diffusers' `WanTransformer3DModel` (a `transformer/` folder).
+    Diffusers,
+    /// Wan-AI's own files (`blocks.N.self_attn.q.weight`, ...), after a prefix
+    /// (`model.diffusion_model.` in ComfyUI's repackaging, "" in the originals).
+    Official {
+        /// Prefix before every name.
+        prefix: String,
+    },
+}
+
+/// One or more safetensors files holding a Wan2.1 transformer.
+#[derive(Debug)]
+pub struct WanCheckpoint {
+    files: Shards,
+    layout: WanLayout,
+}
+
+impl WanCheckpoint {
+    /// Opens a safetensors file or a folder of shards.
+    pub fn open(path: &std::path::Path) -> Result<Self, ModelError> {
+        let files = Shards::open(path)?;
+        let layout = if files.has("blocks.0.attn1.to_q.weight") {
+            WanLayout::Diffusers
+        } else if let Some(prefix) = ["", "model.diffusion_model."]
+            .into_iter()
+            .find(|p| files.has(&format!("{p}blocks.0.self_attn.q.weight")))
+        {
+            WanLayout::Official {
+                prefix: prefix.into(),
+            }
+        } else {
+            return Err(ModelError::Input(format!(
+                "{} is not a Wan checkpoint: it has neither `blocks.0.attn1.to_q.weight` \
+                 (diffusers) nor `blocks.0.self_attn.q.weight` (Wan-AI)",
+                path.display()
+            )));
+        };
+        Ok(Self { files, layout })
+    }
+
+    /// The layout found.
+    pub fn layout(&self) -> &WanLayout {
+        &self.layout
+    }
+
+    fn source(&self, name: &str) -> Source {
+        match &self.layout {
+            WanLayout::Diffusers => Source::One(name.into()),
+            WanLayout::Official { prefix } => {
+                Source::One(format!("{prefix}{}", official_name(name)))
+            }
+        }
+    }
+
+    fn shape(&self, name: &str) -> Option<Vec<usize>> {
+        self.files.shape(&self.source(name))
+    }
+
+    /// Tensor `name` (diffusers' name) checked against `shape`, on `dev`.
+    pub fn tensor(
+        &self,
+        name: &str,
+        shape: &[usize],
+        dev: &candle_core::Device,
+    ) -> Result<Tensor, ModelError> {
+        self.files.tensor(&self.source(name), name, shape, dev)
+    }
+
+    /// The architecture, from the tensors' shapes; the head count cannot be read from them
+    /// (Q/K norms span every head): `heads`, or heads of 128 as in every released Wan2.1.
+    pub fn config(&self, heads: Option<usize>) -> Result<WanConfig, ModelError> {
+        let need = |n: &str, rank: usize| -> Result<Vec<usize>, ModelError> {
+            match self.shape(n) {
+                Some(s) if s.len() == rank => Ok(s),
+                Some(s) => Err(ModelError::Input(format!(
+                    "Wan checkpoint: {n} has shape {s:?}; a rank-{rank} tensor was expected"
+                ))),
+                None => Err(crate::WeightsError::Missing(format!(
+                    "{n} ({:?} layout)",
+                    self.layout
+                ))
+                .into()),
+            }
+        };
+        let conv = need("patch_embedding.weight", 5)?;
+        let (hidden, in_channels, patch) = (conv[0], conv[1], [conv[2], conv[3], conv[4]]);
+        let heads = heads.unwrap_or(hidden / 128).max(1);
+        if hidden % heads != 0 {
+            return Err(ModelError::Input(format!(
+                "Wan checkpoint: width {hidden} is not a multiple of {heads} heads"
+            )));
+        }
+        let depth = (0..)
+            .take_while(|i| {
+                self.shape(&format!("blocks.{i}.attn1.to_q.weight"))
+                    .is_some()
+            })
+            .count();
+        let cfg = WanConfig {
+            patch,
+            in_channels,
+            out_channels: need("proj_out.weight", 2)?[0] / patch.iter().product::<usize>(),
+            heads,
+            head_dim: hidden / heads,
+            depth,
+            ffn_dim: need("blocks.0.ffn.net.0.proj.weight", 2)?[0],
+            text_dim: need("condition_embedder.text_embedder.linear_1.weight", 2)?[1],
+            freq_dim: need("condition_embedder.time_embedder.linear_1.weight", 2)?[1],
+            cross_attn_norm: self.shape("blocks.0.norm2.weight").is_some(),
+        };
+        cfg.validate()?;
+        Ok(cfg)
+    }
+
+    /// The transformer on `dev` (`heads`: see [`WanCheckpoint::config`]).
+    pub fn load(&self, heads: Option<usize>, dev: &candle_core::Device) -> Result<Wan, ModelError> {
+        Wan::load(self.config(heads)?, &|n, s| self.tensor(n, s, dev))
+    }
+}
+
+/// Wan-AI's name for diffusers' tensor `name`.
+fn official_name(name: &str) -> String {
+    if name == "scale_shift_table" {
+        return "head.modulation".into();
+    }
+    const PARTS: [(&str, &str); 16] = [
+        (
+            "condition_embedder.time_embedder.linear_1",
+            "time_embedding.0",
+        ),
+        (
+            "condition_embedder.time_embedder.linear_2",
+            "time_embedding.2",
+        ),
+        (
+            "condition_embedder.text_embedder.linear_1",
+            "text_embedding.0",
+        ),
+        (
+            "condition_embedder.text_embedder.linear_2",
+            "text_embedding.2",
+        ),
+        ("condition_embedder.time_proj", "time_projection.1"),
+        (".attn1.", ".self_attn."),
+        (".attn2.", ".cross_attn."),
+        (".to_q.", ".q."),
+        (".to_k.", ".k."),
+        (".to_v.", ".v."),
+        (".to_out.0.", ".o."),
+        (".norm2.", ".norm3."),
+        (".scale_shift_table", ".modulation"),
+        (".ffn.net.0.proj.", ".ffn.0."),
+        (".ffn.net.2.", ".ffn.2."),
+        ("proj_out.", "head.head."),
+    ];
+    PARTS
+        .iter()
+        .fold(name.to_string(), |n, (a, b)| n.replace(a, b))
 }

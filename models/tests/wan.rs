@@ -171,3 +171,73 @@ fn bad_configs_and_inputs_are_errors_that_say_why() {
     let e = m.forward(rows, 3, &ctx, &ctx).unwrap_err().to_string();
     assert!(e.contains("step conditioning"), "{e}");
 }
+
+/// Both layouts through `WanCheckpoint`, sizes read from the shapes (heads said): diffusers'
+/// files, and Wan-AI's own (written by `wan_golden.py` and checked there by converting it
+/// back with diffusers' own converter), also under ComfyUI's prefix.
+#[test]
+fn both_checkpoint_layouts_reproduce_diffusers() {
+    use flashdiff_models::wan::{WanCheckpoint, WanLayout};
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("reference");
+    let tmp =
+        std::env::temp_dir().join(format!("flashdiff-wan-{}.safetensors", std::process::id()));
+    let off = Weights::open(&dir.join("wan_official.safetensors")).unwrap();
+    let prefixed: std::collections::HashMap<String, Tensor> = off
+        .names()
+        .map(|n| (format!("model.diffusion_model.{n}"), t(&off, n)))
+        .collect();
+    candle_core::safetensors::save(&prefixed, &tmp).unwrap();
+    let w = golden();
+    let want = t(&w, "golden.out");
+    for (path, layout) in [
+        (dir.join("wan_golden.safetensors"), WanLayout::Diffusers),
+        (
+            dir.join("wan_official.safetensors"),
+            WanLayout::Official {
+                prefix: String::new(),
+            },
+        ),
+        (
+            tmp.clone(),
+            WanLayout::Official {
+                prefix: "model.diffusion_model.".into(),
+            },
+        ),
+    ] {
+        let ck = WanCheckpoint::open(&path).unwrap();
+        assert_eq!(ck.layout(), &layout);
+        assert_eq!(ck.config(Some(2)).unwrap(), config(), "{layout:?}");
+        let m = ck.load(Some(2), &Device::Cpu).unwrap();
+        let ctx = m.context(&t(&w, "golden.txt")).unwrap();
+        let cond = m.step_cond(730.0, &Device::Cpu).unwrap();
+        let x = t(&w, "golden.x");
+        let ids: Vec<u32> = (0..18).collect();
+        let rows = Rows {
+            x: &x,
+            ids: &ids,
+            width: 3,
+            tokens: 18,
+            cache: None,
+            patches: None,
+            saliency: false,
+            text_cache: None,
+        };
+        let got = m.forward(rows, 3, &ctx, &cond).unwrap().velocity;
+        let d = max_diff(&got, &want);
+        assert!(
+            d <= TOL * max_abs(&want),
+            "{layout:?}: max |ours - diffusers| = {d}"
+        );
+    }
+    std::fs::remove_file(&tmp).ok();
+    let e = WanCheckpoint::open(&dir.join("sd3_golden.safetensors"))
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("is not a Wan checkpoint"), "{e}");
+    let e = WanCheckpoint::open(&dir.join("wan_golden.safetensors"))
+        .unwrap()
+        .config(Some(5))
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("not a multiple of 5 heads"), "{e}");
+}
