@@ -81,6 +81,25 @@ impl Shards {
         }
     }
 
+    /// The shape of what `src` yields (the model's tensor `name`), which must have `rank`
+    /// dimensions: reading a model's sizes from a checkpoint. `what` names the checkpoint
+    /// and layout in the error.
+    pub(crate) fn need(
+        &self,
+        src: &Source,
+        name: &str,
+        rank: usize,
+        what: &str,
+    ) -> Result<Vec<usize>, ModelError> {
+        match self.shape(src) {
+            Some(s) if s.len() == rank => Ok(s),
+            Some(s) => Err(ModelError::Input(format!(
+                "{what}: {name} has shape {s:?}; a rank-{rank} tensor was expected"
+            ))),
+            None => Err(WeightsError::Missing(format!("{name} ({what})")).into()),
+        }
+    }
+
     /// What `src` yields, checked against `shape`, on `dev`; `name` is the model's name for
     /// it. A missing or mis-shaped tensor is an error naming the checkpoint's key and both
     /// shapes.

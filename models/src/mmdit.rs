@@ -665,19 +665,8 @@ impl MmditCheckpoint {
     /// width where the model has them; otherwise from `heads`, or heads of 64 as in every
     /// released SD3.
     pub fn config(&self, heads: Option<usize>) -> Result<MmditConfig, ModelError> {
-        let need = |n: &str, rank: usize| -> Result<Vec<usize>, ModelError> {
-            match self.shape(n) {
-                Some(s) if s.len() == rank => Ok(s),
-                Some(s) => Err(ModelError::Input(format!(
-                    "SD3 checkpoint: {n} has shape {s:?}; a rank-{rank} tensor was expected"
-                ))),
-                None => Err(crate::WeightsError::Missing(format!(
-                    "{n} ({:?} layout)",
-                    self.layout
-                ))
-                .into()),
-            }
-        };
+        let what = format!("SD3 checkpoint, {:?} layout", self.layout);
+        let need = |n: &str, rank: usize| self.files.need(&self.source(n), n, rank, &what);
         let proj = need("pos_embed.proj.weight", 4)?;
         let (hidden, in_channels, patch) = (proj[0], proj[1], proj[2]);
         let cells = need("pos_embed.pos_embed", 3)?[1];

@@ -448,19 +448,8 @@ impl WanCheckpoint {
     /// The architecture, from the tensors' shapes; the head count cannot be read from them
     /// (Q/K norms span every head): `heads`, or heads of 128 as in every released Wan2.1.
     pub fn config(&self, heads: Option<usize>) -> Result<WanConfig, ModelError> {
-        let need = |n: &str, rank: usize| -> Result<Vec<usize>, ModelError> {
-            match self.shape(n) {
-                Some(s) if s.len() == rank => Ok(s),
-                Some(s) => Err(ModelError::Input(format!(
-                    "Wan checkpoint: {n} has shape {s:?}; a rank-{rank} tensor was expected"
-                ))),
-                None => Err(crate::WeightsError::Missing(format!(
-                    "{n} ({:?} layout)",
-                    self.layout
-                ))
-                .into()),
-            }
-        };
+        let what = format!("Wan checkpoint, {:?} layout", self.layout);
+        let need = |n: &str, rank: usize| self.files.need(&self.source(n), n, rank, &what);
         let conv = need("patch_embedding.weight", 5)?;
         let (hidden, in_channels, patch) = (conv[0], conv[1], [conv[2], conv[3], conv[4]]);
         let heads = heads.unwrap_or(hidden / 128).max(1);

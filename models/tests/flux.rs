@@ -11,6 +11,9 @@ use candle_transformers::models::flux::WithForward;
 use flashdiff_models::flux::{Flux, FluxConfig, Rows};
 use flashdiff_models::ModelError;
 
+mod common;
+use common::max_diff;
+
 const TOL: f32 = 1e-4;
 
 fn small(guidance: bool) -> (FluxConfig, reference::Config) {
@@ -95,20 +98,6 @@ fn noise(shape: &[usize], seed: u64, scale: f32) -> Tensor {
         v.push(acc * scale * 1.7);
     }
     Tensor::from_vec(v, shape, &Device::Cpu).unwrap()
-}
-
-fn max_diff(a: &Tensor, b: &Tensor) -> f32 {
-    assert_eq!(a.dims(), b.dims());
-    (a - b)
-        .unwrap()
-        .abs()
-        .unwrap()
-        .flatten_all()
-        .unwrap()
-        .max(0)
-        .unwrap()
-        .to_scalar::<f32>()
-        .unwrap()
 }
 
 struct Case {

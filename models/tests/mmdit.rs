@@ -8,6 +8,9 @@ use candle_core::{Device, Tensor};
 use flashdiff_models::mmdit::{Mmdit, MmditConfig, Rows};
 use flashdiff_models::{ModelError, Weights};
 
+mod common;
+use common::{max_abs, max_diff, t};
+
 const TOL: f32 = 1e-4;
 
 fn config(sd35: bool) -> MmditConfig {
@@ -26,40 +29,8 @@ fn config(sd35: bool) -> MmditConfig {
     }
 }
 
-fn golden(name: &str) -> Weights {
-    let p =
-        Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("reference/{name}_golden.safetensors"));
-    Weights::open(&p).unwrap()
-}
-
 fn load(w: &Weights, cfg: MmditConfig) -> Result<Mmdit, ModelError> {
     Mmdit::load(cfg, &|n, s| Ok(w.tensor(n, s, &Device::Cpu)?))
-}
-
-fn t(w: &Weights, n: &str) -> Tensor {
-    let (s, v) = w.get_any(n).unwrap();
-    Tensor::from_slice(v, s, &Device::Cpu).unwrap()
-}
-
-fn max_diff(a: &Tensor, b: &Tensor) -> f32 {
-    assert_eq!(a.dims(), b.dims());
-    (a - b)
-        .unwrap()
-        .abs()
-        .unwrap()
-        .max_all()
-        .unwrap()
-        .to_scalar::<f32>()
-        .unwrap()
-}
-
-fn max_abs(a: &Tensor) -> f32 {
-    a.abs()
-        .unwrap()
-        .max_all()
-        .unwrap()
-        .to_scalar::<f32>()
-        .unwrap()
 }
 
 struct Ready {
@@ -73,7 +44,7 @@ struct Ready {
 }
 
 fn ready(name: &str, sd35: bool) -> Ready {
-    let w = golden(name);
+    let w = common::golden(&format!("{name}_golden"));
     let model = load(&w, config(sd35)).unwrap();
     let ctx = model
         .context(&t(&w, "golden.txt"), &t(&w, "golden.pooled"))
@@ -192,10 +163,12 @@ fn subset_forward_with_current_cache_equals_the_full_forward_on_its_rows() {
 
 #[test]
 fn bad_weights_configs_and_inputs_are_errors_that_say_what_is_wrong() {
-    let w = golden("sd35");
+    let w = common::golden("sd35_golden");
     // SD3's weights read as SD3.5's: block 0's modulation has 6 rows, not 9; the key and
     // both shapes are named.
-    let e = load(&golden("sd3"), config(true)).unwrap_err().to_string();
+    let e = load(&common::golden("sd3_golden"), config(true))
+        .unwrap_err()
+        .to_string();
     assert!(
         e.contains("transformer_blocks.0.norm1.linear.weight")
             && e.contains("[384, 64]")
@@ -315,7 +288,7 @@ fn reference(name: &str) -> std::path::PathBuf {
 
 /// Runs a checkpoint-loaded model on a golden file's inputs: (ours, diffusers' output).
 fn run(model: &Mmdit, golden_name: &str) -> (Tensor, Tensor) {
-    let w = golden(golden_name);
+    let w = common::golden(&format!("{golden_name}_golden"));
     let ctx = model
         .context(&t(&w, "golden.txt"), &t(&w, "golden.pooled"))
         .unwrap();

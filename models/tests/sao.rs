@@ -2,11 +2,11 @@
 //! `models/reference/sao_golden.py` on random weights of a small config with the real
 //! structure), and its token-subset forward against the full one (#14 item 3).
 
-use std::path::Path;
-
 use candle_core::{Device, Tensor};
 use flashdiff_models::sao::{Rows, Sao, SaoConfig};
-use flashdiff_models::Weights;
+
+mod common;
+use common::{max_abs, max_diff, t};
 
 const TOL: f32 = 1e-4;
 
@@ -25,40 +25,9 @@ fn config() -> SaoConfig {
     }
 }
 
-fn golden() -> Weights {
-    Weights::open(&Path::new(env!("CARGO_MANIFEST_DIR")).join("reference/sao_golden.safetensors"))
-        .unwrap()
-}
-
-fn t(w: &Weights, n: &str) -> Tensor {
-    let (s, v) = w.get_any(n).unwrap();
-    Tensor::from_slice(v, s, &Device::Cpu).unwrap()
-}
-
-fn max_diff(a: &Tensor, b: &Tensor) -> f32 {
-    assert_eq!(a.dims(), b.dims());
-    (a - b)
-        .unwrap()
-        .abs()
-        .unwrap()
-        .max_all()
-        .unwrap()
-        .to_scalar::<f32>()
-        .unwrap()
-}
-
-fn max_abs(a: &Tensor) -> f32 {
-    a.abs()
-        .unwrap()
-        .max_all()
-        .unwrap()
-        .to_scalar::<f32>()
-        .unwrap()
-}
-
 #[test]
 fn full_forward_equals_diffusers_and_the_subset_forward_equals_its_rows() {
-    let w = golden();
+    let w = common::golden("sao_golden");
     let m = Sao::load(config(), &|n, s| Ok(w.tensor(n, s, &Device::Cpu)?)).unwrap();
     let ctx = m
         .context(&t(&w, "golden.enc"), &t(&w, "golden.global"))
@@ -131,7 +100,7 @@ fn full_forward_equals_diffusers_and_the_subset_forward_equals_its_rows() {
 
 #[test]
 fn bad_configs_weights_and_inputs_are_errors_that_say_why() {
-    let w = golden();
+    let w = common::golden("sao_golden");
     let get = |n: &str, s: &[usize]| Ok(w.tensor(n, s, &Device::Cpu)?);
     let e = Sao::load(
         SaoConfig {

@@ -8,6 +8,9 @@ use candle_core::{Device, Tensor};
 use flashdiff_models::wan::{Rows, Wan, WanConfig};
 use flashdiff_models::Weights;
 
+mod common;
+use common::{max_abs, max_diff, t};
+
 const TOL: f32 = 1e-4;
 
 fn config() -> WanConfig {
@@ -25,40 +28,9 @@ fn config() -> WanConfig {
     }
 }
 
-fn golden() -> Weights {
-    Weights::open(&Path::new(env!("CARGO_MANIFEST_DIR")).join("reference/wan_golden.safetensors"))
-        .unwrap()
-}
-
-fn t(w: &Weights, n: &str) -> Tensor {
-    let (s, v) = w.get_any(n).unwrap();
-    Tensor::from_slice(v, s, &Device::Cpu).unwrap()
-}
-
-fn max_diff(a: &Tensor, b: &Tensor) -> f32 {
-    assert_eq!(a.dims(), b.dims());
-    (a - b)
-        .unwrap()
-        .abs()
-        .unwrap()
-        .max_all()
-        .unwrap()
-        .to_scalar::<f32>()
-        .unwrap()
-}
-
-fn max_abs(a: &Tensor) -> f32 {
-    a.abs()
-        .unwrap()
-        .max_all()
-        .unwrap()
-        .to_scalar::<f32>()
-        .unwrap()
-}
-
 #[test]
 fn full_forward_equals_diffusers_and_the_subset_forward_equals_its_rows() {
-    let w = golden();
+    let w = common::golden("wan_golden");
     let m = Wan::load(config(), &|n, s| Ok(w.tensor(n, s, &Device::Cpu)?)).unwrap();
     assert_eq!(m.config().axes_dim(), [4, 4, 4]);
     let ctx = m.context(&t(&w, "golden.txt")).unwrap();
@@ -127,7 +99,7 @@ fn full_forward_equals_diffusers_and_the_subset_forward_equals_its_rows() {
 
 #[test]
 fn bad_configs_and_inputs_are_errors_that_say_why() {
-    let w = golden();
+    let w = common::golden("wan_golden");
     let get = |n: &str, s: &[usize]| Ok(w.tensor(n, s, &Device::Cpu)?);
     let e = Wan::load(
         WanConfig {
@@ -187,7 +159,7 @@ fn both_checkpoint_layouts_reproduce_diffusers() {
         .map(|n| (format!("model.diffusion_model.{n}"), t(&off, n)))
         .collect();
     candle_core::safetensors::save(&prefixed, &tmp).unwrap();
-    let w = golden();
+    let w = common::golden("wan_golden");
     let want = t(&w, "golden.out");
     for (path, layout) in [
         (dir.join("wan_golden.safetensors"), WanLayout::Diffusers),

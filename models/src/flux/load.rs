@@ -12,7 +12,7 @@ use candle_core::{Device, Tensor};
 
 use super::{Flux, FluxConfig};
 use crate::checkpoint::{Shards, Source};
-use crate::{ModelError, WeightsError};
+use crate::ModelError;
 
 /// How a checkpoint names its tensors.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -84,17 +84,8 @@ impl FluxCheckpoint {
     /// The architecture, from the tensors' shapes. `axes_dim` sets the RoPE split of a head
     /// (default: FLUX.1's 16/56/56, which needs heads of 128).
     pub fn config(&self, axes_dim: Option<[usize; 3]>) -> Result<FluxConfig, ModelError> {
-        let need = |n: &str, rank: usize| -> Result<Vec<usize>, ModelError> {
-            match self.shape(n) {
-                Some(s) if s.len() == rank => Ok(s),
-                Some(s) => Err(ModelError::Input(format!(
-                    "FLUX checkpoint: {n} has shape {s:?}; a rank-{rank} tensor was expected"
-                ))),
-                None => {
-                    Err(WeightsError::Missing(format!("{n} ({:?} layout)", self.layout)).into())
-                }
-            }
-        };
+        let what = format!("FLUX checkpoint, {:?} layout", self.layout);
+        let need = |n: &str, rank: usize| self.files.need(&self.source(n), n, rank, &what);
         let img_in = need("img_in.weight", 2)?;
         let (hidden, in_channels) = (img_in[0], img_in[1]);
         let head_dim = need("double_blocks.0.img_attn.norm.query_norm.scale", 1)?[0];

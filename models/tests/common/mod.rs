@@ -1,0 +1,47 @@
+//! What the real-architecture tests share: golden files under `models/reference/` and
+//! tensor comparisons.
+#![allow(dead_code)] // each test binary uses its own part
+
+use std::path::{Path, PathBuf};
+
+use candle_core::{Device, Tensor};
+use flashdiff_models::Weights;
+
+/// `models/reference/NAME.safetensors`.
+pub fn reference(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("reference/{name}.safetensors"))
+}
+
+/// A golden file, opened.
+pub fn golden(name: &str) -> Weights {
+    Weights::open(&reference(name)).unwrap()
+}
+
+/// Tensor `n` of a golden file, on the CPU.
+pub fn t(w: &Weights, n: &str) -> Tensor {
+    let (s, v) = w.get_any(n).unwrap();
+    Tensor::from_slice(v, s, &Device::Cpu).unwrap()
+}
+
+/// Largest |a - b| (shapes must agree).
+pub fn max_diff(a: &Tensor, b: &Tensor) -> f32 {
+    assert_eq!(a.dims(), b.dims());
+    (a - b)
+        .unwrap()
+        .abs()
+        .unwrap()
+        .max_all()
+        .unwrap()
+        .to_scalar::<f32>()
+        .unwrap()
+}
+
+/// Largest |a|.
+pub fn max_abs(a: &Tensor) -> f32 {
+    a.abs()
+        .unwrap()
+        .max_all()
+        .unwrap()
+        .to_scalar::<f32>()
+        .unwrap()
+}
