@@ -376,6 +376,30 @@ pub(crate) fn check_rows(
     Ok(())
 }
 
+/// A request's context for a joint-attention model: the text states through its text
+/// projection (`text_tokens x hidden`) with the pooled vector through its embedder as one
+/// more row. `widths`: the states' and the pooled vector's, checked.
+pub(crate) fn text_context(
+    model: &str,
+    (txt, pooled): (&Tensor, &Tensor),
+    (txt_proj, pooled_emb): (&Lin, &Embedder),
+    widths: (usize, usize),
+) -> Result<Tensor, ModelError> {
+    let (_, w) = txt.dims2()?;
+    if w != widths.0 || pooled.dims1()? != widths.1 {
+        return Err(ModelError::Input(format!(
+            "{model} text states must be n x {} and the pooled vector {} wide; got {:?} and {:?}",
+            widths.0,
+            widths.1,
+            txt.dims(),
+            pooled.dims()
+        )));
+    }
+    let t = txt_proj.forward(txt)?;
+    let y = pooled_emb.forward(&pooled.unsqueeze(0)?)?;
+    Ok(Tensor::cat(&[t, y], 0)?)
+}
+
 /// Checks a text cache against the text's length and the model's layers.
 pub(crate) fn check_text_cache(
     rows: &Rows<'_>,

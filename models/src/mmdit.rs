@@ -19,7 +19,8 @@ use candle_core::{IndexOp, Tensor};
 
 use crate::checkpoint::{Shards, Source};
 use crate::joint::{
-    affine, check_rows, check_text_cache, layer_norm, lin, rms, Attention, Embedder, Lin, Pass,
+    affine, check_rows, check_text_cache, layer_norm, lin, rms, text_context, Attention, Embedder,
+    Lin, Pass,
 };
 pub use crate::joint::{JointOutput, Rows, TensorSource};
 pub use crate::joint_denoiser::Sd3Denoiser;
@@ -351,19 +352,12 @@ impl Mmdit {
     /// A request's context: `context_embedder(txt)` (`text_tokens x hidden`) with
     /// `text_embedder(pooled)` as one more row.
     pub fn context(&self, txt: &Tensor, pooled: &Tensor) -> Result<Tensor, ModelError> {
-        let (_, w) = txt.dims2()?;
-        if w != self.cfg.context_in_dim || pooled.dims1()? != self.cfg.pooled_dim {
-            return Err(ModelError::Input(format!(
-                "MMDiT text states must be n x {} and the pooled vector {} wide; got {:?} and {:?}",
-                self.cfg.context_in_dim,
-                self.cfg.pooled_dim,
-                txt.dims(),
-                pooled.dims()
-            )));
-        }
-        let t = self.context_in.forward(txt)?;
-        let y = self.pooled.forward(&pooled.unsqueeze(0)?)?;
-        Ok(Tensor::cat(&[t, y], 0)?)
+        text_context(
+            "MMDiT",
+            (txt, pooled),
+            (&self.context_in, &self.pooled),
+            (self.cfg.context_in_dim, self.cfg.pooled_dim),
+        )
     }
 
     /// The conditioning of time `t` (1 = noise; the model sees `1000 t`): every block's

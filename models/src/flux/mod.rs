@@ -19,8 +19,8 @@
 use candle_core::{Device, IndexOp, Tensor};
 
 use crate::joint::{
-    check_rows, check_text_cache, layer_norm, lin, modulate, rms, rope, rope_table, Attention,
-    Embedder, Lin, Pass,
+    check_rows, check_text_cache, layer_norm, lin, modulate, rms, rope, rope_table, text_context,
+    Attention, Embedder, Lin, Pass,
 };
 pub use crate::joint::{JointOutput, Rows, TensorSource};
 use crate::ModelError;
@@ -263,19 +263,12 @@ impl Flux {
     /// A request's context from the text encoders' outputs: `txt_in(txt)` (`text_tokens x
     /// hidden`) with `vector_in(pooled)` as one more row, `(text_tokens + 1) x hidden`.
     pub fn context(&self, txt: &Tensor, pooled: &Tensor) -> Result<Tensor, ModelError> {
-        let (_, w) = txt.dims2()?;
-        if w != self.cfg.context_in_dim || pooled.dims1()? != self.cfg.vec_in_dim {
-            return Err(ModelError::Input(format!(
-                "FLUX text states must be n x {} and the pooled vector {} wide; got {:?} and {:?}",
-                self.cfg.context_in_dim,
-                self.cfg.vec_in_dim,
-                txt.dims(),
-                pooled.dims()
-            )));
-        }
-        let t = self.txt_in.forward(txt)?;
-        let y = self.vector_in.forward(&pooled.unsqueeze(0)?)?;
-        Ok(Tensor::cat(&[t, y], 0)?)
+        text_context(
+            "FLUX",
+            (txt, pooled),
+            (&self.txt_in, &self.vector_in),
+            (self.cfg.context_in_dim, self.cfg.vec_in_dim),
+        )
     }
 
     /// The conditioning of time `t` (1 = noise) and guidance `g` (ignored by schnell):
