@@ -38,6 +38,35 @@ impl Shards {
         Ok(Self { files })
     }
 
+    /// Which naming the checkpoint at `path` uses: `None` for diffusers' (it has one of
+    /// `diffusers_keys`), `Some(prefix)` for the original release's (it has `original.0`
+    /// after "" or ComfyUI's `model.diffusion_model.`); otherwise an error that names both.
+    /// `model` reads "a FLUX", "an SD3", ...; `original.1` names the original's maker.
+    pub(crate) fn naming(
+        &self,
+        path: &Path,
+        model: &str,
+        diffusers_keys: &[&str],
+        original: (&str, &str),
+    ) -> Result<Option<String>, ModelError> {
+        if diffusers_keys.iter().any(|k| self.has(k)) {
+            return Ok(None);
+        }
+        if let Some(prefix) = ["", "model.diffusion_model."]
+            .into_iter()
+            .find(|p| self.has(&format!("{p}{}", original.0)))
+        {
+            return Ok(Some(prefix.into()));
+        }
+        Err(ModelError::Input(format!(
+            "{} is not {model} checkpoint: it has neither `{}` (diffusers) nor `{}` ({})",
+            path.display(),
+            diffusers_keys.first().copied().unwrap_or(""),
+            original.0,
+            original.1
+        )))
+    }
+
     /// Whether some file has tensor `name`.
     pub(crate) fn has(&self, name: &str) -> bool {
         self.files.iter().any(|w| w.has(name))

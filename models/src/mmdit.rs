@@ -598,21 +598,14 @@ impl MmditCheckpoint {
     /// Opens a safetensors file or a (diffusers) folder of shards.
     pub fn open(path: &std::path::Path) -> Result<Self, ModelError> {
         let files = Shards::open(path)?;
-        let layout = if files.has("pos_embed.proj.weight") {
-            MmditLayout::Diffusers
-        } else if let Some(prefix) = ["", "model.diffusion_model."]
-            .into_iter()
-            .find(|p| files.has(&format!("{p}x_embedder.proj.weight")))
-        {
-            MmditLayout::Stability {
-                prefix: prefix.into(),
-            }
-        } else {
-            return Err(ModelError::Input(format!(
-                "{} is not an SD3 checkpoint: it has neither `pos_embed.proj.weight` (diffusers) \
-                 nor `x_embedder.proj.weight` (Stability)",
-                path.display()
-            )));
+        let layout = match files.naming(
+            path,
+            "an SD3",
+            &["pos_embed.proj.weight"],
+            ("x_embedder.proj.weight", "Stability"),
+        )? {
+            None => MmditLayout::Diffusers,
+            Some(prefix) => MmditLayout::Stability { prefix },
         };
         let mut ck = Self {
             files,

@@ -398,21 +398,14 @@ impl WanCheckpoint {
     /// Opens a safetensors file or a folder of shards.
     pub fn open(path: &std::path::Path) -> Result<Self, ModelError> {
         let files = Shards::open(path)?;
-        let layout = if files.has("blocks.0.attn1.to_q.weight") {
-            WanLayout::Diffusers
-        } else if let Some(prefix) = ["", "model.diffusion_model."]
-            .into_iter()
-            .find(|p| files.has(&format!("{p}blocks.0.self_attn.q.weight")))
-        {
-            WanLayout::Official {
-                prefix: prefix.into(),
-            }
-        } else {
-            return Err(ModelError::Input(format!(
-                "{} is not a Wan checkpoint: it has neither `blocks.0.attn1.to_q.weight` \
-                 (diffusers) nor `blocks.0.self_attn.q.weight` (Wan-AI)",
-                path.display()
-            )));
+        let layout = match files.naming(
+            path,
+            "a Wan",
+            &["blocks.0.attn1.to_q.weight"],
+            ("blocks.0.self_attn.q.weight", "Wan-AI"),
+        )? {
+            None => WanLayout::Diffusers,
+            Some(prefix) => WanLayout::Official { prefix },
         };
         Ok(Self { files, layout })
     }

@@ -38,22 +38,14 @@ impl FluxCheckpoint {
     /// diffusers `transformer/` folder, or the model folder above it).
     pub fn open(path: &Path) -> Result<Self, ModelError> {
         let files = Shards::open(path)?;
-        let has = |n: &str| files.has(n);
-        let layout = if has("transformer_blocks.0.attn.to_q.weight") || has("x_embedder.weight") {
-            FluxLayout::Diffusers
-        } else if let Some(prefix) = ["", "model.diffusion_model."]
-            .into_iter()
-            .find(|p| has(&format!("{p}img_in.weight")))
-        {
-            FluxLayout::Bfl {
-                prefix: prefix.into(),
-            }
-        } else {
-            return Err(ModelError::Input(format!(
-                "{} is not a FLUX checkpoint: it has neither `img_in.weight` (Black Forest Labs) \
-                 nor `x_embedder.weight` (diffusers)",
-                path.display()
-            )));
+        let layout = match files.naming(
+            path,
+            "a FLUX",
+            &["x_embedder.weight", "transformer_blocks.0.attn.to_q.weight"],
+            ("img_in.weight", "Black Forest Labs"),
+        )? {
+            None => FluxLayout::Diffusers,
+            Some(prefix) => FluxLayout::Bfl { prefix },
         };
         Ok(Self { files, layout })
     }
