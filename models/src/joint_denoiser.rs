@@ -1,9 +1,9 @@
 //! FLUX and SD3 as [`Denoiser`]s: what the engine, the workers and the bench see.
 //!
 //! The text encoders come in through [`PromptEncoder`] (T5 + CLIP in the released
-//! pipelines; a test supplies a small one), so that the transformers' contract with the
-//! engine is settled and tested before the encoders and the VAE are wired in. Until the VAE
-//! is, [`Denoiser::decode`] returns a *latent preview* (see there), not an image.
+//! pipelines, [`crate::pipeline`]; a test supplies a small one). With a VAE
+//! ([`JointDenoiser::with_vae`]) [`Denoiser::decode`] makes the image; without one it returns
+//! a *latent preview* (see there).
 //!
 //! Context layout (f32, flat): the text states after the model's text projection
 //! (`text_tokens x hidden`), then the pooled vector after its embedder (`hidden`), then the
@@ -187,6 +187,42 @@ impl JointModel for Mmdit {
     }
 }
 
+/// How a model spaces its steps' times ([`Denoiser::time`]), as its released scheduler
+/// does (diffusers' `FlowMatchEulerDiscreteScheduler`).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Schedule {
+    /// `1 - n / steps` (FLUX.1 schnell).
+    Uniform,
+    /// The uniform time `u` shifted to `s u / (1 + (s - 1) u)` (SD3 and SD3.5: s = 3).
+    Shift(f32),
+    /// FLUX.1 dev's resolution-dependent shift: `e^mu / (e^mu + 1/u - 1)`, `mu` linear in
+    /// the image tokens from 0.5 at 256 to 1.15 at 4096.
+    Resolution,
+}
+
+impl Schedule {
+    /// The time of step `n` of `steps` over `tokens` image tokens.
+    pub fn time(self, n: u32, steps: u32, tokens: usize) -> f32 {
+        let u = 1.0 - n.min(steps) as f64 / steps.max(1) as f64;
+        if u <= 0.0 {
+            return 0.0;
+        }
+        let t = match self {
+            Self::Uniform => u,
+            Self::Shift(s) => {
+                let s = s as f64;
+                s * u / (1.0 + (s - 1.0) * u)
+            }
+            Self::Resolution => {
+                let mu = 0.5 + (1.15 - 0.5) * (tokens as f64 - 256.0) / (4096.0 - 256.0);
+                let e = mu.exp();
+                e / (e + (1.0 / u - 1.0))
+            }
+        };
+        t as f32
+    }
+}
+
 /// A joint-attention transformer with its text side, on a fixed latent grid.
 #[derive(Debug)]
 pub struct JointDenoiser<M: JointModel> {
@@ -196,6 +232,8 @@ pub struct JointDenoiser<M: JointModel> {
     device: Device,
     guidance: f32,
     name: String,
+    schedule: Schedule,
+    vae: Option<crate::pipeline::Vae>,
 }
 
 impl JointModel for Wan {
@@ -307,7 +345,22 @@ impl<M: JointModel> JointDenoiser<M> {
             device,
             guidance,
             name,
+            schedule: Schedule::Uniform,
+            vae: None,
         })
+    }
+
+    /// The same model stepping on `schedule` (default: uniform).
+    pub fn with_schedule(mut self, schedule: Schedule) -> Self {
+        self.schedule = schedule;
+        self
+    }
+
+    /// The same model decoding its latents to images with `vae` (default: the latent
+    /// preview). A VAE decodes single frames: a video grid keeps the preview.
+    pub fn with_vae(mut self, vae: crate::pipeline::Vae) -> Self {
+        self.vae = Some(vae);
+        self
     }
 
     /// The request context's parts: `(text_tokens + 1) x hidden` and the `text_tokens x
@@ -385,6 +438,10 @@ impl<M: JointModel> Denoiser for JointDenoiser<M> {
             words: pw.words,
             context,
         })
+    }
+
+    fn time(&self, n: u32, steps: u32) -> f32 {
+        self.schedule.time(n, steps, self.dims.grid.tokens())
     }
 
     fn step_cond(&self, context: &Tensor, t: f32) -> Result<Tensor, ModelError> {
@@ -479,6 +536,12 @@ impl<M: JointModel> Denoiser for JointDenoiser<M> {
         self.flux.first_block_input(x, self.dims.grid.width, &cond)
     }
 
+    fn image_size(&self) -> Option<(usize, usize)> {
+        let (p, _) = self.flux.packing();
+        let (g, vae) = (&self.dims.grid, self.vae.as_ref()?);
+        (g.frames == 1).then(|| (vae.scale() * p * g.width, vae.scale() * p * g.height))
+    }
+
     fn kind(&self) -> Kind {
         if self.dims.grid.frames > 1 {
             Kind::Video
@@ -487,7 +550,8 @@ impl<M: JointModel> Denoiser for JointDenoiser<M> {
         }
     }
 
-    /// No VAE is wired in yet: the *latent preview*, each token's `p x p` cell of latent
+    /// With a VAE, the image it decodes. Without one (or for a video grid), the *latent
+    /// preview*: each token's `p x p` cell of latent
     /// pixels shown as RGB from latent channels 0-2, squashed to [0, 1] by `0.5 + 0.5 tanh`.
     /// Frames of `p height x p width` pixels (p = 2 for FLUX, SD3 and Wan).
     fn decode(&self, latent: &[f32]) -> Result<Sample, ModelError> {
@@ -506,6 +570,9 @@ impl<M: JointModel> Denoiser for JointDenoiser<M> {
             )));
         }
         let ch = (c / (p * p)).min(c);
+        if let (Some(vae), 1) = (&self.vae, f) {
+            return self.vae_decode(vae, latent, (h, w, c, p, ch), at);
+        }
         let (pw, ph) = (p * w, p * h);
         let mut rgb = vec![0f32; f * ph * pw * 3];
         for (frame, out) in latent.chunks(h * w * c).zip(rgb.chunks_mut(ph * pw * 3)) {
@@ -516,6 +583,40 @@ impl<M: JointModel> Denoiser for JointDenoiser<M> {
 }
 
 impl<M: JointModel> JointDenoiser<M> {
+    /// The latent (`tokens x values`) unpacked to `channels x ph x pw` latent pixels and
+    /// decoded by the VAE to an RGB image of 8 pixels per latent pixel.
+    fn vae_decode(
+        &self,
+        vae: &crate::pipeline::Vae,
+        latent: &[f32],
+        (h, w, c, p, ch): (usize, usize, usize, usize, usize),
+        at: PixelIndex,
+    ) -> Result<Sample, ModelError> {
+        let (ph, pw) = (p * h, p * w);
+        let mut z = vec![0f32; ch * ph * pw];
+        for ty in 0..h {
+            for tx in 0..w {
+                let tok = &latent[(ty * w + tx) * c..(ty * w + tx + 1) * c];
+                for k in 0..ch {
+                    for dy in 0..p {
+                        for dx in 0..p {
+                            z[(k * ph + p * ty + dy) * pw + p * tx + dx] =
+                                tok[at(k, dy, dx, p, ch)];
+                        }
+                    }
+                }
+            }
+        }
+        let img = vae.decode(&Tensor::from_vec(z, (ch, ph, pw), &self.device)?)?;
+        let (_, ih, iw) = img.dims3()?;
+        let rgb = img
+            .permute((1, 2, 0))?
+            .flatten_all()?
+            .to_device(&Device::Cpu)?
+            .to_vec1::<f32>()?;
+        Ok(Sample::frames(rgb, iw, ih, 1))
+    }
+
     /// One frame of the latent preview.
     fn preview_frame(
         latent: &[f32],

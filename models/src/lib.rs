@@ -28,6 +28,7 @@ mod joint;
 pub mod joint_denoiser;
 pub mod mmdit;
 pub mod pieces;
+pub mod pipeline;
 pub mod sao;
 pub mod scene;
 pub mod sounds;
@@ -233,6 +234,13 @@ pub trait Denoiser: Send + Sync + fmt::Debug {
     /// Prepares a prompt, once per request. A prompt the model cannot take is an error that
     /// says why.
     fn condition(&self, prompt: &str) -> Result<Conditioning, ModelError>;
+    /// The time of step `n` of `steps` (1 = noise at `n = 0`, 0 = data at `n = steps`,
+    /// decreasing): step `n` is taken at `time(n)` and moves the latent by
+    /// `(time(n) - time(n + 1)) x velocity`. The default is uniform, `1 - n / steps`; FLUX.1
+    /// dev and SD3 shift it as their released schedulers do.
+    fn time(&self, n: u32, steps: u32) -> f32 {
+        1.0 - n.min(steps) as f32 / steps.max(1) as f32
+    }
     /// The conditioning of time `t` (1 = noise, 0 = data), shared by every token of a step;
     /// `context` is [`Conditioning::context`] as a tensor. Returns [`Dims::cond_len`] values.
     fn step_cond(&self, context: &Tensor, t: f32) -> Result<Tensor, ModelError>;
@@ -277,6 +285,11 @@ pub trait Denoiser: Send + Sync + fmt::Debug {
     fn first_block_input(&self, x: &Tensor, step: StepInput<'_>) -> Result<Tensor, ModelError>;
     /// Decodes a final latent (`tokens x channels`, flat) into a sample.
     fn decode(&self, latent: &[f32]) -> Result<Sample, ModelError>;
+    /// `(width, height)` of the images [`Denoiser::decode`] makes, where the model says (a
+    /// pipeline with a VAE); `None` leaves it to the caller's knowledge of the model.
+    fn image_size(&self) -> Option<(usize, usize)> {
+        None
+    }
 }
 
 /// Why a model call failed.
@@ -324,7 +337,8 @@ impl From<candle_core::Error> for ModelError {
 }
 
 /// One Euler step of ordinary sampling, `n` of `steps`: the full forward of the latent `x`
-/// (`tokens x channels`, flat), then `x <- x - v / steps`. Returns the forward's output.
+/// (`tokens x channels`, flat) at [`Denoiser::time`], then `x <- x - (time(n) - time(n + 1))
+/// v`. Returns the forward's output.
 pub fn euler_full_step(
     model: &dyn Denoiser,
     x: &mut [f32],
@@ -334,8 +348,8 @@ pub fn euler_full_step(
     saliency: bool,
 ) -> Result<FullOutput, ModelError> {
     let dims = model.dims();
-    let h = 1.0 / steps as f32;
-    let cond = model.step_cond(context, 1.0 - n as f32 * h)?;
+    let h = model.time(n, steps) - model.time(n + 1, steps);
+    let cond = model.step_cond(context, model.time(n, steps))?;
     let xt = Tensor::from_slice(x, (dims.grid.tokens(), dims.channels), model.device())?;
     let out = model.full_forward(
         &xt,

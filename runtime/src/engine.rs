@@ -1605,8 +1605,9 @@ impl Engine {
         };
         let t0 = Instant::now();
         if r.conds.is_empty() {
-            let h = 1.0 / r.cfg.steps as f32;
-            let ts: Vec<f32> = (0..r.cfg.steps).map(|n| 1.0 - n as f32 * h).collect();
+            let ts: Vec<f32> = (0..r.cfg.steps)
+                .map(|n| self.model.time(n, r.cfg.steps))
+                .collect();
             match self
                 .model
                 .step_conds(&r.context, &ts)
@@ -1719,7 +1720,7 @@ impl Engine {
     /// accumulated relative L1 change of block 0's modulated input is under the threshold.
     fn tea_skip(model: &dyn Denoiser, r: &mut Request) -> Result<bool, ModelError> {
         let t0 = Instant::now();
-        let h = 1.0 / r.cfg.steps as f32;
+        let h = model.time(r.step, r.cfg.steps) - model.time(r.step + 1, r.cfg.steps);
         let dims = model.dims();
         let at = r.step as usize * dims.cond_len;
         let cond = Tensor::from_slice(
@@ -1886,7 +1887,7 @@ impl Engine {
             r.report.reuse_err2 += e2;
             r.report.reuse_norm2 += n2;
         }
-        let h = 1.0 / r.cfg.steps as f32;
+        let h = self.model.time(r.step, r.cfg.steps) - self.model.time(r.step + 1, r.cfg.steps);
         let (v, x) = r.state.get_pair(Region::V, Region::X);
         for (xi, vi) in x.iter_mut().zip(v) {
             *xi -= h * vi;

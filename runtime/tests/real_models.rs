@@ -261,3 +261,89 @@ fn cfg_for(mode: Mode) -> RequestConfig {
         ..cfg(mode)
     }
 }
+
+/// The engine steps on the model's schedule: FLUX with SD3's shift 3 and full computation
+/// equals Euler on the shifted times written out here, and differs from the uniform steps.
+#[test]
+fn the_engine_steps_on_the_models_schedule() {
+    use flashdiff_runtime::models::joint_denoiser::Schedule;
+    use flashdiff_runtime::models::StepInput;
+    let golden = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../models/reference/flux_golden.safetensors");
+    let load = |s: Schedule| -> Arc<dyn Denoiser> {
+        let flux = FluxCheckpoint::open(&golden)
+            .unwrap()
+            .load(Some([4, 6, 6]), &Device::Cpu)
+            .unwrap();
+        Arc::new(
+            FluxDenoiser::new(flux, Box::new(HashText), (6, 8), 3.5, Device::Cpu)
+                .unwrap()
+                .with_schedule(s),
+        )
+    };
+    let steps = 8;
+    let full = |m: &Arc<dyn Denoiser>| {
+        Engine::with_model(m.clone(), 1, None)
+            .unwrap()
+            .generate(
+                PROMPT,
+                RequestConfig {
+                    mode: Mode::Full,
+                    steps,
+                    seed: 9,
+                    ..Default::default()
+                },
+                &mut |_, _, _| {},
+            )
+            .unwrap()
+            .latent
+    };
+    let shifted = load(Schedule::Shift(3.0));
+    let got = full(&shifted);
+    let c = shifted.condition(PROMPT).unwrap();
+    let ctx = Tensor::from_slice(&c.context, c.context.len(), &Device::Cpu).unwrap();
+    let dims = shifted.dims().clone();
+    let mut x = flashdiff_runtime::engine::noise(9, dims.grid.tokens() * dims.channels);
+    let t = |n: u32| {
+        let u = 1.0 - n as f64 / steps as f64;
+        (3.0 * u / (1.0 + 2.0 * u)) as f32
+    };
+    for n in 0..steps {
+        let cond = shifted.step_cond(&ctx, t(n)).unwrap();
+        let xt = Tensor::from_slice(&x, (dims.grid.tokens(), dims.channels), &Device::Cpu).unwrap();
+        let v = shifted
+            .full_forward(
+                &xt,
+                StepInput {
+                    context: &ctx,
+                    cond: &cond,
+                },
+                false,
+            )
+            .unwrap()
+            .velocity
+            .flatten_all()
+            .unwrap()
+            .to_vec1::<f32>()
+            .unwrap();
+        for (xi, vi) in x.iter_mut().zip(&v) {
+            *xi -= (t(n) - t(n + 1)) * vi;
+        }
+    }
+    let worst = got
+        .iter()
+        .zip(&x)
+        .map(|(a, b)| (a - b).abs())
+        .fold(0.0f32, f32::max);
+    assert!(
+        worst <= 1e-4,
+        "the engine's latent differs from shifted Euler by {worst}"
+    );
+    let uniform = full(&load(Schedule::Uniform));
+    let moved = uniform
+        .iter()
+        .zip(&got)
+        .map(|(a, b)| (a - b).abs())
+        .fold(0.0f32, f32::max);
+    assert!(moved > 1e-2, "the shift changed nothing ({moved})");
+}

@@ -605,7 +605,7 @@ fn finish_ok(hub: &Hub, o: Output) {
         return;
     };
     let report = report_json(&o);
-    let png = image::png(&o.sample.rgb, IMAGE, IMAGE, j.scale);
+    let png = image::png(&o.sample.rgb, o.sample.width, o.sample.height, j.scale);
     // Saved and journaled before anyone can read "succeeded".
     if let Err(e) = journal(hub, |s| {
         s.save_result(id, &png, &report)?;
@@ -688,7 +688,8 @@ const KNOWN: [&str; 17] = [
 /// Parses and checks a generation request: every field, the settings together, and the
 /// prompt against the model's vocabulary, so that what is admitted can run.
 fn parse(body: &[u8], base: &RequestConfig, model: &dyn Denoiser) -> Result<GenRequest, String> {
-    let g = parse_fields(body, base, model.name())?;
+    let side = model.image_size().unwrap_or((IMAGE, IMAGE));
+    let g = parse_fields(body, base, model.name(), side)?;
     check_request(model, &g.cfg).map_err(|e| e.to_string())?;
     model
         .condition(&g.prompt)
@@ -696,7 +697,13 @@ fn parse(body: &[u8], base: &RequestConfig, model: &dyn Denoiser) -> Result<GenR
     Ok(g)
 }
 
-fn parse_fields(body: &[u8], base: &RequestConfig, model: &str) -> Result<GenRequest, String> {
+/// `side`: `(width, height)` of the model's images; "size" asks for a whole multiple.
+fn parse_fields(
+    body: &[u8],
+    base: &RequestConfig,
+    model: &str,
+    side: (usize, usize),
+) -> Result<GenRequest, String> {
     let v: Value = serde_json::from_slice(body).map_err(|e| format!("body is not JSON: {e}"))?;
     let obj: &Map<String, Value> = v.as_object().ok_or("body must be a JSON object")?;
     if let Some(k) = obj.keys().find(|k| !KNOWN.contains(&k.as_str())) {
@@ -728,21 +735,26 @@ fn parse_fields(body: &[u8], base: &RequestConfig, model: &str) -> Result<GenReq
         }
     };
     let n = uint("n", 1, 4)?.unwrap_or(1) as u32;
-    let side = IMAGE as u64;
+    let (sw, sh) = (side.0.max(1) as u64, side.1.max(1) as u64);
+    // The built-in 32-pixel images may be enlarged up to 32x (8x by default); larger
+    // images up to 1024 pixels a side.
+    let most = (1024 / sw.max(sh)).clamp(1, 32);
     let scale = match string("size")? {
-        None => 8,
+        None => (256 / sw).clamp(1, 8) as usize,
         Some(s) => {
             let parsed = s
                 .split_once('x')
                 .and_then(|(w, h)| Some((w.parse::<u64>().ok()?, h.parse::<u64>().ok()?)));
             match parsed {
-                Some((w, h)) if w == h && w % side == 0 && (side..=32 * side).contains(&w) => {
-                    (w / side) as usize
+                Some((w, h))
+                    if w % sw == 0 && (1..=most).contains(&(w / sw)) && h * sw == w * sh =>
+                {
+                    (w / sw) as usize
                 }
                 _ => {
                     return Err(format!(
-                        "\"size\" {s:?}: must be WxW with W a multiple of {side} up to {} (the model makes {side}x{side} images, scaled up)",
-                        32 * side
+                        "\"size\" {s:?}: must be {sw}x{sh} times a whole number up to {most} \
+                         (the model makes {sw}x{sh} images, scaled up)"
                     ))
                 }
             }

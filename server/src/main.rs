@@ -214,16 +214,93 @@ struct RunArgs {
     /// bit-identical either way).
     #[arg(long)]
     processes: bool,
-    /// Built-in model: tinydit (images), tinyvideo (8-frame clips), tinyaudio (2 s sounds).
-    #[arg(long, default_value = "tinydit", value_parser = BUILTIN_MODELS, conflicts_with = "weights")]
+    /// Model: built-in tinydit (images), tinyvideo (8-frame clips), tinyaudio (2 s sounds);
+    /// or flux-dev / flux-schnell from a diffusers folder given with --weights.
+    #[arg(long, default_value = "tinydit", value_parser = MODELS)]
     model: String,
-    /// Model file (default: the built-in --model's shipped weights).
+    /// Model file (default: the built-in --model's shipped weights), or with --model
+    /// flux-dev|flux-schnell the pipeline's folder (transformer/, text_encoder/,
+    /// text_encoder_2/, tokenizer/, tokenizer_2/, vae/).
     #[arg(long)]
     weights: Option<PathBuf>,
+    /// Image size WIDTHxHEIGHT in pixels for flux-dev|flux-schnell (multiples of 16 up to
+    /// 2048; default 1024x1024). The built-in models have fixed sizes.
+    #[arg(long, value_parser = parse_size)]
+    size: Option<(usize, usize)>,
+    /// FLUX.1 dev's embedded guidance (default 3.5; finite, 0..=100); schnell takes none.
+    #[arg(long, value_parser = parse_guidance)]
+    guidance: Option<f32>,
+    /// Whether --model was on the command line (not its default).
+    #[arg(skip)]
+    model_given: bool,
     /// Where the model runs: cpu, or cuda (GPU 0; needs a build with --features cuda and an
     /// NVIDIA GPU; worker processes run on the CPU only for now).
     #[arg(long, default_value = "cpu", value_parser = ["cpu", "cuda"])]
     device: String,
+}
+
+/// Every `--model`: the built-in models, then the pipelines read from a folder.
+const MODELS: [&str; 5] = [
+    BUILTIN_MODELS[0],
+    BUILTIN_MODELS[1],
+    BUILTIN_MODELS[2],
+    "flux-dev",
+    "flux-schnell",
+];
+
+fn is_pipeline(model: &str) -> bool {
+    flashdiff_runtime::models::pipeline::PIPELINES.contains(&model)
+}
+
+/// `WIDTHxHEIGHT` -> (height, width).
+fn parse_size(v: &str) -> Result<(usize, usize), String> {
+    let bad = || format!("expected WIDTHxHEIGHT in pixels, e.g. 1024x1024; got {v:?}");
+    let (w, h) = v.split_once(['x', 'X']).ok_or_else(bad)?;
+    let (w, h): (usize, usize) = (w.parse().map_err(|_| bad())?, h.parse().map_err(|_| bad())?);
+    flashdiff_runtime::models::pipeline::check_size((h, w)).map_err(|e| e.to_string())?;
+    Ok((h, w))
+}
+
+fn parse_guidance(v: &str) -> Result<f32, String> {
+    match v.parse::<f32>() {
+        Ok(g) if g.is_finite() && (0.0..=100.0).contains(&g) => Ok(g),
+        _ => Err("must be a number in [0, 100]".into()),
+    }
+}
+
+/// Flags that only make sense together: the error names them.
+fn check_run_args(o: &RunArgs, model_given: bool) -> Result<(), String> {
+    let pipeline = is_pipeline(&o.model);
+    if pipeline && o.weights.is_none() {
+        return Err(format!(
+            "--model {} needs --weights DIR: the pipeline's diffusers folder (transformer/, \
+             text_encoder/, text_encoder_2/, tokenizer/, tokenizer_2/, vae/)",
+            o.model
+        ));
+    }
+    if !pipeline && model_given && o.weights.is_some() {
+        return Err(format!(
+            "--model {} cannot be used with --weights: a built-in model runs its shipped \
+             weights (--weights alone takes a TinyDiT-family file; a folder needs --model \
+             flux-dev or flux-schnell)",
+            o.model
+        ));
+    }
+    if !pipeline && (o.size.is_some() || o.guidance.is_some()) {
+        return Err(format!(
+            "--size and --guidance apply to flux-dev and flux-schnell; {} has a fixed size and \
+             no guidance",
+            o.model
+        ));
+    }
+    if pipeline && o.processes {
+        return Err(format!(
+            "--processes: worker processes load the built-in models' files only; run {} on \
+             worker threads (drop --processes)",
+            o.model
+        ));
+    }
+    Ok(())
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -342,7 +419,18 @@ fn main() -> ExitCode {
     if log::set_logger(&LOG).is_ok() {
         log::set_max_level(log::LevelFilter::Info);
     }
-    let cli = Cli::parse();
+    let matches = <Cli as clap::CommandFactory>::command().get_matches();
+    let given = matches.subcommand().is_some_and(|(name, m)| {
+        name != "worker" && m.value_source("model") == Some(clap::parser::ValueSource::CommandLine)
+    });
+    let mut cli =
+        <Cli as clap::FromArgMatches>::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
+    match &mut cli.cmd {
+        Cmd::Generate(a) => a.run.model_given = given,
+        Cmd::Serve(a) => a.run.model_given = given,
+        Cmd::Bench(a) => a.run.model_given = given,
+        Cmd::Worker { .. } => {}
+    }
     let result = match cli.cmd {
         Cmd::Generate(a) => generate(a),
         Cmd::Serve(a) => serve(a),
@@ -459,15 +547,32 @@ fn extension(kind: Kind) -> &'static str {
 /// or WAV.
 fn encode(sample: &Sample, kind: Kind) -> Result<Vec<u8>, String> {
     match kind {
-        Kind::Image => Ok(image::png(&sample.rgb, sample.width, sample.height, 8)),
+        Kind::Image => Ok(image::png(
+            &sample.rgb,
+            sample.width,
+            sample.height,
+            zoom(sample),
+        )),
         Kind::Video => media::gif(sample, 8, 12).map_err(|e| e.to_string()),
         Kind::Audio => media::wav(sample).map_err(|e| e.to_string()),
     }
 }
 
+/// How many times an image is enlarged in its PNG: the built-in 32-pixel images 8x, none
+/// from 256 pixels on.
+fn zoom(sample: &Sample) -> usize {
+    (256 / sample.width.max(1)).clamp(1, 8)
+}
+
 fn describe(sample: &Sample, kind: Kind) -> String {
     match kind {
-        Kind::Image => format!("{}x{} pixels, shown 8x", sample.width, sample.height),
+        Kind::Image if zoom(sample) > 1 => format!(
+            "{}x{} pixels, shown {}x",
+            sample.width,
+            sample.height,
+            zoom(sample)
+        ),
+        Kind::Image => format!("{}x{} pixels", sample.width, sample.height),
         Kind::Video => format!(
             "{} frames of {}x{} pixels, shown 8x at 8 frames a second",
             sample.frames, sample.width, sample.height
@@ -575,7 +680,14 @@ fn generate(a: GenerateArgs) -> Result<(), String> {
         ms(t.compute),
         ms(t.queue)
     );
-    let grammar_note = |v: &Output| checker_note(&prompt, &v.sample, kind);
+    let pipeline = is_pipeline(&a.run.model);
+    let grammar_note = |v: &Output| {
+        if pipeline {
+            "none (the checkers read the built-in models' prompt grammars)".to_string()
+        } else {
+            checker_note(&prompt, &v.sample, kind)
+        }
+    };
     let control = t.partition + t.gate + t.schedule;
     println!(
         "control plane (partition + gate + scheduler): {:.2} ms = {:.3}% of model time",
@@ -812,6 +924,13 @@ impl ModelEngine {
             } else {
                 o.run.weights.clone()
             },
+            // A built-in model a request names has its own size and no guidance.
+            size: if model.is_some() { None } else { o.run.size },
+            guidance: if model.is_some() {
+                None
+            } else {
+                o.run.guidance
+            },
             ..o.run.clone()
         };
         let mut engine = make_engine(&run, cores())?;
@@ -834,7 +953,13 @@ fn engine_for(
     o: &ServeArgs,
     model: Option<&str>,
 ) -> Result<usize, String> {
-    let model = model.filter(|m| o.run.weights.is_some() || *m != o.run.model);
+    let model = model
+        .filter(|m| (o.run.weights.is_some() && !is_pipeline(&o.run.model)) || *m != o.run.model);
+    if let Some(m) = model.filter(|m| is_pipeline(m)) {
+        return Err(format!(
+            "\"model\": {m} is not loaded by this server (start one with --model {m} --weights DIR)"
+        ));
+    }
     if let Some(i) = engines.iter().position(|e| e.name.as_deref() == model) {
         return Ok(i);
     }
@@ -1007,8 +1132,8 @@ fn parse_request(
         None => None,
         Some(m) => Some(
             m.as_str()
-                .filter(|m| BUILTIN_MODELS.contains(m))
-                .ok_or_else(|| format!("\"model\" must be one of {}", BUILTIN_MODELS.join(", ")))?
+                .filter(|m| MODELS.contains(m))
+                .ok_or_else(|| format!("\"model\" must be one of {}", MODELS.join(", ")))?
                 .to_string(),
         ),
     };
@@ -1039,11 +1164,15 @@ fn weights_path(o: &RunArgs) -> PathBuf {
 }
 
 fn make_engine(o: &RunArgs, default_workers: u32) -> Result<Engine, String> {
+    check_run_args(o, o.model_given)?;
     let weights = weights_path(o);
     let workers = o.workers.unwrap_or(default_workers);
     let cuda = o.device == "cuda";
     let device = flashdiff_runtime::models::device(cuda)
         .map_err(|e| format!("--device {}: {e}", o.device))?;
+    if is_pipeline(&o.model) {
+        return pipeline_engine(o, &weights, workers, &device);
+    }
     if !o.processes {
         return Engine::new_on(&weights, workers, &device).map_err(|e| e.to_string());
     }
@@ -1061,6 +1190,32 @@ fn make_engine(o: &RunArgs, default_workers: u32) -> Result<Engine, String> {
         &flashdiff_runtime::engine::state_dir(),
     )
     .map_err(|e| e.to_string())
+}
+
+/// An engine over a pipeline read from the folder `dir` (worker threads, not processes).
+fn pipeline_engine(
+    o: &RunArgs,
+    dir: &std::path::Path,
+    workers: u32,
+    device: &flashdiff_runtime::models::Device,
+) -> Result<Engine, String> {
+    use flashdiff_runtime::models::pipeline;
+    let opts = pipeline::PipelineOptions {
+        size: o.size.unwrap_or((1024, 1024)),
+        guidance: o.guidance,
+    };
+    eprintln!("loading {} from {} ...", o.model, dir.display());
+    let t0 = std::time::Instant::now();
+    let model = pipeline::load(&o.model, dir, &opts, device)
+        .map_err(|e| format!("--model {} --weights {}: {e}", o.model, dir.display()))?;
+    eprintln!("loaded in {:.1} s", t0.elapsed().as_secs_f64());
+    let model: std::sync::Arc<dyn flashdiff_runtime::models::Denoiser> = std::sync::Arc::new(model);
+    let e = if workers <= 1 {
+        Engine::with_model(model, workers, None)
+    } else {
+        Engine::with_threads(model, workers, &flashdiff_runtime::engine::state_dir())
+    };
+    e.map_err(|e| e.to_string())
 }
 
 /// `flashdiff bench`.
@@ -1082,6 +1237,13 @@ fn bench(a: BenchArgs) -> Result<(), String> {
         weights: weights_path(&a.run),
     };
     let out = a.out_dir;
+    if is_pipeline(&a.run.model) {
+        return Err(format!(
+            "bench --model {}: the bench's prompts, checkers and baselines are the built-in \
+             models'; time a pipeline with generate --compare",
+            a.run.model
+        ));
+    }
     let mut engine = make_engine(&a.run, cores())?;
     engine
         .validate(&RequestConfig {

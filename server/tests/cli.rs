@@ -611,3 +611,190 @@ fn device_cuda_works_or_says_what_is_missing() {
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("--device"));
 }
+
+/// Width and height of a PNG, from its header.
+fn png_size(bytes: &[u8]) -> (u32, u32) {
+    assert_eq!(&bytes[..8], b"\x89PNG\r\n\x1a\n");
+    let be = |i: usize| u32::from_be_bytes(bytes[i..i + 4].try_into().unwrap());
+    (be(16), be(20))
+}
+
+/// `generate --model flux-dev --weights DIR` on the small random pipeline (T5, CLIP, both
+/// tokenizers, the transformer and the VAE in diffusers' layout, #12 item 5d): it skips
+/// patch-steps, reports, decodes through the VAE at the asked size, and is deterministic.
+#[test]
+fn generate_runs_a_flux_pipeline_folder() {
+    let dir = std::env::temp_dir().join(format!("flashdiff-cli-flux-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    flashdiff_models::pipeline::tiny::write_flux(&dir.join("model"), true).unwrap();
+    let run = |out: &str| {
+        let png = dir.join(out);
+        let (stdout, stderr) = succeeds_with(
+            flashdiff()
+                .args(["generate", "--model", "flux-dev", "--weights"])
+                .arg(dir.join("model"))
+                .args(["--size", "128x96", "--steps", "12", "--guidance", "4"])
+                .args([
+                    "a red dishwasher on the left of a blue table",
+                    "--compare",
+                    "-o",
+                ])
+                .arg(&png),
+            &[
+                "128x96 pixels, shown 2x",
+                "patch-steps computed",
+                "skipped",
+                "vs full computation: PSNR",
+                "checker: none",
+            ],
+        );
+        assert!(stderr.contains("loading flux-dev"), "{stderr}");
+        assert!(stderr.contains("step 12/12"), "no progress shown: {stderr}");
+        let skipped = stdout
+            .lines()
+            .find(|l| l.starts_with("patch-steps computed"))
+            .unwrap()
+            .to_string();
+        assert!(!skipped.contains("(0.0% skipped)"), "{skipped}");
+        std::fs::read(&png).unwrap()
+    };
+    let a = run("a.png");
+    assert_eq!(png_size(&a), (256, 192));
+    assert_eq!(run("b.png"), a, "same request, same image");
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+#[test]
+fn pipeline_flags_get_errors_that_name_them() {
+    let cases: &[(&[&str], &str)] = &[
+        (
+            &["generate", "--model", "flux-dev", "x"],
+            "needs --weights DIR",
+        ),
+        (
+            &["generate", "--size", "64x64", "x"],
+            "--size and --guidance apply to flux",
+        ),
+        (
+            &["generate", "--guidance", "2", "x"],
+            "--size and --guidance apply to flux",
+        ),
+        (
+            &["generate", "--model", "flux-dev", "--size", "100x64", "x"],
+            "multiple of 16",
+        ),
+        (
+            &["generate", "--model", "flux-dev", "--size", "64", "x"],
+            "WIDTHxHEIGHT",
+        ),
+        (
+            &["generate", "--model", "flux-dev", "--guidance", "nan", "x"],
+            "[0, 100]",
+        ),
+        (
+            &[
+                "generate",
+                "--model",
+                "flux-schnell",
+                "--weights",
+                "/nonexistent/flux",
+                "x",
+            ],
+            "is not a folder",
+        ),
+        (
+            &[
+                "generate",
+                "--model",
+                "flux-dev",
+                "--weights",
+                "/tmp",
+                "--processes",
+                "x",
+            ],
+            "--processes",
+        ),
+        (
+            &["bench", "--model", "flux-dev", "--weights", "/tmp"],
+            "built-in",
+        ),
+    ];
+    for (args, needle) in cases {
+        let out = flashdiff().args(*args).output().unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {stderr}");
+        assert!(stderr.contains(needle), "{args:?}: {stderr}");
+    }
+}
+
+/// JSON-lines `serve` over a pipeline folder: requests for it (named or not) run on it, a
+/// built-in model a request names runs at its own size, and a pipeline the server did not
+/// load is an error that says so.
+#[test]
+fn serve_runs_a_flux_pipeline_beside_the_built_in_models() {
+    use std::io::Write;
+    let dir = std::env::temp_dir().join(format!("flashdiff-cli-fluxserve-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    flashdiff_models::pipeline::tiny::write_flux(&dir.join("model"), false).unwrap();
+    let mut child = flashdiff()
+        .args(["serve", "--model", "flux-schnell", "--weights"])
+        .arg(dir.join("model"))
+        .args([
+            "--size",
+            "64x32",
+            "--steps",
+            "8",
+            "--warmup",
+            "2",
+            "--out-dir",
+        ])
+        .arg(dir.join("out"))
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(
+            concat!(
+                r#"{"id": 1, "prompt": "a red cat"}"#,
+                "\n",
+                r#"{"id": 2, "prompt": "a red cat", "model": "flux-dev"}"#,
+                "\n",
+                r#"{"id": 3, "prompt": "a red circle left on a white background", "model": "tinydit"}"#,
+                "\n",
+                r#"{"id": 4, "prompt": "a red cat", "model": "flux-schnell"}"#,
+                "\n"
+            )
+            .as_bytes(),
+        )
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let lines = json_lines(&stdout);
+    let by_id = |id: u64| lines.iter().find(|l| l["id"] == id).unwrap().clone();
+    assert!(by_id(2)["error"]
+        .as_str()
+        .unwrap()
+        .contains("not loaded by this server"));
+    for (id, side) in [(1, 64 * 4), (3, 256), (4, 64 * 4)] {
+        let l = by_id(id);
+        assert_eq!(l["ok"], true, "{l}");
+        let png = std::fs::read(l["image"].as_str().unwrap()).unwrap();
+        assert_eq!(png_size(&png).0, side, "request {id}");
+    }
+    assert_eq!(
+        std::fs::read(by_id(1)["image"].as_str().unwrap()).unwrap(),
+        std::fs::read(by_id(4)["image"].as_str().unwrap()).unwrap(),
+        "the server's own model, named or not, is the same engine"
+    );
+    std::fs::remove_dir_all(&dir).ok();
+}

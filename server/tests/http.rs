@@ -534,3 +534,45 @@ fn a_state_directory_serves_one_server_at_a_time() {
     drop(_a);
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// `serve --port --model flux-dev --weights DIR --size 64x48` (the small random pipeline):
+/// the OpenAI route returns the model's image size, scaled by whole multiples of it only.
+#[test]
+fn a_flux_pipeline_serves_its_own_image_size() {
+    let dir = std::env::temp_dir().join(format!("fd-http-flux-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    flashdiff_models::pipeline::tiny::write_flux(&dir, false).unwrap();
+    let d = dir.to_string_lossy().into_owned();
+    let s = Server::start(&[
+        "--model",
+        "flux-schnell",
+        "--weights",
+        &d,
+        "--size",
+        "64x48",
+    ]);
+    let prompt = "a red cat on a blue table";
+    let (status, v, _) = s.call(
+        "POST",
+        "/v1/images/generations",
+        Some(&json!({"prompt": prompt, "size": "128x96"}).to_string()),
+    );
+    assert_eq!(status, 200, "{v}");
+    let b64 = v["data"][0]["b64_json"].as_str().unwrap();
+    assert_eq!(png_side(b64), 128);
+    let (status, v, _) = s.call(
+        "POST",
+        "/v1/images/generations",
+        Some(&json!({"prompt": prompt, "size": "64x64"}).to_string()),
+    );
+    assert_eq!(status, 400, "{v}");
+    assert!(v.to_string().contains("64x48 times a whole number"), "{v}");
+    let (status, v, _) = s.call(
+        "POST",
+        "/v1/images/generations",
+        Some(&json!({"prompt": prompt, "model": "flux-dev"}).to_string()),
+    );
+    assert_eq!(status, 400, "{v}");
+    drop(s);
+    std::fs::remove_dir_all(&dir).ok();
+}

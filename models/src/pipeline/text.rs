@@ -1,0 +1,385 @@
+//! The text side of the FLUX pipeline: Hugging Face tokenizer files and the T5 and CLIP text
+//! encoders of candle-transformers, read from diffusers' folders (`tokenizer/`,
+//! `tokenizer_2/`, `text_encoder/`, `text_encoder_2/`).
+
+use std::path::Path;
+use std::sync::Mutex;
+
+use candle_core::{DType, Device, Shape, Tensor};
+use candle_nn::var_builder::SimpleBackend;
+use candle_nn::{Init, VarBuilder};
+use candle_transformers::models::clip::text_model as clip;
+use candle_transformers::models::t5;
+use tokenizers::Tokenizer;
+
+use crate::checkpoint::{Shards, Source};
+use crate::joint_denoiser::{EncodedPrompt, PromptEncoder};
+use crate::ModelError;
+
+fn input(msg: String) -> ModelError {
+    ModelError::Input(msg)
+}
+
+/// A tokenizer that always yields `len` tokens: the prompt's, then padding.
+#[derive(Debug)]
+pub struct TextTokenizer {
+    inner: Tokenizer,
+    len: usize,
+    pad_id: u32,
+    pad: String,
+    what: String,
+}
+
+impl TextTokenizer {
+    /// Opens the tokenizer in `dir`: its `tokenizer.json`, or (CLIP's slow-tokenizer files)
+    /// `vocab.json` and `merges.txt`. `pad` is the padding token (T5: `<pad>`; CLIP pads
+    /// with `<|endoftext|>`).
+    pub fn open(dir: &Path, len: usize, pad: &str) -> Result<Self, ModelError> {
+        let json = dir.join("tokenizer.json");
+        let mut inner = if json.is_file() {
+            Tokenizer::from_file(&json).map_err(|e| input(format!("{}: {e}", json.display())))?
+        } else if dir.join("vocab.json").is_file() && dir.join("merges.txt").is_file() {
+            clip_bpe(dir)?
+        } else {
+            return Err(input(format!(
+                "{} has neither tokenizer.json nor vocab.json + merges.txt",
+                dir.display()
+            )));
+        };
+        inner.with_padding(None);
+        inner
+            .with_truncation(None)
+            .map_err(|e| input(format!("{}: {e}", dir.display())))?;
+        let pad_id = inner.token_to_id(pad).ok_or_else(|| {
+            input(format!(
+                "the tokenizer in {} has no padding token {pad:?}",
+                dir.display()
+            ))
+        })?;
+        if len == 0 {
+            return Err(input("a tokenizer length of 0 tokens".into()));
+        }
+        Ok(Self {
+            inner,
+            len,
+            pad_id,
+            pad: pad.into(),
+            what: dir.display().to_string(),
+        })
+    }
+
+    /// The prompt's token ids and token strings (special tokens included), padded to the
+    /// fixed length. A prompt longer than that is an error, not silently cut.
+    pub fn encode(&self, text: &str) -> Result<(Vec<u32>, Vec<String>), ModelError> {
+        let enc = self
+            .inner
+            .encode(text, true)
+            .map_err(|e| input(format!("tokenizer {}: {e}", self.what)))?;
+        let (mut ids, mut pieces) = (enc.get_ids().to_vec(), enc.get_tokens().to_vec());
+        if ids.len() > self.len {
+            return Err(input(format!(
+                "the prompt is {} tokens for the tokenizer in {}; at most {} are read",
+                ids.len(),
+                self.what,
+                self.len
+            )));
+        }
+        ids.resize(self.len, self.pad_id);
+        pieces.resize(self.len, self.pad.clone());
+        Ok((ids, pieces))
+    }
+
+    /// Tokens per prompt.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Always false: a tokenizer yields at least one token.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+}
+
+/// CLIP's byte-level BPE from `vocab.json` and `merges.txt` (what diffusers folders ship for
+/// FLUX's `tokenizer/`): NFC, runs of whitespace to one space, lower case; CLIP's word
+/// pattern; byte-level symbols; words end in `</w>`; `<|startoftext|> ... <|endoftext|>`.
+fn clip_bpe(dir: &Path) -> Result<Tokenizer, ModelError> {
+    use tokenizers::models::bpe::BPE;
+    use tokenizers::normalizers::replace::ReplacePattern;
+    use tokenizers::normalizers::{Lowercase, Replace, Sequence, NFC};
+    use tokenizers::pre_tokenizers::byte_level::ByteLevel;
+    use tokenizers::pre_tokenizers::sequence::Sequence as PreSequence;
+    use tokenizers::pre_tokenizers::split::{Split, SplitPattern};
+    use tokenizers::processors::template::TemplateProcessing;
+    use tokenizers::SplitDelimiterBehavior;
+    let fail = |e: tokenizers::Error| input(format!("CLIP tokenizer in {}: {e}", dir.display()));
+    let (vocab, merges) = (dir.join("vocab.json"), dir.join("merges.txt"));
+    let bpe = BPE::from_file(&vocab.to_string_lossy(), &merges.to_string_lossy())
+        .unk_token("<|endoftext|>".into())
+        .end_of_word_suffix("</w>".into())
+        .build()
+        .map_err(fail)?;
+    let mut tok = Tokenizer::new(bpe);
+    let spaces = Replace::new(ReplacePattern::Regex(r"\s+".into()), " ").map_err(fail)?;
+    tok.with_normalizer(Some(Sequence::new(vec![
+        NFC.into(),
+        spaces.into(),
+        Lowercase.into(),
+    ])))
+    .map_err(fail)?;
+    let words = Split::new(
+        SplitPattern::Regex(
+            r"<\|startoftext\|>|<\|endoftext\|>|'s|'t|'re|'ve|'m|'ll|'d|[\p{L}]+|[\p{N}]|[^\s\p{L}\p{N}]+"
+                .into(),
+        ),
+        SplitDelimiterBehavior::Removed,
+        true,
+    )
+    .map_err(fail)?;
+    tok.with_pre_tokenizer(Some(PreSequence::new(vec![
+        words.into(),
+        ByteLevel::new(false, true, false).into(),
+    ])));
+    let special = |t: &str| {
+        tok.token_to_id(t)
+            .ok_or_else(|| input(format!("{} has no {t}", vocab.display())))
+    };
+    let (bos, eos) = (special("<|startoftext|>")?, special("<|endoftext|>")?);
+    let post = TemplateProcessing::builder()
+        .try_single("<|startoftext|> $A <|endoftext|>")
+        .map_err(|e| input(format!("CLIP template: {e}")))?
+        .special_tokens(vec![("<|startoftext|>", bos), ("<|endoftext|>", eos)])
+        .build()
+        .map_err(|e| input(format!("CLIP template: {e}")))?;
+    tok.with_post_processor(Some(post));
+    Ok(tok)
+}
+
+/// Our checkpoint reader behind candle's `VarBuilder`: candle-transformers' encoders ask for
+/// tensors by name and shape, and get ours (f16 / bf16 converted once, shards, errors that
+/// name the key and both shapes).
+struct ShardsBackend(Shards);
+
+impl SimpleBackend for ShardsBackend {
+    fn get(
+        &self,
+        s: Shape,
+        name: &str,
+        _: Init,
+        dtype: DType,
+        dev: &Device,
+    ) -> candle_core::Result<Tensor> {
+        self.0
+            .tensor(&Source::One(name.into()), name, s.dims(), dev)
+            .map_err(|e| candle_core::Error::Msg(e.to_string()))?
+            .to_dtype(dtype)
+    }
+
+    fn get_unchecked(&self, name: &str, dtype: DType, dev: &Device) -> candle_core::Result<Tensor> {
+        let shape = self
+            .0
+            .shape(&Source::One(name.into()))
+            .ok_or_else(|| candle_core::Error::Msg(format!("cannot find tensor {name}")))?;
+        self.get(shape.into(), name, Init::Const(0.0), dtype, dev)
+    }
+
+    fn contains_tensor(&self, name: &str) -> bool {
+        self.0.has(name)
+    }
+}
+
+/// The f32 weights in `dir` (its `*.safetensors`) as a `VarBuilder`.
+pub(crate) fn weights(dir: &Path, dev: &Device) -> Result<VarBuilder<'static>, ModelError> {
+    let files = Shards::open(dir)?;
+    Ok(VarBuilder::from_backend(
+        Box::new(ShardsBackend(files)),
+        DType::F32,
+        dev.clone(),
+    ))
+}
+
+/// `dir/config.json`, parsed.
+pub(crate) fn config<T: serde::de::DeserializeOwned>(dir: &Path) -> Result<T, ModelError> {
+    let p = dir.join("config.json");
+    let text = std::fs::read_to_string(&p).map_err(|e| input(format!("{}: {e}", p.display())))?;
+    serde_json::from_str(&text).map_err(|e| input(format!("{}: {e}", p.display())))
+}
+
+/// What we read of a CLIP text encoder's `config.json` (transformers' `CLIPTextConfig`).
+#[derive(Debug, serde::Deserialize)]
+struct ClipJson {
+    vocab_size: usize,
+    hidden_size: usize,
+    intermediate_size: usize,
+    num_hidden_layers: usize,
+    num_attention_heads: usize,
+    max_position_embeddings: usize,
+    #[serde(default)]
+    projection_dim: usize,
+    #[serde(default = "quick_gelu")]
+    hidden_act: String,
+}
+
+fn quick_gelu() -> String {
+    "quick_gelu".into()
+}
+
+/// CLIP's text transformer (FLUX: CLIP ViT-L/14's), whose pooled output is the final state
+/// of the end-of-text token.
+pub(crate) struct ClipText {
+    model: clip::ClipTextTransformer,
+    tokenizer: TextTokenizer,
+    width: usize,
+    device: Device,
+}
+
+impl ClipText {
+    pub(crate) fn load(
+        weights_dir: &Path,
+        tokenizer_dir: &Path,
+        dev: &Device,
+    ) -> Result<Self, ModelError> {
+        let c: ClipJson = config(weights_dir)?;
+        if c.hidden_act != "quick_gelu" {
+            return Err(input(format!(
+                "{}: hidden_act {:?}; candle's CLIP text model runs quick_gelu (CLIP ViT-L/14)",
+                weights_dir.join("config.json").display(),
+                c.hidden_act
+            )));
+        }
+        let cfg = clip::ClipTextConfig {
+            vocab_size: c.vocab_size,
+            embed_dim: c.hidden_size,
+            activation: clip::Activation::QuickGelu,
+            intermediate_size: c.intermediate_size,
+            max_position_embeddings: c.max_position_embeddings,
+            pad_with: None,
+            num_hidden_layers: c.num_hidden_layers,
+            num_attention_heads: c.num_attention_heads,
+            projection_dim: c.projection_dim,
+        };
+        let vb = weights(weights_dir, dev)?;
+        let model = clip::ClipTextTransformer::new(vb.pp("text_model"), &cfg).map_err(|e| {
+            input(format!(
+                "CLIP text encoder in {}: {e}",
+                weights_dir.display()
+            ))
+        })?;
+        let tokenizer =
+            TextTokenizer::open(tokenizer_dir, c.max_position_embeddings, "<|endoftext|>")?;
+        Ok(Self {
+            model,
+            tokenizer,
+            width: c.hidden_size,
+            device: dev.clone(),
+        })
+    }
+
+    /// The pooled vector of `prompt`: the final (layer-normed) state at the first position
+    /// of the largest token id, which is CLIP's end-of-text token (as transformers reads it).
+    pub(crate) fn pooled(&self, prompt: &str) -> Result<Tensor, ModelError> {
+        let (ids, _) = self.tokenizer.encode(prompt)?;
+        let eos = ids
+            .iter()
+            .enumerate()
+            .fold(0, |best, (i, &id)| if id > ids[best] { i } else { best });
+        let x = Tensor::from_vec(ids, (1, self.tokenizer.len()), &self.device)?;
+        let states = self.model.forward_with_mask(&x, usize::MAX)?;
+        Ok(states.squeeze(0)?.get(eos)?)
+    }
+}
+
+/// T5's encoder (FLUX: T5 v1.1 XXL's), whose final states are the transformer's text input.
+pub(crate) struct T5Text {
+    model: Mutex<t5::T5EncoderModel>,
+    tokenizer: TextTokenizer,
+    width: usize,
+    device: Device,
+}
+
+impl T5Text {
+    /// `len`: the padded prompt length (FLUX.1 dev 512, schnell 256).
+    pub(crate) fn load(
+        weights_dir: &Path,
+        tokenizer_dir: &Path,
+        len: usize,
+        dev: &Device,
+    ) -> Result<Self, ModelError> {
+        let cfg: t5::Config = config(weights_dir)?;
+        let vb = weights(weights_dir, dev)?;
+        let model = t5::T5EncoderModel::load(vb, &cfg)
+            .map_err(|e| input(format!("T5 encoder in {}: {e}", weights_dir.display())))?;
+        Ok(Self {
+            model: Mutex::new(model),
+            tokenizer: TextTokenizer::open(tokenizer_dir, len, "<pad>")?,
+            width: cfg.d_model,
+            device: dev.clone(),
+        })
+    }
+
+    /// The prompt's pieces and final states, `len x d_model` (padding included, no mask: as
+    /// FLUX's pipeline runs it).
+    pub(crate) fn encode(&self, prompt: &str) -> Result<(Vec<String>, Tensor), ModelError> {
+        let (ids, pieces) = self.tokenizer.encode(prompt)?;
+        let x = Tensor::from_vec(ids, (1, self.tokenizer.len()), &self.device)?;
+        let mut model = self
+            .model
+            .lock()
+            .map_err(|_| input("the T5 encoder was poisoned by a panic".into()))?;
+        let states = model.forward(&x)?;
+        Ok((pieces, states.squeeze(0)?))
+    }
+}
+
+/// FLUX's prompt encoder: T5 states (and pieces, for the saliency words) and CLIP's pooled
+/// vector.
+pub struct FluxText {
+    t5: T5Text,
+    clip: ClipText,
+}
+
+impl std::fmt::Debug for FluxText {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("FluxText")
+            .field("t5_tokens", &self.t5.tokenizer.len())
+            .field("t5_width", &self.t5.width)
+            .field("clip_width", &self.clip.width)
+            .finish()
+    }
+}
+
+impl FluxText {
+    /// The encoders of a diffusers FLUX folder: `text_encoder/` + `tokenizer/` (CLIP) and
+    /// `text_encoder_2/` + `tokenizer_2/` (T5), T5 padded to `t5_tokens`.
+    pub fn load(dir: &Path, t5_tokens: usize, dev: &Device) -> Result<Self, ModelError> {
+        Ok(Self {
+            t5: T5Text::load(
+                &dir.join("text_encoder_2"),
+                &dir.join("tokenizer_2"),
+                t5_tokens,
+                dev,
+            )?,
+            clip: ClipText::load(&dir.join("text_encoder"), &dir.join("tokenizer"), dev)?,
+        })
+    }
+
+    /// Widths of the T5 states and of CLIP's pooled vector.
+    pub fn widths(&self) -> (usize, usize) {
+        (self.t5.width, self.clip.width)
+    }
+}
+
+impl PromptEncoder for FluxText {
+    fn encode(&self, prompt: &str) -> Result<EncodedPrompt, ModelError> {
+        let (pieces, states) = self.t5.encode(prompt)?;
+        Ok(EncodedPrompt {
+            pieces,
+            states,
+            pooled: self.clip.pooled(prompt)?,
+        })
+    }
+
+    fn tokens(&self) -> usize {
+        self.t5.tokenizer.len()
+    }
+}

@@ -1,0 +1,320 @@
+//! A small random FLUX pipeline folder in diffusers' layout, with the real structure of
+//! every part (FLUX transformer, T5 encoder, CLIP text model, both tokenizers, AutoencoderKL)
+//! at toy sizes: what tests and demos run `flashdiff generate --model flux-dev` on, since the
+//! released weights cannot be downloaded here (#12 item 5d). Its images are noise-like
+//! (random weights); what it shows is the path: loading, encoding, the engine, decoding.
+
+use std::path::Path;
+
+use candle_core::{DType, Device};
+use candle_nn::{Init, VarBuilder, VarMap};
+use candle_transformers::models::clip::text_model as clip;
+use candle_transformers::models::stable_diffusion::vae as sd;
+use candle_transformers::models::t5;
+use tokenizers::models::bpe::BPE;
+use tokenizers::models::unigram::Unigram;
+use tokenizers::pre_tokenizers::metaspace::{Metaspace, PrependScheme};
+use tokenizers::processors::template::TemplateProcessing;
+use tokenizers::Tokenizer;
+
+use crate::flux::{Flux, FluxConfig};
+use crate::ModelError;
+
+/// Words the small T5 tokenizer has whole pieces for (others are spelt letter by letter).
+const WORDS: &[&str] = &[
+    "a",
+    "an",
+    "the",
+    "of",
+    "on",
+    "in",
+    "and",
+    "with",
+    "at",
+    "to",
+    "red",
+    "green",
+    "blue",
+    "yellow",
+    "white",
+    "black",
+    "orange",
+    "purple",
+    "cat",
+    "dog",
+    "table",
+    "chair",
+    "house",
+    "tree",
+    "car",
+    "circle",
+    "square",
+    "left",
+    "right",
+    "top",
+    "bottom",
+    "center",
+    "small",
+    "big",
+    "photo",
+    "background",
+    "sky",
+    "sun",
+    "lake",
+    "mountain",
+];
+
+/// Widths of the toy parts.
+const T5_WIDTH: usize = 32;
+const CLIP_WIDTH: usize = 32;
+const CLIP_TOKENS: usize = 32;
+
+fn fail(what: &str, e: impl std::fmt::Display) -> ModelError {
+    ModelError::Input(format!("writing the small pipeline's {what}: {e}"))
+}
+
+fn write(path: &Path, text: &str) -> Result<(), ModelError> {
+    if let Some(d) = path.parent() {
+        std::fs::create_dir_all(d).map_err(|e| fail(&d.display().to_string(), e))?;
+    }
+    std::fs::write(path, text).map_err(|e| fail(&path.display().to_string(), e))
+}
+
+fn save(vm: &VarMap, path: &Path) -> Result<(), ModelError> {
+    if let Some(d) = path.parent() {
+        std::fs::create_dir_all(d).map_err(|e| fail(&d.display().to_string(), e))?;
+    }
+    vm.save(path)
+        .map_err(|e| fail(&path.display().to_string(), e))
+}
+
+/// Writes the folder: `dev` with FLUX.1 dev's guidance embedding, else schnell's structure.
+pub fn write_flux(dir: &Path, dev: bool) -> Result<(), ModelError> {
+    let t5_vocab = t5_tokenizer(&dir.join("tokenizer_2"))?;
+    let clip_vocab = clip_tokenizer(&dir.join("tokenizer"))?;
+    transformer(&dir.join("transformer"), dev)?;
+    t5_encoder(&dir.join("text_encoder_2"), t5_vocab)?;
+    clip_encoder(&dir.join("text_encoder"), clip_vocab)?;
+    vae(&dir.join("vae"))
+}
+
+fn transformer(dir: &Path, dev: bool) -> Result<(), ModelError> {
+    let cfg = FluxConfig {
+        in_channels: 64,
+        vec_in_dim: CLIP_WIDTH,
+        context_in_dim: T5_WIDTH,
+        hidden: 64,
+        mlp_ratio: 2.0,
+        heads: 4,
+        depth: 2,
+        depth_single: 2,
+        axes_dim: [4, 6, 6],
+        theta: 10_000.0,
+        qkv_bias: true,
+        guidance_embed: dev,
+    };
+    let vm = VarMap::new();
+    let vb = VarBuilder::from_varmap(&vm, DType::F32, &Device::Cpu);
+    Flux::load(cfg, &|name: &str, shape: &[usize]| {
+        let init = if name.ends_with(".scale") {
+            Init::Const(1.0)
+        } else if shape.len() == 1 {
+            Init::Randn {
+                mean: 0.0,
+                stdev: 0.02,
+            }
+        } else {
+            Init::Randn {
+                mean: 0.0,
+                stdev: 1.0 / (shape[1] as f64).sqrt(),
+            }
+        };
+        Ok(vb.get_with_hints(shape, name, init)?)
+    })?;
+    save(&vm, &dir.join("diffusion_pytorch_model.safetensors"))?;
+    write(
+        &dir.join("config.json"),
+        r#"{"_class_name": "FluxTransformer2DModel", "axes_dims_rope": [4, 6, 6]}"#,
+    )
+}
+
+/// T5's SentencePiece-style unigram tokenizer; returns its vocabulary size.
+fn t5_tokenizer(dir: &Path) -> Result<usize, ModelError> {
+    let mut vocab: Vec<(String, f64)> = ["<pad>", "</s>", "<unk>"]
+        .iter()
+        .map(|s| (s.to_string(), 0.0))
+        .collect();
+    vocab.push(("\u{2581}".into(), -8.0));
+    vocab.extend(WORDS.iter().map(|w| (format!("\u{2581}{w}"), -4.0)));
+    vocab.extend(('a'..='z').map(|c| (c.to_string(), -10.0)));
+    vocab.extend(('a'..='z').map(|c| (format!("\u{2581}{c}"), -10.0)));
+    vocab.extend(
+        ["dish", "washer", "ing", "s"]
+            .iter()
+            .map(|w| (w.to_string(), -5.0)),
+    );
+    vocab.push(("\u{2581}dish".into(), -5.0));
+    vocab.dedup_by(|a, b| a.0 == b.0);
+    let n = vocab.len();
+    let model = Unigram::from(vocab, Some(2), false).map_err(|e| fail("T5 tokenizer", e))?;
+    let mut tok = Tokenizer::new(model);
+    tok.with_pre_tokenizer(Some(Metaspace::new(
+        '\u{2581}',
+        PrependScheme::Always,
+        true,
+    )));
+    let post = TemplateProcessing::builder()
+        .try_single("$A </s>")
+        .map_err(|e| fail("T5 tokenizer", e))?
+        .special_tokens(vec![("</s>", 1)])
+        .build()
+        .map_err(|e| fail("T5 tokenizer", e))?;
+    tok.with_post_processor(Some(post));
+    std::fs::create_dir_all(dir).map_err(|e| fail("T5 tokenizer", e))?;
+    tok.save(dir.join("tokenizer.json"), true)
+        .map_err(|e| fail("T5 tokenizer", e))?;
+    Ok(n)
+}
+
+/// CLIP's byte-level BPE as diffusers ships it for FLUX (`vocab.json` + `merges.txt`, no
+/// `tokenizer.json`); `<|endoftext|>` has the largest id, as in CLIP. Returns the vocabulary
+/// size.
+fn clip_tokenizer(dir: &Path) -> Result<usize, ModelError> {
+    let merges = [
+        ("r", "e"),
+        ("re", "d</w>"),
+        ("b", "l"),
+        ("bl", "u"),
+        ("blu", "e</w>"),
+    ];
+    let mut tokens: Vec<String> = Vec::new();
+    for c in ('a'..='z').chain('0'..='9').chain(",.!?'-".chars()) {
+        tokens.push(c.to_string());
+        tokens.push(format!("{c}</w>"));
+    }
+    tokens.extend(merges.iter().map(|(a, b)| format!("{a}{b}")));
+    tokens.push("<|startoftext|>".into());
+    tokens.push("<|endoftext|>".into());
+    let vocab: serde_json::Map<String, serde_json::Value> = tokens
+        .iter()
+        .enumerate()
+        .map(|(i, t)| (t.clone(), serde_json::Value::from(i)))
+        .collect();
+    let mut m = String::from("#version: 0.2\n");
+    for (a, b) in merges {
+        m.push_str(&format!("{a} {b}\n"));
+    }
+    write(
+        &dir.join("vocab.json"),
+        &serde_json::Value::Object(vocab).to_string(),
+    )?;
+    write(&dir.join("merges.txt"), &m)?;
+    // The file must parse as the BPE the loader builds.
+    BPE::from_file(
+        &dir.join("vocab.json").to_string_lossy(),
+        &dir.join("merges.txt").to_string_lossy(),
+    )
+    .build()
+    .map_err(|e| fail("CLIP tokenizer", e))?;
+    Ok(tokens.len())
+}
+
+fn t5_encoder(dir: &Path, vocab: usize) -> Result<(), ModelError> {
+    let json = serde_json::json!({
+        "architectures": ["T5EncoderModel"],
+        "vocab_size": vocab,
+        "d_model": T5_WIDTH,
+        "d_kv": 8,
+        "d_ff": 64,
+        "num_layers": 2,
+        "num_heads": 4,
+        "relative_attention_num_buckets": 8,
+        "relative_attention_max_distance": 32,
+        "dropout_rate": 0.1,
+        "layer_norm_epsilon": 1e-6,
+        "initializer_factor": 1.0,
+        "feed_forward_proj": "gated-gelu",
+        "is_encoder_decoder": true,
+        "tie_word_embeddings": false,
+        "pad_token_id": 0,
+        "eos_token_id": 1,
+    });
+    write(&dir.join("config.json"), &json.to_string())?;
+    let cfg: t5::Config = serde_json::from_value(json).map_err(|e| fail("T5 config", e))?;
+    let vm = VarMap::new();
+    let vb = VarBuilder::from_varmap(&vm, DType::F32, &Device::Cpu);
+    // The released checkpoints name the embedding `shared.weight`.
+    vb.get_with_hints(
+        (vocab, T5_WIDTH),
+        "shared.weight",
+        Init::Randn {
+            mean: 0.0,
+            stdev: 1.0,
+        },
+    )?;
+    t5::T5EncoderModel::load(vb, &cfg)?;
+    save(&vm, &dir.join("model.safetensors"))
+}
+
+fn clip_encoder(dir: &Path, vocab: usize) -> Result<(), ModelError> {
+    let json = serde_json::json!({
+        "architectures": ["CLIPTextModel"],
+        "vocab_size": vocab,
+        "hidden_size": CLIP_WIDTH,
+        "intermediate_size": 64,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 2,
+        "max_position_embeddings": CLIP_TOKENS,
+        "projection_dim": CLIP_WIDTH,
+        "hidden_act": "quick_gelu",
+    });
+    write(&dir.join("config.json"), &json.to_string())?;
+    let cfg = clip::ClipTextConfig {
+        vocab_size: vocab,
+        embed_dim: CLIP_WIDTH,
+        activation: clip::Activation::QuickGelu,
+        intermediate_size: 64,
+        max_position_embeddings: CLIP_TOKENS,
+        pad_with: None,
+        num_hidden_layers: 2,
+        num_attention_heads: 2,
+        projection_dim: CLIP_WIDTH,
+    };
+    let vm = VarMap::new();
+    let vb = VarBuilder::from_varmap(&vm, DType::F32, &Device::Cpu);
+    clip::ClipTextTransformer::new(vb.pp("text_model"), &cfg)?;
+    save(&vm, &dir.join("model.safetensors"))
+}
+
+fn vae(dir: &Path) -> Result<(), ModelError> {
+    let json = serde_json::json!({
+        "_class_name": "AutoencoderKL",
+        "in_channels": 3,
+        "out_channels": 3,
+        "block_out_channels": [16, 16, 16, 16],
+        "layers_per_block": 1,
+        "latent_channels": 16,
+        "norm_num_groups": 8,
+        "use_quant_conv": false,
+        "use_post_quant_conv": false,
+        "scaling_factor": 0.3611,
+        "shift_factor": 0.1159,
+    });
+    write(&dir.join("config.json"), &json.to_string())?;
+    let vm = VarMap::new();
+    let vb = VarBuilder::from_varmap(&vm, DType::F32, &Device::Cpu);
+    sd::AutoEncoderKL::new(
+        vb,
+        3,
+        3,
+        sd::AutoEncoderKLConfig {
+            block_out_channels: vec![16, 16, 16, 16],
+            layers_per_block: 1,
+            latent_channels: 16,
+            norm_num_groups: 8,
+            use_quant_conv: false,
+            use_post_quant_conv: false,
+        },
+    )?;
+    save(&vm, &dir.join("diffusion_pytorch_model.safetensors"))
+}
