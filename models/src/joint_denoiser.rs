@@ -234,6 +234,18 @@ pub struct JointDenoiser<M: JointModel> {
     name: String,
     schedule: Schedule,
     vae: Option<crate::pipeline::Vae>,
+    /// Classifier-free guidance scale (SD3): a second pass on the empty prompt.
+    cfg: Option<f32>,
+}
+
+/// A request context's parts.
+struct Parts {
+    /// The prompt's rows, `(text_tokens + 1) x hidden`.
+    ctx: Tensor,
+    /// The empty prompt's rows, with classifier-free guidance.
+    uncond: Option<Tensor>,
+    /// Word of each text token (-1: none).
+    word_of: Vec<f32>,
 }
 
 impl JointModel for Wan {
@@ -290,6 +302,9 @@ impl JointModel for Wan {
 /// Wan2.1 behind the `Denoiser` contract.
 pub type WanDenoiser = JointDenoiser<Wan>;
 
+/// Most latent tokens a [`JointDenoiser`] takes (2^18).
+pub const MAX_TOKENS: usize = 1 << 18;
+
 /// FLUX behind the `Denoiser` contract.
 pub type FluxDenoiser = JointDenoiser<Flux>;
 /// SD3 / SD3.5 behind the `Denoiser` contract.
@@ -317,9 +332,19 @@ impl<M: JointModel> JointDenoiser<M> {
         guidance: f32,
         device: Device,
     ) -> Result<Self, ModelError> {
+        let tokens = frames
+            .checked_mul(height)
+            .and_then(|n| n.checked_mul(width));
         if frames == 0 || height == 0 || width == 0 || !guidance.is_finite() {
             return Err(ModelError::Input(format!(
                 "{} needs a non-empty token grid and a finite guidance; got {frames} x {height} x {width}, {guidance}",
+                flux.name()
+            )));
+        }
+        if tokens.is_none_or(|n| n > MAX_TOKENS) {
+            return Err(ModelError::Input(format!(
+                "{}: a grid of {frames} x {height} x {width} tokens; at most {MAX_TOKENS} tokens \
+                 (Wan2.1 14B at 720p, 81 frames, is 75,600)",
                 flux.name()
             )));
         }
@@ -347,7 +372,29 @@ impl<M: JointModel> JointDenoiser<M> {
             name,
             schedule: Schedule::Uniform,
             vae: None,
+            cfg: None,
         })
+    }
+
+    /// The same model with classifier-free guidance of scale `scale` (SD3 / SD3.5: 7.0 in
+    /// diffusers' pipeline): every forward runs twice, on the prompt and on the empty
+    /// prompt, and returns `u + scale (c - u)`. The context and the step conditioning hold
+    /// both; a K/V row holds both passes' (`2 hidden` wide); the patch mass is their mean,
+    /// the saliency the prompt's.
+    pub fn with_cfg(mut self, scale: f32) -> Result<Self, ModelError> {
+        if !scale.is_finite() {
+            return Err(ModelError::Input(format!(
+                "guidance scale {scale} is not finite"
+            )));
+        }
+        if self.cfg.is_none() {
+            let (h, nt) = (self.flux.hidden(), self.text.tokens());
+            self.dims.context_len += (nt + 1) * h;
+            self.dims.cond_len *= 2;
+            self.dims.kv_dim *= 2;
+        }
+        self.cfg = Some(scale);
+        Ok(self)
     }
 
     /// The same model stepping on `schedule` (default: uniform).
@@ -363,9 +410,9 @@ impl<M: JointModel> JointDenoiser<M> {
         self
     }
 
-    /// The request context's parts: `(text_tokens + 1) x hidden` and the `text_tokens x
-    /// words` piece-to-word matrix.
-    fn context_parts(&self, context: &Tensor) -> Result<(Tensor, Tensor), ModelError> {
+    /// The request context's parts: the prompt's `(text_tokens + 1) x hidden` rows, the
+    /// word of each text token, then (with guidance) the empty prompt's rows.
+    fn context_parts(&self, context: &Tensor) -> Result<Parts, ModelError> {
         let (nt, h) = (self.text.tokens(), self.flux.hidden());
         if context.elem_count() != self.dims.context_len {
             return Err(ModelError::Input(format!(
@@ -376,17 +423,78 @@ impl<M: JointModel> JointDenoiser<M> {
             )));
         }
         let flat = context.flatten_all()?;
-        let ctx = flat.narrow(0, 0, (nt + 1) * h)?.reshape((nt + 1, h))?;
-        let word_of = flat.narrow(0, (nt + 1) * h, nt)?.to_vec1::<f32>()?;
+        let rows = |at: usize| flat.narrow(0, at, (nt + 1) * h)?.reshape((nt + 1, h));
+        let uncond = match self.cfg {
+            Some(_) => Some(rows((nt + 1) * h + nt)?),
+            None => None,
+        };
+        Ok(Parts {
+            ctx: rows(0)?,
+            uncond,
+            word_of: flat.narrow(0, (nt + 1) * h, nt)?.to_vec1::<f32>()?,
+        })
+    }
+
+    /// The `text_tokens x words` piece-to-word matrix.
+    fn word_matrix(&self, word_of: &[f32]) -> Result<Tensor, ModelError> {
+        let nt = word_of.len();
         let mut m = vec![0f32; nt * nt];
         for (i, &w) in word_of.iter().enumerate() {
             if w >= 0.0 && (w as usize) < nt {
                 m[i * nt + w as usize] = 1.0;
             }
         }
-        Ok((ctx, Tensor::from_vec(m, (nt, nt), &self.device)?))
+        Ok(Tensor::from_vec(m, (nt, nt), &self.device)?)
     }
 
+    /// The forward of `rows`: once, or with guidance once per context, combined.
+    fn run(&self, rows: Rows<'_>, parts: &Parts, cond: &Tensor) -> Result<JointOutput, ModelError> {
+        let frames = self.dims.grid.frames;
+        let (Some(g), Some(uctx)) = (self.cfg, &parts.uncond) else {
+            return self.flux.forward(rows, frames, &parts.ctx, cond);
+        };
+        let (n, h) = (self.flux.cond_rows(), self.flux.hidden());
+        let half = |t: &Tensor, i: usize| t.narrow(2, i * h, h);
+        let caches = match rows.cache {
+            Some((k, v)) => Some([(half(k, 0)?, half(v, 0)?), (half(k, 1)?, half(v, 1)?)]),
+            None => None,
+        };
+        let cache = |i: usize| caches.as_ref().map(|c| (&c[i].0, &c[i].1));
+        let c = self.flux.forward(
+            Rows {
+                cache: cache(0),
+                ..rows
+            },
+            frames,
+            &parts.ctx,
+            &cond.narrow(0, 0, n)?,
+        )?;
+        let u = self.flux.forward(
+            Rows {
+                cache: cache(1),
+                saliency: false,
+                ..rows
+            },
+            frames,
+            uctx,
+            &cond.narrow(0, n, n)?,
+        )?;
+        let velocity = (&u.velocity + ((&c.velocity - &u.velocity)? * g as f64)?)?;
+        let patch_mass = match (c.patch_mass, u.patch_mass) {
+            (Some(a), Some(b)) => Some(((a + b)? * 0.5)?),
+            _ => None,
+        };
+        Ok(JointOutput {
+            velocity,
+            k: Tensor::cat(&[&c.k, &u.k], 2)?,
+            v: Tensor::cat(&[&c.v, &u.v], 2)?,
+            saliency: c.saliency,
+            patch_mass,
+            text_kv: None,
+        })
+    }
+
+    /// The step conditioning's rows (with guidance: the prompt's, then the empty prompt's).
     fn cond(&self, step: &StepInput<'_>) -> Result<Tensor, ModelError> {
         if step.cond.elem_count() != self.dims.cond_len {
             return Err(ModelError::Input(format!(
@@ -396,9 +504,8 @@ impl<M: JointModel> JointDenoiser<M> {
                 self.dims.cond_len
             )));
         }
-        Ok(step
-            .cond
-            .reshape((self.flux.cond_rows(), self.flux.hidden()))?)
+        let n = self.flux.cond_rows() * if self.cfg.is_some() { 2 } else { 1 };
+        Ok(step.cond.reshape((n, self.flux.hidden()))?)
     }
 }
 
@@ -433,6 +540,11 @@ impl<M: JointModel> Denoiser for JointDenoiser<M> {
         let ctx = self.flux.context(&e.states, &e.pooled)?;
         let mut context = ctx.flatten_all()?.to_vec1::<f32>()?;
         context.extend(pw.word_of.iter().map(|w| w.map_or(-1.0, |w| w as f32)));
+        if self.cfg.is_some() {
+            let u = self.text.encode("")?;
+            let uctx = self.flux.context(&u.states, &u.pooled)?;
+            context.extend(uctx.flatten_all()?.to_vec1::<f32>()?);
+        }
         Ok(Conditioning {
             salient: pw.salient(),
             words: pw.words,
@@ -448,8 +560,13 @@ impl<M: JointModel> Denoiser for JointDenoiser<M> {
         if !t.is_finite() {
             return Err(ModelError::Input(format!("step time {t} is not finite")));
         }
-        let (ctx, _) = self.context_parts(context)?;
-        Ok(self.flux.step_cond(&ctx, t, self.guidance)?.flatten_all()?)
+        let parts = self.context_parts(context)?;
+        let c = self.flux.step_cond(&parts.ctx, t, self.guidance)?;
+        let c = match &parts.uncond {
+            Some(u) => Tensor::cat(&[c, self.flux.step_cond(u, t, self.guidance)?], 0)?,
+            None => c,
+        };
+        Ok(c.flatten_all()?)
     }
 
     fn full_forward(
@@ -458,10 +575,10 @@ impl<M: JointModel> Denoiser for JointDenoiser<M> {
         step: StepInput<'_>,
         saliency: bool,
     ) -> Result<FullOutput, ModelError> {
-        let (ctx, words) = self.context_parts(step.context)?;
+        let parts = self.context_parts(step.context)?;
         let cond = self.cond(&step)?;
         let ids: Vec<u32> = (0..self.dims.grid.tokens() as u32).collect();
-        let out = self.flux.forward(
+        let out = self.run(
             Rows {
                 x,
                 ids: &ids,
@@ -472,12 +589,11 @@ impl<M: JointModel> Denoiser for JointDenoiser<M> {
                 saliency,
                 text_cache: None,
             },
-            self.dims.grid.frames,
-            &ctx,
+            &parts,
             &cond,
         )?;
         let saliency = match out.saliency {
-            Some(s) => Some(s.matmul(&words)?),
+            Some(s) => Some(s.matmul(&self.word_matrix(&parts.word_of)?)?),
             None => None,
         };
         Ok(FullOutput {
@@ -496,9 +612,9 @@ impl<M: JointModel> Denoiser for JointDenoiser<M> {
         cache: Option<KvCache<'_>>,
         patches: Patches<'_>,
     ) -> Result<SubsetOutput, ModelError> {
-        let (ctx, _) = self.context_parts(step.context)?;
+        let parts = self.context_parts(step.context)?;
         let cond = self.cond(&step)?;
-        let out = self.flux.forward(
+        let out = self.run(
             Rows {
                 x: x_active,
                 ids: active,
@@ -509,8 +625,7 @@ impl<M: JointModel> Denoiser for JointDenoiser<M> {
                 saliency: false,
                 text_cache: None,
             },
-            self.dims.grid.frames,
-            &ctx,
+            &parts,
             &cond,
         )?;
         // Without a cache (NaivePatch) the rows see only each other: no mass over the
@@ -532,7 +647,8 @@ impl<M: JointModel> Denoiser for JointDenoiser<M> {
     }
 
     fn first_block_input(&self, x: &Tensor, step: StepInput<'_>) -> Result<Tensor, ModelError> {
-        let cond = self.cond(&step)?;
+        // With guidance, the prompt's pass: the signal whole-step caching watches.
+        let cond = self.cond(&step)?.narrow(0, 0, self.flux.cond_rows())?;
         self.flux.first_block_input(x, self.dims.grid.width, &cond)
     }
 

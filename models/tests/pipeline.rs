@@ -263,3 +263,234 @@ fn a_wrong_folder_gets_an_error_that_says_what_is_wrong() {
     assert!(e.contains("has no VAE"), "{e}");
     std::fs::remove_dir_all(&d).unwrap();
 }
+
+#[test]
+fn a_grid_too_large_or_overflowing_is_refused() {
+    use flashdiff_models::flux::{FluxCheckpoint, FluxDenoiser};
+    use flashdiff_models::pipeline::FluxText;
+    let d = scratch("grid");
+    tiny::write_flux(&d, false).unwrap();
+    for grid in [(1, 1 << 10, 1 << 9), (usize::MAX, 2, 2), (0, 4, 4)] {
+        let flux = FluxCheckpoint::open(&d.join("transformer"))
+            .unwrap()
+            .load(Some([4, 6, 6]), &Device::Cpu)
+            .unwrap();
+        let text = FluxText::load(&d, 16, &Device::Cpu).unwrap();
+        let e = FluxDenoiser::new_video(flux, Box::new(text), grid, 0.0, Device::Cpu)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("tokens") || e.contains("non-empty"),
+            "{grid:?}: {e}"
+        );
+    }
+    std::fs::remove_dir_all(&d).unwrap();
+}
+
+/// Our CLIP text encoder with projection against transformers' `CLIPTextModelWithProjection`
+/// (golden files from `models/reference/clip_golden.py`): gelu (CLIP-G) and quick-GELU
+/// (CLIP-L), penultimate states and projected pooled vector.
+#[test]
+fn clip_with_projection_equals_transformers() {
+    use flashdiff_models::pipeline::ClipWithProjection;
+    let toks = scratch("cliptok");
+    tiny::write_flux(&toks, true).unwrap();
+    for (file, act) in [
+        ("clip_gelu_golden", "gelu"),
+        ("clip_quick_golden", "quick_gelu"),
+    ] {
+        let d = scratch(file);
+        std::fs::create_dir_all(&d).unwrap();
+        let golden =
+            Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("reference/{file}.safetensors"));
+        std::fs::copy(&golden, d.join("model.safetensors")).unwrap();
+        std::fs::write(
+            d.join("config.json"),
+            format!(
+                r#"{{"vocab_size": 99, "hidden_size": 32, "intermediate_size": 64,
+                "num_hidden_layers": 3, "num_attention_heads": 4, "max_position_embeddings": 12,
+                "projection_dim": 24, "hidden_act": "{act}"}}"#
+            ),
+        )
+        .unwrap();
+        let clip =
+            ClipWithProjection::load(&d, &toks.join("tokenizer"), "<|endoftext|>", &Device::Cpu)
+                .unwrap();
+        let g = candle_core::safetensors::load(&golden, &Device::Cpu).unwrap();
+        let ids: Vec<u32> = g["golden.ids"]
+            .to_vec1::<i64>()
+            .unwrap()
+            .iter()
+            .map(|&i| i as u32)
+            .collect();
+        let (states, pooled) = clip.forward(&ids).unwrap();
+        for (got, want) in [
+            (states, &g["golden.penultimate"]),
+            (pooled, &g["golden.pooled"]),
+        ] {
+            let diff = (got - want)
+                .unwrap()
+                .abs()
+                .unwrap()
+                .max_all()
+                .unwrap()
+                .to_scalar::<f32>()
+                .unwrap();
+            assert!(diff <= 1e-4, "{file}: differs from transformers by {diff}");
+        }
+        std::fs::remove_dir_all(&d).unwrap();
+    }
+    std::fs::remove_dir_all(&toks).unwrap();
+}
+
+/// SD3's prompt encoder joins CLIP-L and CLIP-G side by side (zero-padded to T5's width)
+/// above T5, with the words from T5's pieces only; classifier-free guidance combines a pass
+/// on the prompt and one on the empty prompt: scale 1 is the prompt's pass alone, and the
+/// output is linear in the scale.
+#[test]
+fn sd3_encodes_as_diffusers_joins_and_guides_between_two_passes() {
+    use flashdiff_models::joint_denoiser::PromptEncoder as _;
+    use flashdiff_models::joint_denoiser::Sd3Denoiser;
+    use flashdiff_models::mmdit::MmditCheckpoint;
+    use flashdiff_models::pipeline::Sd3Text;
+    use flashdiff_models::StepInput;
+    let d = scratch("sd3");
+    tiny::write_sd3(&d, true).unwrap();
+    let text = Sd3Text::load(&d, 20, &Device::Cpu).unwrap();
+    assert_eq!(text.widths(), (32, 32));
+    let e = text.encode("a red dishwasher").unwrap();
+    assert_eq!(e.states.dims(), [32 + 20, 32]);
+    assert_eq!(
+        e.pieces[..32],
+        vec![pipeline::CLIP_PIECE.to_string(); 32][..]
+    );
+    // CLIP-L (8) + CLIP-G (16) = 24 columns, then zeros up to T5's 32.
+    let pad = e.states.narrow(0, 0, 32).unwrap().narrow(1, 24, 8).unwrap();
+    assert_eq!(
+        pad.abs()
+            .unwrap()
+            .sum_all()
+            .unwrap()
+            .to_scalar::<f32>()
+            .unwrap(),
+        0.0
+    );
+    let m = pipeline::load("sd3.5", &d, &opts(64, 48), &Device::Cpu).unwrap();
+    let c = m.condition("a red dishwasher").unwrap();
+    assert_eq!(
+        c.words,
+        ["a", "red", "dishwasher"],
+        "each word once, from T5"
+    );
+    let dims = m.dims().clone();
+    assert_eq!(dims.kv_dim, 2 * 64, "both passes' K/V");
+    let ctx = Tensor::from_slice(&c.context, c.context.len(), &Device::Cpu).unwrap();
+    let x = Tensor::randn(0f32, 1.0, (dims.grid.tokens(), dims.channels), &Device::Cpu).unwrap();
+    let velocity = |scale: Option<f32>, empty: bool| {
+        let load = || {
+            let mmdit = MmditCheckpoint::open(&d.join("transformer"))
+                .unwrap()
+                .load(Some(4), &Device::Cpu)
+                .unwrap();
+            let text = Sd3Text::load(&d, 256, &Device::Cpu).unwrap();
+            let text: Box<dyn flashdiff_models::joint_denoiser::PromptEncoder> = if empty {
+                Box::new(EmptyPrompt(text))
+            } else {
+                Box::new(text)
+            };
+            Sd3Denoiser::new(mmdit, text, (3, 4), 0.0, Device::Cpu).unwrap()
+        };
+        let m: Box<dyn Denoiser> = match scale {
+            Some(g) => Box::new(load().with_cfg(g).unwrap()),
+            None => Box::new(load()),
+        };
+        let prompt = "a red cat";
+        let c = m.condition(prompt).unwrap();
+        let ctx = Tensor::from_slice(&c.context, c.context.len(), &Device::Cpu).unwrap();
+        let cond = m.step_cond(&ctx, 0.6).unwrap();
+        m.full_forward(
+            &x,
+            StepInput {
+                context: &ctx,
+                cond: &cond,
+            },
+            false,
+        )
+        .unwrap()
+        .velocity
+    };
+    let max = |a: &Tensor, b: &Tensor| {
+        (a - b)
+            .unwrap()
+            .abs()
+            .unwrap()
+            .max_all()
+            .unwrap()
+            .to_scalar::<f32>()
+            .unwrap()
+    };
+    let (c1, alone) = (velocity(Some(1.0), false), velocity(None, false));
+    assert!(max(&c1, &alone) <= 1e-5, "scale 1 is not the prompt's pass");
+    let (c0, empty) = (velocity(Some(0.0), false), velocity(None, true));
+    assert!(
+        max(&c0, &empty) <= 1e-5,
+        "scale 0 is not the empty prompt's pass"
+    );
+    let c7 = velocity(Some(7.0), false);
+    let want = (&empty + ((&alone - &empty).unwrap() * 7.0).unwrap()).unwrap();
+    assert!(max(&c7, &want) <= 1e-4, "u + 7 (c - u)");
+    assert!(max(&alone, &empty) > 1e-3, "the prompt changes nothing");
+    // A subset forward reading both passes' cached K/V equals the full forward's rows.
+    let cond = m.step_cond(&ctx, 0.6).unwrap();
+    let step = StepInput {
+        context: &ctx,
+        cond: &cond,
+    };
+    let full = m.full_forward(&x, step, false).unwrap();
+    let active = [1u32, 2, 7];
+    let idx = Tensor::new(&active, &Device::Cpu).unwrap();
+    let of_token: Vec<u32> = (0..dims.grid.tokens() as u32).map(|t| t % 3).collect();
+    let sub = m
+        .subset_forward(
+            &x.index_select(&idx, 0).unwrap(),
+            &active,
+            step,
+            Some(flashdiff_models::KvCache {
+                k: &full.k,
+                v: &full.v,
+            }),
+            flashdiff_models::Patches {
+                of_token: &of_token,
+                patches: 3,
+            },
+        )
+        .unwrap();
+    let rows = full.velocity.index_select(&idx, 0).unwrap();
+    assert!(
+        max(&sub.velocity, &rows) <= 1e-4,
+        "subset over both caches differs"
+    );
+    assert_eq!(sub.k.dims(), [dims.kv_layers, 3, 128]);
+    drop(ctx);
+    std::fs::remove_dir_all(&d).unwrap();
+}
+
+/// The empty prompt's encoding under a prompt's pieces (so that it has words): the pass
+/// classifier-free guidance runs second.
+#[derive(Debug)]
+struct EmptyPrompt(flashdiff_models::pipeline::Sd3Text);
+
+impl flashdiff_models::joint_denoiser::PromptEncoder for EmptyPrompt {
+    fn encode(
+        &self,
+        prompt: &str,
+    ) -> Result<flashdiff_models::joint_denoiser::EncodedPrompt, flashdiff_models::ModelError> {
+        let mut e = self.0.encode("")?;
+        e.pieces = self.0.encode(prompt)?.pieces;
+        Ok(e)
+    }
+
+    fn tokens(&self) -> usize {
+        self.0.tokens()
+    }
+}

@@ -176,6 +176,25 @@ fn sd35_runs_through_the_engine_skips_and_is_deterministic() {
         .generate(PROMPT, cfg(Mode::TeaCache), &mut |_, _, _| {})
         .unwrap();
     assert_eq!(tc.latent.len(), full.latent.len());
+    // With classifier-free guidance (two passes, two K/V caches side by side): skipping,
+    // and with no skipping the subset forwards over both caches equal full computation.
+    let mmdit = MmditCheckpoint::open(&golden)
+        .unwrap()
+        .load(None, &Device::Cpu)
+        .unwrap();
+    let guided: Arc<dyn Denoiser> = Arc::new(
+        Sd3Denoiser::new(mmdit, Box::new(HashText), (4, 6), 0.0, Device::Cpu)
+            .unwrap()
+            .with_cfg(5.0)
+            .unwrap(),
+    );
+    let mut e = Engine::with_model(guided, 1, None).unwrap();
+    let fd = e
+        .generate(PROMPT, cfg(Mode::FlashDiff), &mut |_, _, _| {})
+        .unwrap();
+    assert!(fd.report.computed < fd.report.patch_steps);
+    let guided_full = no_skip_is_full_computation(&mut e, cfg);
+    assert_ne!(guided_full.latent, full.latent, "guidance changed nothing");
 }
 
 /// Wan2.1 (diffusers' golden weights) on a 3-frame video grid through the engine: the

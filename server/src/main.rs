@@ -215,19 +215,20 @@ struct RunArgs {
     #[arg(long)]
     processes: bool,
     /// Model: built-in tinydit (images), tinyvideo (8-frame clips), tinyaudio (2 s sounds);
-    /// or flux-dev / flux-schnell from a diffusers folder given with --weights.
+    /// or flux-dev, flux-schnell, sd3, sd3.5 from a diffusers folder given with --weights.
     #[arg(long, default_value = "tinydit", value_parser = MODELS)]
     model: String,
     /// Model file (default: the built-in --model's shipped weights), or with --model
-    /// flux-dev|flux-schnell the pipeline's folder (transformer/, text_encoder/,
-    /// text_encoder_2/, tokenizer/, tokenizer_2/, vae/).
+    /// flux-dev|flux-schnell|sd3|sd3.5 the pipeline's diffusers folder (transformer/,
+    /// text_encoder*/, tokenizer*/, vae/).
     #[arg(long)]
     weights: Option<PathBuf>,
-    /// Image size WIDTHxHEIGHT in pixels for flux-dev|flux-schnell (multiples of 16 up to
-    /// 2048; default 1024x1024). The built-in models have fixed sizes.
+    /// Image size WIDTHxHEIGHT in pixels for the pipelines (multiples of 16 up to 2048;
+    /// default 1024x1024). The built-in models have fixed sizes.
     #[arg(long, value_parser = parse_size)]
     size: Option<(usize, usize)>,
-    /// FLUX.1 dev's embedded guidance (default 3.5; finite, 0..=100); schnell takes none.
+    /// Guidance, 0..=100: FLUX.1 dev's embedded guidance (default 3.5), SD3's
+    /// classifier-free guidance scale (default 7.0); flux-schnell takes none.
     #[arg(long, value_parser = parse_guidance)]
     guidance: Option<f32>,
     /// Whether --model was on the command line (not its default).
@@ -240,12 +241,14 @@ struct RunArgs {
 }
 
 /// Every `--model`: the built-in models, then the pipelines read from a folder.
-const MODELS: [&str; 5] = [
+const MODELS: [&str; 7] = [
     BUILTIN_MODELS[0],
     BUILTIN_MODELS[1],
     BUILTIN_MODELS[2],
     "flux-dev",
     "flux-schnell",
+    "sd3",
+    "sd3.5",
 ];
 
 fn is_pipeline(model: &str) -> bool {
@@ -274,7 +277,7 @@ fn check_run_args(o: &RunArgs, model_given: bool) -> Result<(), String> {
     if pipeline && o.weights.is_none() {
         return Err(format!(
             "--model {} needs --weights DIR: the pipeline's diffusers folder (transformer/, \
-             text_encoder/, text_encoder_2/, tokenizer/, tokenizer_2/, vae/)",
+             text_encoder*/, tokenizer*/, vae/)",
             o.model
         ));
     }
@@ -282,14 +285,14 @@ fn check_run_args(o: &RunArgs, model_given: bool) -> Result<(), String> {
         return Err(format!(
             "--model {} cannot be used with --weights: a built-in model runs its shipped \
              weights (--weights alone takes a TinyDiT-family file; a folder needs --model \
-             flux-dev or flux-schnell)",
+             flux-dev, flux-schnell, sd3 or sd3.5)",
             o.model
         ));
     }
     if !pipeline && (o.size.is_some() || o.guidance.is_some()) {
         return Err(format!(
-            "--size and --guidance apply to flux-dev and flux-schnell; {} has a fixed size and \
-             no guidance",
+            "--size and --guidance apply to the pipelines (flux-dev, flux-schnell, sd3, \
+             sd3.5); {} has a fixed size and no guidance",
             o.model
         ));
     }
@@ -634,10 +637,15 @@ fn quality_vs(out: &Sample, full: &Sample, kind: Kind) -> Result<String, String>
 }
 
 fn generate(a: GenerateArgs) -> Result<(), String> {
-    let patches = a.sampling.patches.map_or(Some(DEFAULT_PATCHES), |p| p.0);
-    let cfg = a.knobs.request(a.sampling.steps, patches, a.sampling.seed);
     let prompt = a.prompt.clone();
     let mut engine = make_engine(&a.run, 1)?;
+    // The default patch count, on a latent of fewer tokens, is one patch a token.
+    let tokens = engine.model().dims().grid.tokens() as u32;
+    let patches = a
+        .sampling
+        .patches
+        .map_or(Some(DEFAULT_PATCHES.min(tokens)), |p| p.0);
+    let cfg = a.knobs.request(a.sampling.steps, patches, a.sampling.seed);
     let kind = engine.model().kind();
     let output = output_path(a.output.clone(), kind)?;
     let out = engine
@@ -1209,7 +1217,7 @@ fn pipeline_engine(
     let model = pipeline::load(&o.model, dir, &opts, device)
         .map_err(|e| format!("--model {} --weights {}: {e}", o.model, dir.display()))?;
     eprintln!("loaded in {:.1} s", t0.elapsed().as_secs_f64());
-    let model: std::sync::Arc<dyn flashdiff_runtime::models::Denoiser> = std::sync::Arc::new(model);
+    let model: std::sync::Arc<dyn flashdiff_runtime::models::Denoiser> = model.into();
     let e = if workers <= 1 {
         Engine::with_model(model, workers, None)
     } else {

@@ -661,6 +661,34 @@ fn generate_runs_a_flux_pipeline_folder() {
     let a = run("a.png");
     assert_eq!(png_size(&a), (256, 192));
     assert_eq!(run("b.png"), a, "same request, same image");
+    // SD3.5 (CLIP-L, CLIP-G, T5, classifier-free guidance) the same way.
+    flashdiff_models::pipeline::tiny::write_sd3(&dir.join("sd35"), true).unwrap();
+    let png = dir.join("sd.png");
+    let (stdout, _) = succeeds_with(
+        flashdiff()
+            .args(["generate", "--model", "sd3.5", "--weights"])
+            .arg(dir.join("sd35"))
+            .args([
+                "--size",
+                "64x48",
+                "--steps",
+                "10",
+                "a red cat on a blue table",
+                "-o",
+            ])
+            .arg(&png),
+        &["64x48 pixels, shown 4x", "patch-steps computed"],
+    );
+    assert!(!stdout.contains("(0.0% skipped)"), "{stdout}");
+    assert_eq!(png_size(&std::fs::read(&png).unwrap()), (256, 192));
+    let out = flashdiff()
+        .args(["generate", "--model", "sd3", "--weights"])
+        .arg(dir.join("sd35"))
+        .args(["--size", "64x48", "x"])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("so it is sd3.5, not sd3"), "{stderr}");
     std::fs::remove_dir_all(&dir).ok();
 }
 
@@ -673,11 +701,11 @@ fn pipeline_flags_get_errors_that_name_them() {
         ),
         (
             &["generate", "--size", "64x64", "x"],
-            "--size and --guidance apply to flux",
+            "--size and --guidance apply to the pipelines",
         ),
         (
             &["generate", "--guidance", "2", "x"],
-            "--size and --guidance apply to flux",
+            "--size and --guidance apply to the pipelines",
         ),
         (
             &["generate", "--model", "flux-dev", "--size", "100x64", "x"],

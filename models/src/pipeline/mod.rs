@@ -1,6 +1,8 @@
 //! Text-to-image pipelines from a model folder in diffusers' layout: FLUX.1 [dev] and
-//! [schnell] with their T5 and CLIP text encoders, tokenizers and VAE decoder (#12 item 3).
+//! [schnell] with their T5 and CLIP text encoders, tokenizers and VAE decoder, and SD3 /
+//! SD3.5 with CLIP-L, CLIP-G and T5 and classifier-free guidance (#12 item 3).
 //!
+//! FLUX:
 //! ```text
 //! DIR/transformer/            FLUX transformer: diffusers' shards, or Black Forest Labs'
 //!                             single file (flux1-dev.safetensors) placed here
@@ -12,6 +14,11 @@
 //!                             or DIR/ae.safetensors (Black Forest Labs' autoencoder)
 //! ```
 //!
+//! SD3 / SD3.5: `transformer/` (diffusers' `SD3Transformer2DModel`, or Stability's single
+//! file placed there), `text_encoder/` + `tokenizer/` (CLIP-L with projection),
+//! `text_encoder_2/` + `tokenizer_2/` (CLIP-G with projection), `text_encoder_3/` +
+//! `tokenizer_3/` (T5 v1.1 XXL), `vae/`.
+//!
 //! Every tensor is read through our checkpoint reader (f32, f16 or bf16; shards; errors that
 //! name the file, the key and both shapes) and computed in f32. The text encoders and the
 //! VAE are candle-transformers' (T5, CLIP, `AutoEncoderKL` / FLUX's autoencoder); the
@@ -22,18 +29,23 @@ use std::path::Path;
 use candle_core::Device;
 
 use crate::flux::FluxCheckpoint;
-use crate::joint_denoiser::{FluxDenoiser, Schedule};
-use crate::ModelError;
+use crate::joint_denoiser::{FluxDenoiser, Schedule, Sd3Denoiser};
+use crate::mmdit::MmditCheckpoint;
+use crate::{Denoiser, ModelError};
 
+mod clip;
+mod sd3;
 mod text;
 pub mod tiny;
 mod vae;
 
+pub use clip::ClipWithProjection;
+pub use sd3::{Sd3Text, CLIP_PIECE};
 pub use text::{FluxText, TextTokenizer};
 pub use vae::Vae;
 
 /// The pipelines `flashdiff generate --model` knows besides the built-in models.
-pub const PIPELINES: &[&str] = &["flux-dev", "flux-schnell"];
+pub const PIPELINES: &[&str] = &["flux-dev", "flux-schnell", "sd3", "sd3.5"];
 
 /// Pixels per image token side (8x VAE, 2x2 patches).
 pub const PIXELS_PER_TOKEN: usize = 16;
@@ -46,21 +58,27 @@ pub const MAX_SIDE: usize = 2048;
 pub struct PipelineOptions {
     /// Image size in pixels, `(height, width)`, each a multiple of 16 in 16..=2048.
     pub size: (usize, usize),
-    /// FLUX.1 dev's embedded guidance (default 3.5); schnell has none.
+    /// FLUX.1 dev's embedded guidance (default 3.5), SD3's classifier-free guidance scale
+    /// (default 7.0); schnell has none.
     pub guidance: Option<f32>,
 }
 
-/// The default guidance of `name` (FLUX.1 dev: 3.5), `None` where it takes none.
+/// The default guidance of `name` (FLUX.1 dev: 3.5 embedded; SD3: 7.0 classifier-free, as
+/// diffusers' pipelines default), `None` where it takes none.
 pub fn default_guidance(name: &str) -> Option<f32> {
-    (name == "flux-dev").then_some(3.5)
+    match name {
+        "flux-dev" => Some(3.5),
+        "sd3" | "sd3.5" => Some(7.0),
+        _ => None,
+    }
 }
 
 /// T5 tokens per prompt, as the released pipelines pad them.
 fn t5_tokens(name: &str) -> usize {
-    if name == "flux-schnell" {
-        256
-    } else {
+    if name == "flux-dev" {
         512
+    } else {
+        256
     }
 }
 
@@ -83,7 +101,7 @@ pub fn load(
     dir: &Path,
     opts: &PipelineOptions,
     dev: &Device,
-) -> Result<FluxDenoiser, ModelError> {
+) -> Result<Box<dyn Denoiser>, ModelError> {
     if !PIPELINES.contains(&name) {
         return Err(ModelError::Input(format!(
             "unknown pipeline {name:?}; known: {}",
@@ -98,6 +116,30 @@ pub fn load(
             dir.display()
         )));
     }
+    let guidance = match (opts.guidance, default_guidance(name)) {
+        (Some(g), Some(_)) => g,
+        (Some(_), None) => {
+            return Err(ModelError::Input(format!(
+                "{name} takes no guidance (it was distilled without it)"
+            )))
+        }
+        (None, d) => d.unwrap_or(0.0),
+    };
+    let (h, w) = opts.size;
+    let grid = (h / PIXELS_PER_TOKEN, w / PIXELS_PER_TOKEN);
+    if name.starts_with("sd3") {
+        return Ok(Box::new(load_sd3(name, dir, grid, guidance, dev)?));
+    }
+    Ok(Box::new(load_flux(name, dir, grid, guidance, dev)?))
+}
+
+fn load_flux(
+    name: &str,
+    dir: &Path,
+    grid: (usize, usize),
+    guidance: f32,
+    dev: &Device,
+) -> Result<FluxDenoiser, ModelError> {
     let transformer = dir.join("transformer");
     let ckpt = FluxCheckpoint::open(&transformer)?;
     let axes = axes_dim(&transformer)?;
@@ -115,15 +157,6 @@ pub fn load(
             }
         )));
     }
-    let guidance = match (opts.guidance, default_guidance(name)) {
-        (Some(g), Some(_)) => g,
-        (Some(_), None) => {
-            return Err(ModelError::Input(format!(
-                "{name} takes no guidance (it was distilled without it)"
-            )))
-        }
-        (None, d) => d.unwrap_or(0.0),
-    };
     let text = FluxText::load(dir, t5_tokens(name), dev)?;
     let cfg = flux.config();
     if text.widths() != (cfg.context_in_dim, cfg.vec_in_dim) {
@@ -143,8 +176,6 @@ pub fn load(
             cfg.in_channels
         )));
     }
-    let (h, w) = opts.size;
-    let grid = (h / PIXELS_PER_TOKEN, w / PIXELS_PER_TOKEN);
     let schedule = if name == "flux-dev" {
         Schedule::Resolution
     } else {
@@ -155,6 +186,73 @@ pub fn load(
             .with_schedule(schedule)
             .with_vae(vae),
     )
+}
+
+fn load_sd3(
+    name: &str,
+    dir: &Path,
+    grid: (usize, usize),
+    guidance: f32,
+    dev: &Device,
+) -> Result<Sd3Denoiser, ModelError> {
+    let transformer = dir.join("transformer");
+    let ckpt = MmditCheckpoint::open(&transformer)?;
+    let mmdit = ckpt.load(heads(&transformer)?, dev)?;
+    let cfg = mmdit.config().clone();
+    if cfg.qk_norm != (name == "sd3.5") {
+        let is = if cfg.qk_norm { "sd3.5" } else { "sd3" };
+        return Err(ModelError::Input(format!(
+            "{}: this transformer {} Q/K norms, so it is {is}, not {name}",
+            transformer.display(),
+            if cfg.qk_norm { "has" } else { "has no" }
+        )));
+    }
+    if cfg.patch != 2 || grid.0.max(grid.1) > cfg.pos_max {
+        return Err(ModelError::Input(format!(
+            "{}: patches of {} latent pixels and a position grid of {} tokens a side; the \
+             image asks for {} x {} tokens of 2 x 2",
+            transformer.display(),
+            cfg.patch,
+            cfg.pos_max,
+            grid.0,
+            grid.1
+        )));
+    }
+    let text = Sd3Text::load(dir, t5_tokens(name), dev)?;
+    if text.widths() != (cfg.context_in_dim, cfg.pooled_dim) {
+        return Err(ModelError::Input(format!(
+            "{}: the text encoders give widths {:?} (joined states, pooled); the transformer \
+             reads {:?}",
+            dir.display(),
+            text.widths(),
+            (cfg.context_in_dim, cfg.pooled_dim)
+        )));
+    }
+    let vae = Vae::load(dir, dev)?;
+    if vae.channels() != cfg.in_channels {
+        return Err(ModelError::Input(format!(
+            "{}: the VAE has {} latent channels; the transformer reads {}",
+            dir.display(),
+            vae.channels(),
+            cfg.in_channels
+        )));
+    }
+    Sd3Denoiser::new(mmdit, Box::new(text), grid, 0.0, dev.clone())?
+        .with_schedule(Schedule::Shift(3.0))
+        .with_vae(vae)
+        .with_cfg(guidance)
+}
+
+/// `num_attention_heads` of a diffusers `transformer/config.json`, if there is one.
+fn heads(transformer: &Path) -> Result<Option<usize>, ModelError> {
+    #[derive(serde::Deserialize)]
+    struct Json {
+        num_attention_heads: Option<usize>,
+    }
+    if !transformer.join("config.json").is_file() {
+        return Ok(None);
+    }
+    Ok(text::config::<Json>(transformer)?.num_attention_heads)
 }
 
 /// `axes_dims_rope` of a diffusers `transformer/config.json`, if there is one.

@@ -32,9 +32,12 @@ pub struct TextTokenizer {
 
 impl TextTokenizer {
     /// Opens the tokenizer in `dir`: its `tokenizer.json`, or (CLIP's slow-tokenizer files)
-    /// `vocab.json` and `merges.txt`. `pad` is the padding token (T5: `<pad>`; CLIP pads
-    /// with `<|endoftext|>`).
+    /// `vocab.json` and `merges.txt`. The padding token is `tokenizer_config.json`'s
+    /// `pad_token` where there is one, else `pad` (T5: `<pad>`; CLIP pads with
+    /// `<|endoftext|>`, SD3's CLIP-G with `!`).
     pub fn open(dir: &Path, len: usize, pad: &str) -> Result<Self, ModelError> {
+        let configured = pad_token(dir)?;
+        let pad = configured.as_deref().unwrap_or(pad);
         let json = dir.join("tokenizer.json");
         let mut inner = if json.is_file() {
             Tokenizer::from_file(&json).map_err(|e| input(format!("{}: {e}", json.display())))?
@@ -98,6 +101,23 @@ impl TextTokenizer {
     pub fn is_empty(&self) -> bool {
         self.len == 0
     }
+}
+
+/// `pad_token` of `dir/tokenizer_config.json` (a string, or an object with `content`).
+fn pad_token(dir: &Path) -> Result<Option<String>, ModelError> {
+    let p = dir.join("tokenizer_config.json");
+    if !p.is_file() {
+        return Ok(None);
+    }
+    let v: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(&p).map_err(|e| input(format!("{}: {e}", p.display())))?,
+    )
+    .map_err(|e| input(format!("{}: {e}", p.display())))?;
+    Ok(match &v["pad_token"] {
+        serde_json::Value::String(s) => Some(s.clone()),
+        serde_json::Value::Object(o) => o.get("content").and_then(|c| c.as_str()).map(String::from),
+        _ => None,
+    })
 }
 
 /// CLIP's byte-level BPE from `vocab.json` and `merges.txt` (what diffusers folders ship for
@@ -317,8 +337,18 @@ impl T5Text {
         })
     }
 
+    /// Width of the states.
+    pub(crate) fn width(&self) -> usize {
+        self.width
+    }
+
+    /// Tokens per prompt.
+    pub(crate) fn tokens(&self) -> usize {
+        self.tokenizer.len()
+    }
+
     /// The prompt's pieces and final states, `len x d_model` (padding included, no mask: as
-    /// FLUX's pipeline runs it).
+    /// FLUX's and SD3's pipelines run it).
     pub(crate) fn encode(&self, prompt: &str) -> Result<(Vec<String>, Tensor), ModelError> {
         let (ids, pieces) = self.tokenizer.encode(prompt)?;
         let x = Tensor::from_vec(ids, (1, self.tokenizer.len()), &self.device)?;

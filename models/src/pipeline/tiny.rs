@@ -18,6 +18,7 @@ use tokenizers::processors::template::TemplateProcessing;
 use tokenizers::Tokenizer;
 
 use crate::flux::{Flux, FluxConfig};
+use crate::mmdit::{Mmdit, MmditConfig};
 use crate::ModelError;
 
 /// Words the small T5 tokenizer has whole pieces for (others are spelt letter by letter).
@@ -98,6 +99,83 @@ pub fn write_flux(dir: &Path, dev: bool) -> Result<(), ModelError> {
     vae(&dir.join("vae"))
 }
 
+/// Writes a small random SD3 (`sd35`: SD3.5 medium's structure, with Q/K norms and a
+/// dual-attention block) pipeline folder: CLIP-L (quick-GELU), CLIP-G (GELU, padded with
+/// `!`), T5, the MMDiT and the VAE.
+pub fn write_sd3(dir: &Path, sd35: bool) -> Result<(), ModelError> {
+    let t5_vocab = t5_tokenizer(&dir.join("tokenizer_3"))?;
+    let clip_vocab = clip_tokenizer(&dir.join("tokenizer"))?;
+    clip_tokenizer(&dir.join("tokenizer_2"))?;
+    write(
+        &dir.join("tokenizer_2/tokenizer_config.json"),
+        r#"{"pad_token": "!"}"#,
+    )?;
+    // CLIP-L 8 + CLIP-G 16 wide: zero-padded to T5's 32; pooled 16 + 16.
+    for (sub, width, act) in [
+        ("text_encoder", 8, "quick_gelu"),
+        ("text_encoder_2", 16, "gelu"),
+    ] {
+        let json = serde_json::json!({
+            "architectures": ["CLIPTextModelWithProjection"],
+            "vocab_size": clip_vocab,
+            "hidden_size": width,
+            "intermediate_size": 2 * width,
+            "num_hidden_layers": 3,
+            "num_attention_heads": 2,
+            "max_position_embeddings": CLIP_TOKENS,
+            "projection_dim": 16,
+            "hidden_act": act,
+        });
+        write(&dir.join(sub).join("config.json"), &json.to_string())?;
+        let c = serde_json::from_value(json).map_err(|e| fail("CLIP config", e))?;
+        super::clip::write_random(&c, &dir.join(sub).join("model.safetensors"))?;
+    }
+    t5_encoder(&dir.join("text_encoder_3"), t5_vocab)?;
+    let cfg = MmditConfig {
+        patch: 2,
+        in_channels: 16,
+        out_channels: 16,
+        hidden: 64,
+        heads: 4,
+        depth: 2,
+        pos_max: 16,
+        context_in_dim: T5_WIDTH,
+        pooled_dim: 32,
+        qk_norm: sd35,
+        dual: if sd35 { vec![0] } else { vec![] },
+    };
+    let vm = VarMap::new();
+    let vb = VarBuilder::from_varmap(&vm, DType::F32, &Device::Cpu);
+    Mmdit::load(cfg, &|name: &str, shape: &[usize]| {
+        Ok(vb.get_with_hints(shape, name, init(name, shape))?)
+    })?;
+    let t = dir.join("transformer");
+    save(&vm, &t.join("diffusion_pytorch_model.safetensors"))?;
+    write(
+        &t.join("config.json"),
+        r#"{"_class_name": "SD3Transformer2DModel", "num_attention_heads": 4}"#,
+    )?;
+    vae(&dir.join("vae"))
+}
+
+/// Random initialisation: norms' scales 1, small biases, weights of unit gain.
+fn init(name: &str, shape: &[usize]) -> Init {
+    let norm = name.ends_with(".scale") || (name.contains("norm") && name.ends_with(".weight"));
+    if norm && shape.len() == 1 {
+        Init::Const(1.0)
+    } else if shape.len() == 1 {
+        Init::Randn {
+            mean: 0.0,
+            stdev: 0.02,
+        }
+    } else {
+        Init::Randn {
+            mean: 0.0,
+            stdev: 1.0 / (shape[1..].iter().product::<usize>() as f64).sqrt(),
+        }
+    }
+}
+
 fn transformer(dir: &Path, dev: bool) -> Result<(), ModelError> {
     let cfg = FluxConfig {
         in_channels: 64,
@@ -116,20 +194,7 @@ fn transformer(dir: &Path, dev: bool) -> Result<(), ModelError> {
     let vm = VarMap::new();
     let vb = VarBuilder::from_varmap(&vm, DType::F32, &Device::Cpu);
     Flux::load(cfg, &|name: &str, shape: &[usize]| {
-        let init = if name.ends_with(".scale") {
-            Init::Const(1.0)
-        } else if shape.len() == 1 {
-            Init::Randn {
-                mean: 0.0,
-                stdev: 0.02,
-            }
-        } else {
-            Init::Randn {
-                mean: 0.0,
-                stdev: 1.0 / (shape[1] as f64).sqrt(),
-            }
-        };
-        Ok(vb.get_with_hints(shape, name, init)?)
+        Ok(vb.get_with_hints(shape, name, init(name, shape))?)
     })?;
     save(&vm, &dir.join("diffusion_pytorch_model.safetensors"))?;
     write(

@@ -1,0 +1,36 @@
+//! Writes a small random pipeline folder (diffusers layout, the real structure of every part,
+//! toy sizes): `cargo run --release -p flashdiff-models --example tiny_pipeline -- DIR MODEL`
+//! with MODEL one of flux-dev, flux-schnell, sd3, sd3.5; then `flashdiff generate --model
+//! MODEL --weights DIR --size 128x128 "a red cat"`.
+
+use std::process::ExitCode;
+
+fn main() -> ExitCode {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let (Some(dir), Some(model)) = (args.first(), args.get(1)) else {
+        eprintln!("usage: tiny_pipeline DIR flux-dev|flux-schnell|sd3|sd3.5");
+        return ExitCode::from(2);
+    };
+    let dir = std::path::Path::new(dir);
+    use flashdiff_models::pipeline::tiny;
+    let written = match model.as_str() {
+        "flux-dev" => tiny::write_flux(dir, true),
+        "flux-schnell" => tiny::write_flux(dir, false),
+        "sd3" => tiny::write_sd3(dir, false),
+        "sd3.5" => tiny::write_sd3(dir, true),
+        other => {
+            eprintln!("unknown model {other:?}: flux-dev, flux-schnell, sd3 or sd3.5");
+            return ExitCode::from(2);
+        }
+    };
+    match written {
+        Ok(()) => {
+            println!("wrote a small random {model} pipeline to {}", dir.display());
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("error: {e}");
+            ExitCode::from(1)
+        }
+    }
+}
