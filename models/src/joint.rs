@@ -137,7 +137,10 @@ pub(crate) struct Attention<'a> {
 /// What every attention of one forward shares.
 pub(crate) struct Pass<'a> {
     pub(crate) rows: Rows<'a>,
-    /// Index of each image token in `[cache rows; fresh rows]` (a subset with a cache).
+    /// The tokens a subset with a cache reads from the cache (those not computed), in
+    /// ascending order: their cached rows, then the fresh rows, are the image keys.
+    /// Attention does not depend on the keys' order, so they are not put back in token
+    /// order; the patch map (`onehot`) is put in theirs instead.
     pub(crate) gather: Option<Tensor>,
     pub(crate) onehot: Option<Tensor>,
     pub(crate) heads: usize,
@@ -148,18 +151,30 @@ pub(crate) struct Pass<'a> {
 impl<'a> Pass<'a> {
     pub(crate) fn new(rows: Rows<'a>, heads: usize, head_dim: usize) -> candle_core::Result<Self> {
         let dev = rows.x.device();
-        let gather = match rows.cache {
+        let (gather, order) = match rows.cache {
             Some(_) if rows.ids.len() < rows.tokens => {
-                let mut at: Vec<u32> = (0..rows.tokens as u32).collect();
-                for (i, &t) in rows.ids.iter().enumerate() {
-                    at[t as usize] = (rows.tokens + i) as u32;
+                let mut computed = vec![false; rows.tokens];
+                for &t in rows.ids {
+                    computed[t as usize] = true;
                 }
-                Some(Tensor::from_vec(at, rows.tokens, dev)?)
+                let rest: Vec<u32> = (0..rows.tokens as u32)
+                    .filter(|&t| !computed[t as usize])
+                    .collect();
+                let mut order = rest.clone();
+                order.extend_from_slice(rows.ids);
+                let n = rest.len();
+                (Some(Tensor::from_vec(rest, n, dev)?), Some(order))
             }
-            _ => None,
+            _ => (None, None),
         };
         let onehot = match rows.patches {
-            Some((of, p)) => Some(one_hot(of, p, dev)?),
+            Some((of, p)) => Some(match &order {
+                Some(order) => {
+                    let of: Vec<u32> = order.iter().map(|&t| of[t as usize]).collect();
+                    one_hot(&of, p, dev)?
+                }
+                None => one_hot(of, p, dev)?,
+            }),
             None => None,
         };
         Ok(Self {
@@ -228,25 +243,46 @@ impl<'a> Pass<'a> {
         let (heads, hd) = (self.heads, self.head_dim);
         let n = rows.ids.len();
         let (k, v) = match (&self.gather, rows.cache) {
-            (Some(at), Some((ck, cv))) => {
+            (Some(rest), Some((ck, cv))) => {
+                // [text rows; cached rows of the other tokens; fresh image rows].
                 let full = |fresh: &Tensor, cache: &Tensor| -> candle_core::Result<Tensor> {
-                    let c = cache.i(layer)?.reshape((rows.tokens, heads, hd))?;
-                    let img =
-                        Tensor::cat(&[&c, &fresh.narrow(0, nt, n)?], 0)?.index_select(at, 0)?;
-                    if nt == 0 {
-                        Ok(img)
+                    // (A cache that is a view, e.g. one pass's half of a guided model's
+                    // rows, is copied first: index_select reads contiguous tensors.)
+                    let c = cache.i(layer)?;
+                    let c = if c.is_contiguous() {
+                        c
                     } else {
-                        Tensor::cat(&[&fresh.narrow(0, 0, nt)?, &img], 0)
+                        c.contiguous()?
+                    };
+                    let c = c.index_select(rest, 0)?;
+                    let c = c.reshape((rest.dim(0)?, heads, hd))?;
+                    if nt == 0 {
+                        Tensor::cat(&[&c, fresh], 0)
+                    } else {
+                        Tensor::cat(&[&fresh.narrow(0, 0, nt)?, &c, &fresh.narrow(0, nt, n)?], 0)
                     }
                 };
                 (full(k, ck)?, full(v, cv)?)
             }
             _ => (k.clone(), v.clone()),
         };
-        // (heads, rows, head_dim)
-        let q = q.transpose(0, 1)?.contiguous()?;
-        let kt = k.transpose(0, 1)?.transpose(1, 2)?.contiguous()?;
-        let v = v.transpose(0, 1)?.contiguous()?;
+        // (heads, rows, head_dim), keys as (heads, head_dim, rows). On the CPU, views of the
+        // row-major tensors: candle's CPU matmul takes any row and column strides, which
+        // saves copying every key and value twice per attention (a cost that does not shrink
+        // with the subset). cuBLAS takes fewer layouts: copies there.
+        let (q, kt, v) = if q.device().is_cpu() {
+            (
+                q.transpose(0, 1)?,
+                k.permute((1, 2, 0))?,
+                v.transpose(0, 1)?,
+            )
+        } else {
+            (
+                q.transpose(0, 1)?.contiguous()?,
+                k.transpose(0, 1)?.transpose(1, 2)?.contiguous()?,
+                v.transpose(0, 1)?.contiguous()?,
+            )
+        };
         let scale = 1.0 / (hd as f64).sqrt();
         let total = q.dim(1)?;
         let mut outs = Vec::with_capacity(total.div_ceil(QUERY_BLOCK));
