@@ -5,8 +5,10 @@
 # prints everything the README's GPU section needs. Exits non-zero if anything fails.
 # The CUDA parity tests include FLUX against diffusers' golden output (f32, full and subset
 # forwards); the FLUX-shaped subset timing at 1024 / 4096 tokens runs on the CPU bench
-# (`cargo bench -p flashdiff-models --bench flux`). Not checked yet: bf16 compute (our FLUX
-# and MMDiT forwards compute in f32) and the 4096-token timing on the GPU.
+# (`cargo bench -p flashdiff-models --bench flux`). Then the FLUX.1 dev and SD3.5 pipelines
+# (text encoders, transformer, VAE) on small random weights, GPU against CPU. Not checked
+# yet: bf16 compute (our FLUX and MMDiT forwards compute in f32; candle's CPU matmul has no
+# bf16, so it cannot be tested here) and the 4096-token timing on the GPU.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -38,4 +40,15 @@ for dev in cuda cpu; do
 done
 cmp /tmp/gpu-check-cuda.png /tmp/gpu-check-cpu.png && echo "PNG identical on both devices" \
   || echo "PNGs differ (expected within the parity tolerance; compare the images)"
+echo "== FLUX.1 dev and SD3.5 pipelines on small random weights (T5, CLIP, VAE on the GPU)"
+cargo build --release -p flashdiff-models --features cuda --example tiny_pipeline
+for m in flux-dev sd3.5; do
+  target/release/examples/tiny_pipeline "/tmp/gpu-check-$m" "$m"
+  for dev in cuda cpu; do
+    /usr/bin/time -f "$m $dev: %e s wall, %M KiB peak" \
+      target/release/flashdiff generate --model "$m" --weights "/tmp/gpu-check-$m" \
+      --size 256x256 --steps 12 --device "$dev" "a red cat on a blue table" \
+      -o "/tmp/gpu-check-$m-$dev.png" | grep -E "^time|patch-steps computed"
+  done
+done
 echo "== done"
