@@ -239,7 +239,7 @@ pub trait Denoiser: Send + Sync + fmt::Debug {
     /// `(time(n) - time(n + 1)) x velocity`. The default is uniform, `1 - n / steps`; FLUX.1
     /// dev and SD3 shift it as their released schedulers do.
     fn time(&self, n: u32, steps: u32) -> f32 {
-        1.0 - n.min(steps) as f32 / steps.max(1) as f32
+        1.0 - n.min(steps) as f32 * (1.0 / steps.max(1) as f32)
     }
     /// The conditioning of time `t` (1 = noise, 0 = data), shared by every token of a step;
     /// `context` is [`Conditioning::context`] as a tensor. Returns [`Dims::cond_len`] values.

@@ -202,15 +202,16 @@ fn full_mode_is_ordinary_sampling() {
     let o = e.generate(PROMPT, c.clone(), &mut |_, _, _| {}).unwrap();
     assert_eq!(o.report.patches, 1);
     assert_eq!(o.report.computed, o.report.patch_steps);
-    // Plain Euler sampling with the model directly.
+    // Plain Euler sampling with the model directly, on its times.
     let m = e.model();
     let dims = m.dims().clone();
     let c0 = m.condition(PROMPT).unwrap();
     let context = Tensor::from_slice(&c0.context, c0.context.len(), m.device()).unwrap();
     let mut x = noise(c.seed, dims.grid.tokens() * dims.channels);
-    let h = 1.0 / c.steps as f32;
     for n in 0..c.steps {
-        let cond = m.step_cond(&context, 1.0 - n as f32 * h).unwrap();
+        let (t, next) = (m.time(n, c.steps), m.time(n + 1, c.steps));
+        let h = t - next;
+        let cond = m.step_cond(&context, t).unwrap();
         let xt = Tensor::from_slice(&x, (dims.grid.tokens(), dims.channels), m.device()).unwrap();
         let step = StepInput {
             context: &context,
