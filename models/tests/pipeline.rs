@@ -2,6 +2,8 @@
 //! encoders and VAE read through our checkpoint reader, the sampling schedules, decoding, and
 //! the errors a wrong folder gets. On the small random pipeline `pipeline::tiny` writes.
 
+mod common;
+
 use std::path::{Path, PathBuf};
 
 use candle_core::{DType, Device, Tensor};
@@ -98,14 +100,7 @@ fn encoders_read_through_our_checkpoint_reader_equal_candles_own_loader() {
     // the encoder the pipeline built.
     let enc = flashdiff_models::pipeline::FluxText::load(&d, 512, &Device::Cpu).unwrap();
     let got = flashdiff_models::flux::PromptEncoder::encode(&enc, "a red dishwasher").unwrap();
-    let diff = (got.states - &want)
-        .unwrap()
-        .abs()
-        .unwrap()
-        .max_all()
-        .unwrap()
-        .to_scalar::<f32>()
-        .unwrap();
+    let diff = common::max_diff(&got.states, &want);
     assert!(diff == 0.0, "T5 states differ by {diff}");
     assert_eq!(got.pooled.dims(), [32]);
     std::fs::remove_dir_all(&d).unwrap();
@@ -328,14 +323,7 @@ fn clip_with_projection_equals_transformers() {
             (states, &g["golden.penultimate"]),
             (pooled, &g["golden.pooled"]),
         ] {
-            let diff = (got - want)
-                .unwrap()
-                .abs()
-                .unwrap()
-                .max_all()
-                .unwrap()
-                .to_scalar::<f32>()
-                .unwrap();
+            let diff = common::max_diff(&got, want);
             assert!(diff <= 1e-4, "{file}: differs from transformers by {diff}");
         }
         std::fs::remove_dir_all(&d).unwrap();
@@ -419,16 +407,7 @@ fn sd3_encodes_as_diffusers_joins_and_guides_between_two_passes() {
         .unwrap()
         .velocity
     };
-    let max = |a: &Tensor, b: &Tensor| {
-        (a - b)
-            .unwrap()
-            .abs()
-            .unwrap()
-            .max_all()
-            .unwrap()
-            .to_scalar::<f32>()
-            .unwrap()
-    };
+    let max = common::max_diff;
     let (c1, alone) = (velocity(Some(1.0), false), velocity(None, false));
     assert!(max(&c1, &alone) <= 1e-5, "scale 1 is not the prompt's pass");
     let (c0, empty) = (velocity(Some(0.0), false), velocity(None, true));

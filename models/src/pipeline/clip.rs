@@ -19,21 +19,22 @@ fn input(msg: String) -> ModelError {
     ModelError::Input(msg)
 }
 
-/// What we read of a CLIP text model's `config.json`.
+/// What we read of a CLIP text model's `config.json` (transformers' `CLIPTextConfig`), for
+/// ours and for candle's.
 #[derive(Debug, serde::Deserialize)]
 pub(crate) struct ClipJson {
-    vocab_size: usize,
-    hidden_size: usize,
-    intermediate_size: usize,
-    num_hidden_layers: usize,
-    num_attention_heads: usize,
-    max_position_embeddings: usize,
+    pub(crate) vocab_size: usize,
+    pub(crate) hidden_size: usize,
+    pub(crate) intermediate_size: usize,
+    pub(crate) num_hidden_layers: usize,
+    pub(crate) num_attention_heads: usize,
+    pub(crate) max_position_embeddings: usize,
     #[serde(default)]
-    projection_dim: usize,
+    pub(crate) projection_dim: usize,
     #[serde(default = "quick_gelu")]
-    hidden_act: String,
+    pub(crate) hidden_act: String,
     #[serde(default = "eps")]
-    layer_norm_eps: f64,
+    pub(crate) layer_norm_eps: f64,
 }
 
 fn quick_gelu() -> String {

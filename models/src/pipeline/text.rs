@@ -12,6 +12,7 @@ use candle_transformers::models::clip::text_model as clip;
 use candle_transformers::models::t5;
 use tokenizers::Tokenizer;
 
+use super::clip::ClipJson;
 use crate::checkpoint::{Shards, Source};
 use crate::joint_denoiser::{EncodedPrompt, PromptEncoder};
 use crate::ModelError;
@@ -223,25 +224,6 @@ pub(crate) fn config<T: serde::de::DeserializeOwned>(dir: &Path) -> Result<T, Mo
     let p = dir.join("config.json");
     let text = std::fs::read_to_string(&p).map_err(|e| input(format!("{}: {e}", p.display())))?;
     serde_json::from_str(&text).map_err(|e| input(format!("{}: {e}", p.display())))
-}
-
-/// What we read of a CLIP text encoder's `config.json` (transformers' `CLIPTextConfig`).
-#[derive(Debug, serde::Deserialize)]
-struct ClipJson {
-    vocab_size: usize,
-    hidden_size: usize,
-    intermediate_size: usize,
-    num_hidden_layers: usize,
-    num_attention_heads: usize,
-    max_position_embeddings: usize,
-    #[serde(default)]
-    projection_dim: usize,
-    #[serde(default = "quick_gelu")]
-    hidden_act: String,
-}
-
-fn quick_gelu() -> String {
-    "quick_gelu".into()
 }
 
 /// CLIP's text transformer (FLUX: CLIP ViT-L/14's), whose pooled output is the final state
