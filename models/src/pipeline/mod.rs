@@ -111,8 +111,8 @@ pub fn load(
     check_size(opts.size)?;
     if !dir.is_dir() {
         return Err(ModelError::Input(format!(
-            "{} is not a folder; {name} reads a diffusers folder (transformer/, text_encoder/, \
-             text_encoder_2/, tokenizer/, tokenizer_2/, vae/)",
+            "{} is not a folder; {name} reads a diffusers folder (transformer/, text_encoder*/, \
+             tokenizer*/, vae/)",
             dir.display()
         )));
     }
