@@ -236,6 +236,8 @@ pub struct JointDenoiser<M: JointModel> {
     vae: Option<crate::pipeline::Vae>,
     /// Classifier-free guidance scale (SD3): a second pass on the empty prompt.
     cfg: Option<f32>,
+    /// The empty prompt's context rows, encoded once (with guidance).
+    empty: std::sync::OnceLock<Vec<f32>>,
 }
 
 /// A request context's parts.
@@ -373,6 +375,7 @@ impl<M: JointModel> JointDenoiser<M> {
             schedule: Schedule::Uniform,
             vae: None,
             cfg: None,
+            empty: std::sync::OnceLock::new(),
         })
     }
 
@@ -541,9 +544,16 @@ impl<M: JointModel> Denoiser for JointDenoiser<M> {
         let mut context = ctx.flatten_all()?.to_vec1::<f32>()?;
         context.extend(pw.word_of.iter().map(|w| w.map_or(-1.0, |w| w as f32)));
         if self.cfg.is_some() {
-            let u = self.text.encode("")?;
-            let uctx = self.flux.context(&u.states, &u.pooled)?;
-            context.extend(uctx.flatten_all()?.to_vec1::<f32>()?);
+            let empty = match self.empty.get() {
+                Some(e) => e,
+                None => {
+                    let u = self.text.encode("")?;
+                    let uctx = self.flux.context(&u.states, &u.pooled)?;
+                    let rows = uctx.flatten_all()?.to_vec1::<f32>()?;
+                    self.empty.get_or_init(|| rows)
+                }
+            };
+            context.extend_from_slice(empty);
         }
         Ok(Conditioning {
             salient: pw.salient(),

@@ -47,6 +47,8 @@ enum Net {
 pub struct Vae {
     net: Net,
     channels: usize,
+    /// Image pixels per latent pixel side: 2 per upsampling block.
+    upscale: usize,
     /// diffusers' latents are `(z - shift) * scale`; BFL's decoder undoes that itself.
     scale: f64,
     shift: f64,
@@ -69,6 +71,14 @@ impl Vae {
         let vae = dir.join("vae");
         if vae.join("config.json").is_file() {
             let c: VaeJson = config(&vae)?;
+            if c.block_out_channels.is_empty() || c.block_out_channels.len() > 8 {
+                return Err(ModelError::Input(format!(
+                    "{}: block_out_channels {:?}; 1 to 8 blocks",
+                    vae.join("config.json").display(),
+                    c.block_out_channels
+                )));
+            }
+            let upscale = 1 << (c.block_out_channels.len() - 1);
             let net = sd::AutoEncoderKL::new(
                 weights(&vae, dev)?,
                 c.in_channels,
@@ -86,6 +96,7 @@ impl Vae {
             return Ok(Self {
                 net: Net::Diffusers(net),
                 channels: c.latent_channels,
+                upscale,
                 scale: c.scaling_factor,
                 shift: c.shift_factor.unwrap_or(0.0),
             });
@@ -96,6 +107,7 @@ impl Vae {
             let net = bfl::AutoEncoder::new(&cfg, weights(&ae, dev)?)
                 .map_err(|e| ModelError::Input(format!("{}: {e}", ae.display())))?;
             return Ok(Self {
+                upscale: 1 << (cfg.ch_mult.len() - 1),
                 net: Net::Bfl(net),
                 channels: cfg.z_channels,
                 scale: 1.0,
@@ -108,9 +120,9 @@ impl Vae {
         )))
     }
 
-    /// Image pixels per latent pixel side (8: three 2x upsamplings).
+    /// Image pixels per latent pixel side (8 for the released VAEs: three 2x upsamplings).
     pub fn scale(&self) -> usize {
-        8
+        self.upscale
     }
 
     /// Latent channels.
@@ -118,7 +130,8 @@ impl Vae {
         self.channels
     }
 
-    /// `latent` (`channels x h x w`) to an image `3 x 8h x 8w` in [0, 1].
+    /// `latent` (`channels x h x w`) to an image `3 x sh x sw` in [0, 1] (`s`:
+    /// [`Vae::scale`]).
     pub fn decode(&self, latent: &Tensor) -> Result<Tensor, ModelError> {
         let z = latent.unsqueeze(0)?;
         let img = match &self.net {
