@@ -4,11 +4,10 @@
 # times `flashdiff generate` on the GPU against the CPU on the same prompt and seed, and
 # prints everything the README's GPU section needs. Exits non-zero if anything fails.
 # The CUDA parity tests include FLUX against diffusers' golden output (f32, full and subset
-# forwards); the FLUX-shaped subset timing at 1024 / 4096 tokens runs on the CPU bench
-# (`cargo bench -p flashdiff-models --bench flux`). Then the FLUX.1 dev and SD3.5 pipelines
-# (text encoders, transformer, VAE) on small random weights, GPU against CPU. Not checked
-# yet: bf16 compute (our FLUX and MMDiT forwards compute in f32; candle's CPU matmul has no
-# bf16, so it cannot be tested here) and the 4096-token timing on the GPU.
+# forwards) and bf16 compute on CUDA against bf16 compute on the CPU. Then the FLUX-shaped
+# subset timing at 1024 / 4096 tokens on the GPU in f32 and bf16 (criterion --quick), and
+# the FLUX.1 dev and SD3.5 pipelines (text encoders, transformer, VAE) on small random
+# weights, GPU against CPU, in f32 and bf16.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -40,15 +39,24 @@ for dev in cuda cpu; do
 done
 cmp /tmp/gpu-check-cuda.png /tmp/gpu-check-cpu.png && echo "PNG identical on both devices" \
   || echo "PNGs differ (expected within the parity tolerance; compare the images)"
+echo "== FLUX-shaped token-subset forward on the GPU (models/benches/flux.rs), f32 and bf16"
+for dtype in f32 bf16; do
+  FLASHDIFF_BENCH_DEVICE=cuda FLASHDIFF_BENCH_DTYPE=$dtype \
+    cargo bench -p flashdiff-models --features cuda --bench flux -- --quick 2>&1 \
+    | grep -E "^flux_subset|time:|peak"
+done
 echo "== FLUX.1 dev and SD3.5 pipelines on small random weights (T5, CLIP, VAE on the GPU)"
 cargo build --release -p flashdiff-models --features cuda --example tiny_pipeline
 for m in flux-dev sd3.5; do
   target/release/examples/tiny_pipeline "/tmp/gpu-check-$m" "$m"
-  for dev in cuda cpu; do
-    /usr/bin/time -f "$m $dev: %e s wall, %M KiB peak" \
-      target/release/flashdiff generate --model "$m" --weights "/tmp/gpu-check-$m" \
-      --size 256x256 --steps 12 --device "$dev" "a red cat on a blue table" \
-      -o "/tmp/gpu-check-$m-$dev.png" | grep -E "^time|patch-steps computed"
+  for dtype in f32 bf16; do
+    for dev in cuda cpu; do
+      /usr/bin/time -f "$m $dtype $dev: %e s wall, %M KiB peak" \
+        target/release/flashdiff generate --model "$m" --weights "/tmp/gpu-check-$m" \
+        --size 256x256 --steps 12 --device "$dev" --dtype "$dtype" \
+        "a red cat on a blue table" -o "/tmp/gpu-check-$m-$dtype-$dev.png" \
+        | grep -E "^time|patch-steps computed"
+    done
   done
 done
 echo "== done"

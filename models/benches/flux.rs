@@ -5,11 +5,15 @@
 //! K/V), at a width this CPU can time: 768 (6 heads), one double and two single blocks,
 //! random weights. Proportional cost is `p x` the full forward's; the target is <= 1.15x.
 //! Peak resident memory is printed at the end (`VmHWM`).
+//!
+//! `FLASHDIFF_BENCH_DEVICE=cuda` (a build with `--features cuda`) runs it on GPU 0 and
+//! `FLASHDIFF_BENCH_DTYPE=bf16` multiplies the linear layers in bf16, as
+//! `scripts/gpu-check.sh` does; the defaults are cpu and f32.
 #![allow(missing_docs)] // criterion_group! generates undocumented items
 
 use std::time::Duration;
 
-use candle_core::{Device, Tensor};
+use candle_core::{DType, Device, Tensor};
 use criterion::{black_box, criterion_group, criterion_main, BenchmarkId, Criterion};
 use flashdiff_models::flux::{Flux, FluxConfig, Rows};
 use flashdiff_models::ModelError;
@@ -37,9 +41,28 @@ fn values(n: usize, seed: u64, scale: f32) -> Vec<f32> {
         .collect()
 }
 
-fn model() -> Flux {
+/// The device and linear-layer dtype the environment asks for (see the file's head).
+fn setup() -> (Device, DType, String) {
+    let dev = match std::env::var("FLASHDIFF_BENCH_DEVICE").as_deref() {
+        Ok("cuda") => Device::new_cuda(0).expect("FLASHDIFF_BENCH_DEVICE=cuda: no CUDA device"),
+        Ok("cpu") | Err(_) => Device::Cpu,
+        Ok(other) => panic!("FLASHDIFF_BENCH_DEVICE={other}: expected cpu or cuda"),
+    };
+    let dtype = match std::env::var("FLASHDIFF_BENCH_DTYPE").as_deref() {
+        Ok("bf16") => DType::BF16,
+        Ok("f32") | Err(_) => DType::F32,
+        Ok(other) => panic!("FLASHDIFF_BENCH_DTYPE={other}: expected f32 or bf16"),
+    };
+    let tag = match (dev.is_cpu(), dtype) {
+        (true, DType::F32) => String::new(),
+        (cpu, d) => format!("_{}_{d:?}", if cpu { "cpu" } else { "cuda" }).to_lowercase(),
+    };
+    (dev, dtype, tag)
+}
+
+fn model(dev: &Device, dtype: DType) -> Flux {
     let counter = std::cell::Cell::new(0u64);
-    let get = |_: &str, shape: &[usize]| -> Result<Tensor, ModelError> {
+    let get = |name: &str, shape: &[usize]| -> Result<Tensor, ModelError> {
         counter.set(counter.get() + 1);
         let n: usize = shape.iter().product();
         let fan_in = *shape.last().unwrap_or(&1) as f32;
@@ -48,19 +71,21 @@ fn model() -> Flux {
         } else {
             0.1
         };
-        Ok(Tensor::from_vec(
-            values(n, counter.get(), scale),
-            shape,
-            &Device::Cpu,
-        )?)
+        let t = Tensor::from_vec(values(n, counter.get(), scale), shape, dev)?;
+        // Linear layers' weights in the compute dtype, as `FluxCheckpoint::load_in` does.
+        if shape.len() == 2 && name.ends_with(".weight") {
+            Ok(t.to_dtype(dtype)?)
+        } else {
+            Ok(t)
+        }
     };
     Flux::load(config(), &get).expect("random FLUX-shaped weights")
 }
 
 fn subset(c: &mut Criterion) {
-    let m = model();
+    let (dev, dtype, tag) = setup();
+    let m = model(&dev, dtype);
     let cfg = m.config().clone();
-    let dev = Device::Cpu;
     let nt = 512;
     let txt = Tensor::from_vec(
         values(nt * cfg.context_in_dim, 7, 1.0),
@@ -92,7 +117,7 @@ fn subset(c: &mut Criterion) {
         };
         let full = m.forward(rows, &ctx, &cond).unwrap();
         let (tk, tv) = full.text_kv.clone().unwrap();
-        let mut g = c.benchmark_group(format!("flux_subset_{tokens}"));
+        let mut g = c.benchmark_group(format!("flux_subset_{tokens}{tag}"));
         g.sample_size(10)
             .warm_up_time(Duration::from_secs(1))
             .measurement_time(Duration::from_secs(if tokens > 2048 { 40 } else { 10 }));
@@ -113,7 +138,11 @@ fn subset(c: &mut Criterion) {
                 text_cache: Some((&tk, &tv)),
             };
             g.bench_with_input(BenchmarkId::from_parameter(pct), &rows, |b, rows| {
-                b.iter(|| black_box(m.forward(*rows, &ctx, &cond).unwrap()))
+                b.iter(|| {
+                    let out = black_box(m.forward(*rows, &ctx, &cond).unwrap());
+                    dev.synchronize().unwrap();
+                    out
+                })
             });
         }
         g.finish();

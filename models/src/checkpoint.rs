@@ -5,7 +5,7 @@
 
 use std::path::{Path, PathBuf};
 
-use candle_core::{Device, Tensor};
+use candle_core::{DType, Device, Tensor};
 
 use crate::{ModelError, Weights, WeightsError};
 
@@ -19,6 +19,23 @@ pub(crate) enum Source {
     Third(String, usize),
     /// The two halves along the first dimension, swapped.
     Swap(String),
+}
+
+/// The dtype a model keeps tensor `name` of `shape` in when it computes its matrix products
+/// in `compute` (F32, or BF16 / F16 for 16-bit compute): a linear layer's weight (rank 2,
+/// `*.weight`) in `compute`, everything else (norms, biases, embeddings, convolutions) in
+/// f32. An error for any other `compute`.
+pub(crate) fn dtype_for(name: &str, shape: &[usize], compute: DType) -> Result<DType, ModelError> {
+    if !matches!(compute, DType::F32 | DType::BF16 | DType::F16) {
+        return Err(ModelError::Input(format!(
+            "compute dtype {compute:?}: only f32, bf16 and f16 are supported"
+        )));
+    }
+    Ok(if shape.len() == 2 && name.ends_with(".weight") {
+        compute
+    } else {
+        DType::F32
+    })
 }
 
 /// The files of a checkpoint.
@@ -139,15 +156,28 @@ impl Shards {
         shape: &[usize],
         dev: &Device,
     ) -> Result<Tensor, ModelError> {
+        self.tensor_in(src, name, shape, DType::F32, dev)
+    }
+
+    /// [`Shards::tensor`] as a `dtype` tensor (F32, F16 or BF16), read from the file in that
+    /// dtype where it is stored so (no f32 copy).
+    pub(crate) fn tensor_in(
+        &self,
+        src: &Source,
+        name: &str,
+        shape: &[usize],
+        dtype: DType,
+        dev: &Device,
+    ) -> Result<Tensor, ModelError> {
         let whole = |n: &str| -> Result<Tensor, ModelError> {
             let w = self.file_with(n)?;
             let s = w.shape(n).unwrap_or(&[]).to_vec();
-            Ok(w.tensor(n, &s, dev)?)
+            Ok(w.tensor_in(n, &s, dtype, dev)?)
         };
         let t = match src {
-            Source::One(n) => return Ok(self.file_with(n)?.tensor(n, shape, dev)?),
+            Source::One(n) => return Ok(self.file_with(n)?.tensor_in(n, shape, dtype, dev)?),
             Source::Swap(n) => {
-                let t = self.file_with(n)?.tensor(n, shape, dev)?;
+                let t = self.file_with(n)?.tensor_in(n, shape, dtype, dev)?;
                 let h = shape[0] / 2;
                 return Ok(Tensor::cat(&[t.narrow(0, h, h)?, t.narrow(0, 0, h)?], 0)?);
             }

@@ -7,7 +7,10 @@ use candle_core::{Device, IndexOp, Tensor, D};
 
 use crate::ModelError;
 
-/// A linear layer `y = x W^T + b` on rows.
+/// A linear layer `y = x W^T + b` on rows. `W` may be held in bf16 or f16 (a checkpoint
+/// loaded for 16-bit compute): the rows are then rounded to its dtype, multiplied in it
+/// (cuBLAS on CUDA; candle widens both to f32 on the CPU) and the product returned in the
+/// rows' dtype (f32), so every other op of the model stays in f32.
 #[derive(Debug, Clone)]
 pub(crate) struct Lin {
     pub(crate) w: Tensor,
@@ -16,7 +19,13 @@ pub(crate) struct Lin {
 
 impl Lin {
     pub(crate) fn forward(&self, x: &Tensor) -> candle_core::Result<Tensor> {
-        let y = x.matmul(&self.w.t()?)?;
+        let y = if self.w.dtype() == x.dtype() {
+            x.matmul(&self.w.t()?)?
+        } else {
+            x.to_dtype(self.w.dtype())?
+                .matmul(&self.w.t()?)?
+                .to_dtype(x.dtype())?
+        };
         match &self.b {
             Some(b) => y.broadcast_add(b),
             None => Ok(y),

@@ -349,6 +349,12 @@ impl Mmdit {
         &self.cfg
     }
 
+    /// The dtype its linear layers multiply in (F32 unless loaded with
+    /// [`MmditCheckpoint::load_in`]).
+    pub fn compute_dtype(&self) -> candle_core::DType {
+        self.final_linear.w.dtype()
+    }
+
     /// A request's context: `context_embedder(txt)` (`text_tokens x hidden`) with
     /// `text_embedder(pooled)` as one more row.
     pub fn context(&self, txt: &Tensor, pooled: &Tensor) -> Result<Tensor, ModelError> {
@@ -703,7 +709,23 @@ impl MmditCheckpoint {
         heads: Option<usize>,
         dev: &candle_core::Device,
     ) -> Result<Mmdit, ModelError> {
-        Mmdit::load(self.config(heads)?, &|n, s| self.tensor(n, s, dev))
+        self.load_in(heads, candle_core::DType::F32, dev)
+    }
+
+    /// [`MmditCheckpoint::load`] with the linear layers' weights in `compute` (F32, BF16 or
+    /// F16), read from the file in that dtype; every other tensor and all activations stay
+    /// f32.
+    pub fn load_in(
+        &self,
+        heads: Option<usize>,
+        compute: candle_core::DType,
+        dev: &candle_core::Device,
+    ) -> Result<Mmdit, ModelError> {
+        crate::checkpoint::dtype_for("", &[], compute)?;
+        Mmdit::load(self.config(heads)?, &|n, s| {
+            let dtype = crate::checkpoint::dtype_for(n, s, compute)?;
+            self.files.tensor_in(&self.source(n), n, s, dtype, dev)
+        })
     }
 }
 

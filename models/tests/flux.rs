@@ -343,35 +343,113 @@ fn tmp(name: &str) -> PathBuf {
     d.join(name)
 }
 
-/// Runs a loaded model on the golden file's inputs; returns (ours, diffusers' output).
-fn run_golden(model: &Flux) -> (Tensor, Tensor) {
+/// The golden file's inputs prepared for `model`: (image rows, context, step conditioning,
+/// grid width, diffusers' output).
+fn golden_inputs(model: &Flux) -> (Tensor, Tensor, Tensor, usize, Tensor) {
     let g = Weights::open(&golden_path()).unwrap();
     let t = |n: &str| {
         let (s, v) = g.get_any(n).unwrap();
         Tensor::from_slice(v, s, &Device::Cpu).unwrap()
     };
     let grid = t("golden.grid").to_vec1::<f32>().unwrap();
-    let (height, width) = (grid[0] as usize, grid[1] as usize);
-    let img = t("golden.img");
+    let width = grid[1] as usize;
     let ctx = model
         .context(&t("golden.txt"), &t("golden.pooled"))
         .unwrap();
     let time = t("golden.t").to_vec1::<f32>().unwrap()[0];
     let guid = t("golden.guidance").to_vec1::<f32>().unwrap()[0];
     let cond = model.step_cond(&ctx, time, guid).unwrap();
-    let ids: Vec<u32> = (0..(height * width) as u32).collect();
+    (t("golden.img"), ctx, cond, width, t("golden.out"))
+}
+
+/// Runs a loaded model on the golden file's inputs; returns (ours, diffusers' output).
+fn run_golden(model: &Flux) -> (Tensor, Tensor) {
+    let (img, ctx, cond, width, want) = golden_inputs(model);
+    let tokens = img.dim(0).unwrap();
+    let ids: Vec<u32> = (0..tokens as u32).collect();
     let rows = Rows {
         x: &img,
         ids: &ids,
         width,
-        tokens: height * width,
+        tokens,
         cache: None,
         patches: None,
         saliency: false,
         text_cache: None,
     };
     let got = model.forward(rows, &ctx, &cond).unwrap().velocity;
-    (got, t("golden.out"))
+    (got, want)
+}
+
+/// bf16 compute (#12 item 7; the path `scripts/gpu-check.sh` runs on CUDA): a bf16
+/// checkpoint loaded for bf16 keeps its linear layers in bf16, stays near the same weights
+/// computed in f32, and its subset forward with current K/V still equals its full forward.
+#[test]
+fn bf16_compute_stays_near_f32_and_keeps_the_subset_forward_exact() {
+    let p = tmp("golden-bf16-compute.safetensors");
+    rewrite(&golden_path(), &p, safetensors::Dtype::BF16, "", None);
+    let ck = FluxCheckpoint::open(&p).unwrap();
+    let wide = ck.load(Some([4, 6, 6]), &Device::Cpu).unwrap();
+    let half = ck
+        .load_in(Some([4, 6, 6]), DType::BF16, &Device::Cpu)
+        .unwrap();
+    assert_eq!(wide.compute_dtype(), DType::F32);
+    assert_eq!(half.compute_dtype(), DType::BF16);
+    let (w, _) = run_golden(&wide);
+    let (h, _) = run_golden(&half);
+    let scale = common::max_abs(&w);
+    let d = max_diff(&h, &w);
+    assert!(
+        d > 0.0,
+        "bf16 compute gave f32's output bit for bit: not bf16?"
+    );
+    assert!(
+        d <= 0.03 * scale,
+        "bf16 compute is {d} from f32 compute (scale {scale})"
+    );
+
+    let (img, ctx, cond, width, _) = golden_inputs(&half);
+    let tokens = img.dim(0).unwrap();
+    let ids: Vec<u32> = (0..tokens as u32).collect();
+    let patch_of: Vec<u32> = (0..tokens as u32).map(|t| t % 4).collect();
+    let all = Rows {
+        x: &img,
+        ids: &ids,
+        width,
+        tokens,
+        cache: None,
+        patches: Some((&patch_of, 4)),
+        saliency: false,
+        text_cache: None,
+    };
+    let full = half.forward(all, &ctx, &cond).unwrap();
+    let active: Vec<u32> = vec![0, 3, 4, 9];
+    let at = Tensor::new(active.as_slice(), &Device::Cpu).unwrap();
+    let x = img.index_select(&at, 0).unwrap();
+    let sub = half
+        .forward(
+            Rows {
+                x: &x,
+                ids: &active,
+                width,
+                tokens,
+                cache: Some((&full.k, &full.v)),
+                patches: Some((&patch_of, 4)),
+                saliency: false,
+                text_cache: None,
+            },
+            &ctx,
+            &cond,
+        )
+        .unwrap();
+    let d = max_diff(&sub.velocity, &full.velocity.index_select(&at, 0).unwrap());
+    assert!(
+        d <= TOL * scale.max(1.0),
+        "bf16 velocity rows differ by {d}"
+    );
+    let d = max_diff(&sub.k, &full.k.index_select(&at, 1).unwrap());
+    assert!(d <= TOL * scale.max(1.0), "bf16 fresh keys differ by {d}");
+    std::fs::remove_file(&p).ok();
 }
 
 /// diffusers' own FluxTransformer2DModel (golden file written by

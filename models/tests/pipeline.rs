@@ -21,10 +21,7 @@ fn scratch(name: &str) -> PathBuf {
 }
 
 fn opts(w: usize, h: usize) -> PipelineOptions {
-    PipelineOptions {
-        size: (h, w),
-        guidance: None,
-    }
+    PipelineOptions::new((h, w))
 }
 
 #[test]
@@ -98,11 +95,31 @@ fn encoders_read_through_our_checkpoint_reader_equal_candles_own_loader() {
         .unwrap();
     // The context's first rows are txt_in(T5 states): compare the states themselves through
     // the encoder the pipeline built.
-    let enc = flashdiff_models::pipeline::FluxText::load(&d, 512, &Device::Cpu).unwrap();
+    let enc =
+        flashdiff_models::pipeline::FluxText::load(&d, 512, candle_core::DType::F32, &Device::Cpu)
+            .unwrap();
     let got = flashdiff_models::flux::PromptEncoder::encode(&enc, "a red dishwasher").unwrap();
     let diff = common::max_diff(&got.states, &want);
     assert!(diff == 0.0, "T5 states differ by {diff}");
     assert_eq!(got.pooled.dims(), [32]);
+    // T5 in bf16 (as on a GPU) gives f32 states. This random T5 amplifies rounding a lot
+    // (its attention is unscaled), so the check is that the error follows the precision:
+    // bf16's unit roundoff is 8x f16's; measured 0.30 vs 0.04 relative RMS (7.7x).
+    let states = |dtype| {
+        let enc = flashdiff_models::pipeline::FluxText::load(&d, 512, dtype, &Device::Cpu).unwrap();
+        let s = flashdiff_models::flux::PromptEncoder::encode(&enc, "a red dishwasher")
+            .unwrap()
+            .states;
+        assert_eq!(s.dtype(), DType::F32);
+        let err = (&s - &want).unwrap().sqr().unwrap().sum_all().unwrap();
+        let norm = want.sqr().unwrap().sum_all().unwrap();
+        (err.to_scalar::<f32>().unwrap() / norm.to_scalar::<f32>().unwrap()).sqrt()
+    };
+    let (bf16, f16) = (states(DType::BF16), states(DType::F16));
+    assert!(
+        f16 > 0.0 && f16 < 0.1 && bf16 > 2.0 * f16 && bf16 < 16.0 * f16,
+        "relative RMS error of T5's states: bf16 {bf16}, f16 {f16}"
+    );
     std::fs::remove_dir_all(&d).unwrap();
 }
 
@@ -110,7 +127,9 @@ fn encoders_read_through_our_checkpoint_reader_equal_candles_own_loader() {
 fn the_pooled_vector_is_the_end_of_text_state_and_depends_on_the_prompt() {
     let d = scratch("pool");
     tiny::write_flux(&d, true).unwrap();
-    let enc = flashdiff_models::pipeline::FluxText::load(&d, 64, &Device::Cpu).unwrap();
+    let enc =
+        flashdiff_models::pipeline::FluxText::load(&d, 64, candle_core::DType::F32, &Device::Cpu)
+            .unwrap();
     let e = |p: &str| flashdiff_models::flux::PromptEncoder::encode(&enc, p).unwrap();
     let (a, b) = (e("a red cat"), e("a blue cat"));
     let d2 = (a.pooled - b.pooled)
@@ -223,6 +242,15 @@ fn a_wrong_folder_gets_an_error_that_says_what_is_wrong() {
         },
     );
     assert!(e.contains("takes no guidance"), "{e}");
+    let e = load_err(
+        "flux-schnell",
+        &d,
+        &PipelineOptions {
+            dtype: candle_core::DType::F16,
+            ..o.clone()
+        },
+    );
+    assert!(e.contains("compute in f32 or bf16"), "{e}");
     let e = load_err("flux-schnell", &d, &opts(100, 64));
     assert!(
         e.contains("width 100") && e.contains("multiple of 16"),
@@ -270,7 +298,7 @@ fn a_grid_too_large_or_overflowing_is_refused() {
             .unwrap()
             .load(Some([4, 6, 6]), &Device::Cpu)
             .unwrap();
-        let text = FluxText::load(&d, 16, &Device::Cpu).unwrap();
+        let text = FluxText::load(&d, 16, candle_core::DType::F32, &Device::Cpu).unwrap();
         let e = FluxDenoiser::new_video(flux, Box::new(text), grid, 0.0, Device::Cpu)
             .unwrap_err()
             .to_string();
@@ -344,7 +372,7 @@ fn sd3_encodes_as_diffusers_joins_and_guides_between_two_passes() {
     use flashdiff_models::StepInput;
     let d = scratch("sd3");
     tiny::write_sd3(&d, true).unwrap();
-    let text = Sd3Text::load(&d, 20, &Device::Cpu).unwrap();
+    let text = Sd3Text::load(&d, 20, candle_core::DType::F32, &Device::Cpu).unwrap();
     assert_eq!(text.widths(), (32, 32));
     let e = text.encode("a red dishwasher").unwrap();
     assert_eq!(e.states.dims(), [32 + 20, 32]);
@@ -380,7 +408,7 @@ fn sd3_encodes_as_diffusers_joins_and_guides_between_two_passes() {
                 .unwrap()
                 .load(Some(4), &Device::Cpu)
                 .unwrap();
-            let text = Sd3Text::load(&d, 256, &Device::Cpu).unwrap();
+            let text = Sd3Text::load(&d, 256, candle_core::DType::F32, &Device::Cpu).unwrap();
             let text: Box<dyn flashdiff_models::joint_denoiser::PromptEncoder> = if empty {
                 Box::new(EmptyPrompt(text))
             } else {

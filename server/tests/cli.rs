@@ -627,11 +627,18 @@ fn generate_runs_a_flux_pipeline_folder() {
     let dir = std::env::temp_dir().join(format!("flashdiff-cli-flux-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     flashdiff_models::pipeline::tiny::write_flux(&dir.join("model"), true).unwrap();
-    let run = |out: &str| {
+    let run = |out: &str, dtype: &str| {
         let png = dir.join(out);
         let (stdout, stderr) = succeeds_with(
             flashdiff()
-                .args(["generate", "--model", "flux-dev", "--weights"])
+                .args([
+                    "generate",
+                    "--model",
+                    "flux-dev",
+                    "--dtype",
+                    dtype,
+                    "--weights",
+                ])
                 .arg(dir.join("model"))
                 .args(["--size", "128x96", "--steps", "12", "--guidance", "4"])
                 .args([
@@ -658,9 +665,13 @@ fn generate_runs_a_flux_pipeline_folder() {
         assert!(!skipped.contains("(0.0% skipped)"), "{skipped}");
         std::fs::read(&png).unwrap()
     };
-    let a = run("a.png");
+    let a = run("a.png", "f32");
     assert_eq!(png_size(&a), (256, 192));
-    assert_eq!(run("b.png"), a, "same request, same image");
+    assert_eq!(run("b.png", "f32"), a, "same request, same image");
+    // bf16 compute (transformer and T5): the same path, a slightly different image.
+    let h = run("h.png", "bf16");
+    assert_eq!(png_size(&h), (256, 192));
+    assert_ne!(h, a, "--dtype bf16 gave f32's image bit for bit");
     // SD3.5 (CLIP-L, CLIP-G, T5, classifier-free guidance) the same way.
     flashdiff_models::pipeline::tiny::write_sd3(&dir.join("sd35"), true).unwrap();
     let png = dir.join("sd.png");
@@ -701,11 +712,19 @@ fn pipeline_flags_get_errors_that_name_them() {
         ),
         (
             &["generate", "--size", "64x64", "x"],
-            "--size and --guidance apply to the pipelines",
+            "--size, --guidance and --dtype apply to the pipelines",
         ),
         (
             &["generate", "--guidance", "2", "x"],
-            "--size and --guidance apply to the pipelines",
+            "--size, --guidance and --dtype apply to the pipelines",
+        ),
+        (
+            &["generate", "--dtype", "bf16", "x"],
+            "--size, --guidance and --dtype apply to the pipelines",
+        ),
+        (
+            &["generate", "--model", "flux-dev", "--dtype", "f16", "x"],
+            "possible values: f32, bf16",
         ),
         (
             &["generate", "--model", "flux-dev", "--size", "100x64", "x"],

@@ -8,10 +8,10 @@
 
 use std::path::Path;
 
-use candle_core::{Device, Tensor};
+use candle_core::{DType, Device, Tensor};
 
 use super::{Flux, FluxConfig};
-use crate::checkpoint::{Shards, Source};
+use crate::checkpoint::{dtype_for, Shards, Source};
 use crate::ModelError;
 
 /// How a checkpoint names its tensors.
@@ -122,8 +122,25 @@ impl FluxCheckpoint {
 
     /// The transformer on `dev`, its sizes read from the checkpoint.
     pub fn load(&self, axes_dim: Option<[usize; 3]>, dev: &Device) -> Result<Flux, ModelError> {
+        self.load_in(axes_dim, DType::F32, dev)
+    }
+
+    /// [`FluxCheckpoint::load`] with the linear layers' weights in `compute` (F32, BF16 or
+    /// F16), read from the file in that dtype (a bf16 checkpoint loaded for bf16 is never
+    /// widened); every other tensor, and all activations, stay f32 (see [`crate::joint`]'s
+    /// `Lin`).
+    pub fn load_in(
+        &self,
+        axes_dim: Option<[usize; 3]>,
+        compute: DType,
+        dev: &Device,
+    ) -> Result<Flux, ModelError> {
+        dtype_for("", &[], compute)?;
         let cfg = self.config(axes_dim)?;
-        Flux::load(cfg, &|n, s| self.tensor(n, s, dev))
+        Flux::load(cfg, &|n, s| {
+            let dtype = dtype_for(n, s, compute)?;
+            self.files.tensor_in(&self.source(n), n, s, dtype, dev)
+        })
     }
 }
 

@@ -260,6 +260,12 @@ impl Flux {
         &self.cfg
     }
 
+    /// The dtype its linear layers multiply in (F32 unless loaded with
+    /// [`FluxCheckpoint::load_in`]).
+    pub fn compute_dtype(&self) -> candle_core::DType {
+        self.final_linear.w.dtype()
+    }
+
     /// A request's context from the text encoders' outputs: `txt_in(txt)` (`text_tokens x
     /// hidden`) with `vector_in(pooled)` as one more row, `(text_tokens + 1) x hidden`.
     pub fn context(&self, txt: &Tensor, pooled: &Tensor) -> Result<Tensor, ModelError> {

@@ -26,7 +26,7 @@
 
 use std::path::Path;
 
-use candle_core::Device;
+use candle_core::{DType, Device};
 
 use crate::flux::FluxCheckpoint;
 use crate::joint_denoiser::{FluxDenoiser, Schedule, Sd3Denoiser};
@@ -61,6 +61,38 @@ pub struct PipelineOptions {
     /// FLUX.1 dev's embedded guidance (default 3.5), SD3's classifier-free guidance scale
     /// (default 7.0); schnell has none.
     pub guidance: Option<f32>,
+    /// What the transformer's linear layers and the T5 encoder compute in: F32, or BF16 (the
+    /// released weights' own dtype: half the memory of f32, native on a GPU; on the CPU
+    /// candle widens each product's operands to f32). Everything else runs in f32.
+    pub dtype: DType,
+}
+
+impl PipelineOptions {
+    /// `size` with the default guidance, in f32.
+    pub fn new(size: (usize, usize)) -> Self {
+        Self {
+            size,
+            guidance: None,
+            dtype: DType::F32,
+        }
+    }
+}
+
+/// The compute dtypes a pipeline takes, by name (`--dtype`).
+pub const DTYPES: [(&str, DType); 2] = [("f32", DType::F32), ("bf16", DType::BF16)];
+
+/// The compute dtype named `s` (one of [`DTYPES`]); the error lists them.
+pub fn parse_dtype(s: &str) -> Result<DType, ModelError> {
+    DTYPES
+        .iter()
+        .find(|(n, _)| *n == s)
+        .map(|(_, d)| *d)
+        .ok_or_else(|| {
+            ModelError::Input(format!(
+                "compute dtype {s:?}: expected one of {}",
+                DTYPES.map(|(n, _)| n).join(", ")
+            ))
+        })
 }
 
 /// The default guidance of `name` (FLUX.1 dev: 3.5 embedded; SD3: 7.0 classifier-free, as
@@ -127,10 +159,21 @@ pub fn load(
     };
     let (h, w) = opts.size;
     let grid = (h / PIXELS_PER_TOKEN, w / PIXELS_PER_TOKEN);
-    if name.starts_with("sd3") {
-        return Ok(Box::new(load_sd3(name, dir, grid, guidance, dev)?));
+    if !DTYPES.iter().any(|(_, d)| *d == opts.dtype) {
+        return Err(ModelError::Input(format!(
+            "compute dtype {:?}: pipelines compute in {}",
+            opts.dtype,
+            DTYPES.map(|(n, _)| n).join(" or ")
+        )));
     }
-    Ok(Box::new(load_flux(name, dir, grid, guidance, dev)?))
+    if name.starts_with("sd3") {
+        return Ok(Box::new(load_sd3(
+            name, dir, grid, guidance, opts.dtype, dev,
+        )?));
+    }
+    Ok(Box::new(load_flux(
+        name, dir, grid, guidance, opts.dtype, dev,
+    )?))
 }
 
 fn load_flux(
@@ -138,12 +181,13 @@ fn load_flux(
     dir: &Path,
     grid: (usize, usize),
     guidance: f32,
+    dtype: DType,
     dev: &Device,
 ) -> Result<FluxDenoiser, ModelError> {
     let transformer = dir.join("transformer");
     let ckpt = FluxCheckpoint::open(&transformer)?;
     let axes = axes_dim(&transformer)?;
-    let flux = ckpt.load(axes, dev)?;
+    let flux = ckpt.load_in(axes, dtype, dev)?;
     let dev_model = flux.config().guidance_embed;
     if dev_model != (name == "flux-dev") {
         return Err(ModelError::Input(format!(
@@ -157,7 +201,7 @@ fn load_flux(
             }
         )));
     }
-    let text = FluxText::load(dir, t5_tokens(name), dev)?;
+    let text = FluxText::load(dir, t5_tokens(name), dtype, dev)?;
     let cfg = flux.config();
     if text.widths() != (cfg.context_in_dim, cfg.vec_in_dim) {
         return Err(ModelError::Input(format!(
@@ -193,11 +237,12 @@ fn load_sd3(
     dir: &Path,
     grid: (usize, usize),
     guidance: f32,
+    dtype: DType,
     dev: &Device,
 ) -> Result<Sd3Denoiser, ModelError> {
     let transformer = dir.join("transformer");
     let ckpt = MmditCheckpoint::open(&transformer)?;
-    let mmdit = ckpt.load(heads(&transformer)?, dev)?;
+    let mmdit = ckpt.load_in(heads(&transformer)?, dtype, dev)?;
     let cfg = mmdit.config().clone();
     if cfg.qk_norm != (name == "sd3.5") {
         let is = if cfg.qk_norm { "sd3.5" } else { "sd3" };
@@ -218,7 +263,7 @@ fn load_sd3(
             grid.1
         )));
     }
-    let text = Sd3Text::load(dir, t5_tokens(name), dev)?;
+    let text = Sd3Text::load(dir, t5_tokens(name), dtype, dev)?;
     if text.widths() != (cfg.context_in_dim, cfg.pooled_dim) {
         return Err(ModelError::Input(format!(
             "{}: the text encoders give widths {:?} (joined states, pooled); the transformer \

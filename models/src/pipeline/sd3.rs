@@ -36,8 +36,13 @@ impl std::fmt::Debug for Sd3Text {
 impl Sd3Text {
     /// The encoders of a diffusers SD3 folder: `text_encoder/` + `tokenizer/` (CLIP-L),
     /// `text_encoder_2/` + `tokenizer_2/` (CLIP-G), `text_encoder_3/` + `tokenizer_3/` (T5,
-    /// padded to `t5_tokens`).
-    pub fn load(dir: &Path, t5_tokens: usize, dev: &Device) -> Result<Self, ModelError> {
+    /// padded to `t5_tokens`, computing in `t5_dtype`).
+    pub fn load(
+        dir: &Path,
+        t5_tokens: usize,
+        t5_dtype: candle_core::DType,
+        dev: &Device,
+    ) -> Result<Self, ModelError> {
         let clip_l = ClipWithProjection::load(
             &dir.join("text_encoder"),
             &dir.join("tokenizer"),
@@ -54,6 +59,7 @@ impl Sd3Text {
             &dir.join("text_encoder_3"),
             &dir.join("tokenizer_3"),
             t5_tokens,
+            t5_dtype,
             dev,
         )?;
         if clip_l.tokens() != clip_g.tokens() {

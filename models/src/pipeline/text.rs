@@ -191,9 +191,8 @@ impl SimpleBackend for ShardsBackend {
         dev: &Device,
     ) -> candle_core::Result<Tensor> {
         self.0
-            .tensor(&Source::One(name.into()), name, s.dims(), dev)
-            .map_err(|e| candle_core::Error::Msg(e.to_string()))?
-            .to_dtype(dtype)
+            .tensor_in(&Source::One(name.into()), name, s.dims(), dtype, dev)
+            .map_err(|e| candle_core::Error::Msg(e.to_string()))
     }
 
     fn get_unchecked(&self, name: &str, dtype: DType, dev: &Device) -> candle_core::Result<Tensor> {
@@ -211,10 +210,20 @@ impl SimpleBackend for ShardsBackend {
 
 /// The f32 weights in `dir` (its `*.safetensors`) as a `VarBuilder`.
 pub(crate) fn weights(dir: &Path, dev: &Device) -> Result<VarBuilder<'static>, ModelError> {
+    weights_in(dir, DType::F32, dev)
+}
+
+/// The weights in `dir` as a `VarBuilder` of `dtype` tensors (a 16-bit file read in its
+/// own dtype is not widened).
+pub(crate) fn weights_in(
+    dir: &Path,
+    dtype: DType,
+    dev: &Device,
+) -> Result<VarBuilder<'static>, ModelError> {
     let files = Shards::open(dir)?;
     Ok(VarBuilder::from_backend(
         Box::new(ShardsBackend(files)),
-        DType::F32,
+        dtype,
         dev.clone(),
     ))
 }
@@ -300,15 +309,18 @@ pub(crate) struct T5Text {
 }
 
 impl T5Text {
-    /// `len`: the padded prompt length (FLUX.1 dev 512, schnell 256).
+    /// `len`: the padded prompt length (FLUX.1 dev 512, schnell 256). The encoder computes
+    /// in `dtype` (F32, or BF16 for the 4.7B-parameter T5 v1.1 XXL on a GPU); its states come
+    /// out in f32.
     pub(crate) fn load(
         weights_dir: &Path,
         tokenizer_dir: &Path,
         len: usize,
+        dtype: DType,
         dev: &Device,
     ) -> Result<Self, ModelError> {
         let cfg: t5::Config = config(weights_dir)?;
-        let vb = weights(weights_dir, dev)?;
+        let vb = weights_in(weights_dir, dtype, dev)?;
         let model = t5::T5EncoderModel::load(vb, &cfg)
             .map_err(|e| input(format!("T5 encoder in {}: {e}", weights_dir.display())))?;
         Ok(Self {
@@ -339,7 +351,7 @@ impl T5Text {
             .lock()
             .map_err(|_| input("the T5 encoder was poisoned by a panic".into()))?;
         let states = model.forward(&x)?;
-        Ok((pieces, states.squeeze(0)?))
+        Ok((pieces, states.squeeze(0)?.to_dtype(DType::F32)?))
     }
 }
 
@@ -362,13 +374,20 @@ impl std::fmt::Debug for FluxText {
 
 impl FluxText {
     /// The encoders of a diffusers FLUX folder: `text_encoder/` + `tokenizer/` (CLIP) and
-    /// `text_encoder_2/` + `tokenizer_2/` (T5), T5 padded to `t5_tokens`.
-    pub fn load(dir: &Path, t5_tokens: usize, dev: &Device) -> Result<Self, ModelError> {
+    /// `text_encoder_2/` + `tokenizer_2/` (T5), T5 padded to `t5_tokens` and computing in
+    /// `t5_dtype`.
+    pub fn load(
+        dir: &Path,
+        t5_tokens: usize,
+        t5_dtype: DType,
+        dev: &Device,
+    ) -> Result<Self, ModelError> {
         Ok(Self {
             t5: T5Text::load(
                 &dir.join("text_encoder_2"),
                 &dir.join("tokenizer_2"),
                 t5_tokens,
+                t5_dtype,
                 dev,
             )?,
             clip: ClipText::load(&dir.join("text_encoder"), &dir.join("tokenizer"), dev)?,

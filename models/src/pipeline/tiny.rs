@@ -6,7 +6,7 @@
 
 use std::path::Path;
 
-use candle_core::{DType, Device};
+use candle_core::{DType, Device, Tensor};
 use candle_nn::{Init, VarBuilder, VarMap};
 use candle_transformers::models::clip::text_model as clip;
 use candle_transformers::models::stable_diffusion::vae as sd;
@@ -318,6 +318,19 @@ fn t5_encoder(dir: &Path, vocab: usize) -> Result<(), ModelError> {
         },
     )?;
     t5::T5EncoderModel::load(vb, &cfg)?;
+    // candle's T5 asks for its RMS norms' weights without an initialiser, so a fresh
+    // VarMap holds zeros there and the encoder's states would all be zero: ones, as T5's.
+    {
+        let vars = vm
+            .data()
+            .lock()
+            .map_err(|_| fail("T5 weights", "a panic poisoned the VarMap"))?;
+        for (name, var) in vars.iter() {
+            if name.ends_with("layer_norm.weight") {
+                var.set(&Tensor::ones(var.dims(), DType::F32, &Device::Cpu)?)?;
+            }
+        }
+    }
     save(&vm, &dir.join("model.safetensors"))
 }
 
