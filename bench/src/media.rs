@@ -36,6 +36,9 @@ struct Row {
     temporal: f64,
     all_correct: bool,
     agrees_with_full: bool,
+    /// The prompt and seed, to name the worst one.
+    prompt: String,
+    seed: u64,
 }
 
 /// A held-out prompt of the model's language and its checker's verdict on a sample, as
@@ -72,7 +75,14 @@ fn prompt_and_checker(kind: Kind, seed: u64) -> (String, Checker) {
     }
 }
 
-fn row(name: &str, o: &Output, full: &Output, kind: Kind, steps: u32, check: &Checker) -> Row {
+fn row(
+    name: &str,
+    (o, full): (&Output, &Output),
+    kind: Kind,
+    steps: u32,
+    check: &Checker,
+    (prompt, seed): (&str, u64),
+) -> Row {
     let (fidelity, second, temporal) = match kind {
         Kind::Video => media::video_quality(&o.sample, &full.sample)
             .map_or((f64::NAN, f64::NAN, f64::NAN), |q| {
@@ -92,6 +102,8 @@ fn row(name: &str, o: &Output, full: &Output, kind: Kind, steps: u32, check: &Ch
         temporal,
         all_correct: all,
         agrees_with_full: parts == check(&full.sample).1,
+        prompt: prompt.to_string(),
+        seed,
     }
 }
 
@@ -141,7 +153,14 @@ pub fn run(
         results.push(("fewer-steps".to_string(), fewer));
         let full = &results[0].1;
         for (name, o) in &results {
-            rows.push(row(name, o, full, kind, cfg.steps, &check));
+            rows.push(row(
+                name,
+                (o, full),
+                kind,
+                cfg.steps,
+                &check,
+                (&prompt, seed),
+            ));
         }
     }
     let (summary, md) = report(kind, cfg, &base, engine.model().name(), &rows);
@@ -187,6 +206,9 @@ fn report(
         let n = rs.len().max(1) as f64;
         let mean = |f: &dyn Fn(&Row) -> f64| rs.iter().map(|r| f(r)).sum::<f64>() / n;
         let cap = |x: f64| if x.is_nan() { x } else { x.min(99.0) };
+        let worst = rs
+            .iter()
+            .min_by(|a, b| cap(a.fidelity).total_cmp(&cap(b.fidelity)));
         let agg = json!({
             "method": name,
             "latency_ms": mean(&|r| r.latency_ms),
@@ -194,6 +216,8 @@ fn report(
             "patch_steps_skipped": mean(&|r| r.skipped),
             "fidelity_db": mean(&|r| cap(r.fidelity)),
             "worst_fidelity_db": rs.iter().map(|r| cap(r.fidelity)).fold(f64::INFINITY, f64::min),
+            "worst_prompt": worst.map(|r| r.prompt.clone()),
+            "worst_seed": worst.map(|r| r.seed),
             "second": mean(&|r| cap(r.second)),
             "temporal_db": mean(&|r| cap(r.temporal)),
             "all_correct": mean(&|r| r.all_correct as u8 as f64),
@@ -225,9 +249,11 @@ fn report(
         fd["worst_fidelity_db"].as_f64().unwrap_or(f64::NAN),
     );
     md.push_str(&format!(
-        "\nTarget: FlashDiff skips >= 50% of patch-steps at >= 30 dB {} against full computation: {:.0}% skipped at {mean_db:.2} dB mean, worst prompt {worst_db:.2} dB: on the mean {}; on every prompt {}.\n",
+        "\nTarget: FlashDiff skips >= 50% of patch-steps at >= 30 dB {} against full computation: {:.0}% skipped at {mean_db:.2} dB mean, worst prompt {worst_db:.2} dB ({:?}, seed {}): on the mean {}; on every prompt {}.\n",
         if video { "PSNR" } else { "SNR" },
         100.0 * skipped,
+        fd["worst_prompt"].as_str().unwrap_or(""),
+        fd["worst_seed"],
         verdict(skipped >= 0.5 && mean_db >= 30.0),
         verdict(skipped >= 0.5 && worst_db >= 30.0)
     ));

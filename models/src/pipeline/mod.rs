@@ -34,6 +34,7 @@ use crate::mmdit::MmditCheckpoint;
 use crate::{Denoiser, ModelError};
 
 mod clip;
+pub mod oobleck;
 mod sd3;
 mod text;
 pub mod tiny;
