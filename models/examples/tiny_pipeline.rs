@@ -8,7 +8,7 @@ use std::process::ExitCode;
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let (Some(dir), Some(model)) = (args.first(), args.get(1)) else {
-        eprintln!("usage: tiny_pipeline DIR flux-dev|flux-schnell|sd3|sd3.5");
+        eprintln!("usage: tiny_pipeline DIR flux-dev|flux-schnell|sd3|sd3.5|stable-audio-open");
         return ExitCode::from(2);
     };
     let dir = std::path::Path::new(dir);
@@ -18,8 +18,11 @@ fn main() -> ExitCode {
         "flux-schnell" => tiny::write_flux(dir, false),
         "sd3" => tiny::write_sd3(dir, false),
         "sd3.5" => tiny::write_sd3(dir, true),
+        "stable-audio-open" => tiny::write_sao(dir),
         other => {
-            eprintln!("unknown model {other:?}: flux-dev, flux-schnell, sd3 or sd3.5");
+            eprintln!(
+                "unknown model {other:?}: flux-dev, flux-schnell, sd3, sd3.5 or stable-audio-open"
+            );
             return ExitCode::from(2);
         }
     };

@@ -19,6 +19,7 @@ use crate::flux::Flux;
 use crate::joint::{JointOutput, Rows};
 use crate::mmdit::Mmdit;
 use crate::pieces::words_from_pieces;
+use crate::sao::{Sao, SaoContext};
 use crate::wan::Wan;
 use crate::{
     Conditioning, Denoiser, Dims, FullOutput, Kind, KvCache, LatentGrid, ModelError, Patches,
@@ -44,6 +45,11 @@ pub trait PromptEncoder: Send + Sync + fmt::Debug {
     fn encode(&self, prompt: &str) -> Result<EncodedPrompt, ModelError>;
     /// Text tokens per prompt (FLUX: T5's padded length, 512 for dev, 256 for schnell).
     fn tokens(&self) -> usize;
+    /// What classifier-free guidance's second pass reads: `None` (the default) for the
+    /// empty prompt encoded; Stable Audio's pipeline uses zero text states instead.
+    fn unconditional(&self) -> Result<Option<EncodedPrompt>, ModelError> {
+        Ok(None)
+    }
 }
 
 /// Where latent channel `k` of pixel `(dy, dx)` is in a token's values, given the patch
@@ -198,6 +204,15 @@ pub enum Schedule {
     /// FLUX.1 dev's resolution-dependent shift: `e^mu / (e^mu + 1/u - 1)`, `mu` linear in
     /// the image tokens from 0.5 at 256 to 1.15 at 4096.
     Resolution,
+    /// Stable Audio Open's: noise levels `sigma` spaced evenly in log from `max` to `min`
+    /// over the steps, then 0 (diffusers' `CosineDPMSolverMultistepScheduler`, exponential
+    /// schedule, 0.3 to 500), each as the time `atan(sigma) 2 / pi`.
+    Cosine {
+        /// Smallest noise level before the last step (0.3).
+        min: f32,
+        /// Largest, at step 0 (500).
+        max: f32,
+    },
 }
 
 impl Schedule {
@@ -207,6 +222,7 @@ impl Schedule {
         if u <= 0.0 {
             return 0.0;
         }
+
         let t = match self {
             Self::Uniform => u,
             Self::Shift(s) => {
@@ -217,6 +233,15 @@ impl Schedule {
                 let mu = 0.5 + (1.15 - 0.5) * (tokens as f64 - 256.0) / (4096.0 - 256.0);
                 let e = mu.exp();
                 e / (e + (1.0 / u - 1.0))
+            }
+            Self::Cosine { min, max } => {
+                let (lo, hi) = ((min as f64).ln(), (max as f64).ln());
+                let f = if steps > 1 {
+                    n as f64 / (steps - 1) as f64
+                } else {
+                    0.0
+                };
+                (hi + (lo - hi) * f).exp().atan() * 2.0 / std::f64::consts::PI
             }
         };
         t as f32
@@ -234,6 +259,8 @@ pub struct JointDenoiser<M: JointModel> {
     name: String,
     schedule: Schedule,
     vae: Option<crate::pipeline::Vae>,
+    /// A sound's decoder and how many samples a sound keeps (Stable Audio Open).
+    audio: Option<(crate::pipeline::oobleck::Oobleck, usize)>,
     /// Classifier-free guidance scale (SD3): a second pass on the empty prompt.
     cfg: Option<f32>,
     /// The empty prompt's context rows, encoded once (with guidance).
@@ -303,6 +330,84 @@ impl JointModel for Wan {
 
 /// Wan2.1 behind the `Denoiser` contract.
 pub type WanDenoiser = JointDenoiser<Wan>;
+
+/// Stable Audio Open's DiT as a joint model on a 1-D grid of latent frames. Its context
+/// rows are the projected text states (zero-padded from `cross_dim` to `hidden`) and the
+/// projected global vector; its step conditioning is the global token.
+///
+/// It predicts `v = cos(phi) eps - sin(phi) x0` of the latent `x = cos(phi) x0 + sin(phi)
+/// eps` at `phi = t pi / 2` (diffusers passes `t = atan(sigma) 2 / pi` and scales the
+/// sample by `1 / sqrt(1 + sigma^2)`, which is this `x`). Then `dx/dt = (pi / 2) v`: the
+/// velocity the engine's Euler step takes is `pi / 2` times the model's output.
+impl JointModel for Sao {
+    fn name(&self) -> &str {
+        "stable-audio-open"
+    }
+    fn token_values(&self) -> usize {
+        self.config().in_channels
+    }
+    fn kv_layers(&self) -> usize {
+        self.config().depth
+    }
+    fn hidden(&self) -> usize {
+        self.config().hidden()
+    }
+    fn cond_rows(&self) -> usize {
+        1
+    }
+    fn text_widths(&self) -> (usize, usize) {
+        (self.config().cross_in, self.config().global_in)
+    }
+    fn context(&self, txt: &Tensor, pooled: &Tensor) -> Result<Tensor, ModelError> {
+        let c = Sao::context(self, txt, pooled)?;
+        let (h, w) = (self.hidden(), c.cross.dim(1)?);
+        if w > h {
+            return Err(ModelError::Input(format!(
+                "Stable Audio DiT: cross-attention width {w} is wider than the transformer's \
+                 {h}; its context rows cannot hold it"
+            )));
+        }
+        Ok(Tensor::cat(
+            &[c.cross.pad_with_zeros(1, 0, h - w)?, c.global],
+            0,
+        )?)
+    }
+    fn step_cond(&self, context: &Tensor, t: f32, _: f32) -> Result<Tensor, ModelError> {
+        Sao::step_cond(self, &sao_context(self, context)?, t)
+    }
+    fn forward(
+        &self,
+        rows: Rows<'_>,
+        _frames: usize,
+        context: &Tensor,
+        cond: &Tensor,
+    ) -> Result<JointOutput, ModelError> {
+        let mut out = Sao::forward(self, rows, &sao_context(self, context)?, cond)?;
+        out.velocity = (out.velocity * std::f64::consts::FRAC_PI_2)?;
+        Ok(out)
+    }
+    fn first_block_input(&self, x: &Tensor, _: usize, _: &Tensor) -> Result<Tensor, ModelError> {
+        Sao::first_block_input(self, x)
+    }
+    /// One latent frame a token, its channels in order.
+    fn packing(&self) -> (usize, PixelIndex) {
+        (1, |k, _, _, _, _| k)
+    }
+}
+
+/// The [`SaoContext`] inside context rows made by [`JointModel::context`] for [`Sao`].
+fn sao_context(m: &Sao, context: &Tensor) -> Result<SaoContext, ModelError> {
+    let nt = context.dim(0)? - 1;
+    Ok(SaoContext {
+        cross: context
+            .narrow(0, 0, nt)?
+            .narrow(1, 0, m.config().cross_dim)?,
+        global: context.narrow(0, nt, 1)?,
+    })
+}
+
+/// Stable Audio Open behind the `Denoiser` contract.
+pub type SaoDenoiser = JointDenoiser<Sao>;
 
 /// Most latent tokens a [`JointDenoiser`] takes (2^18).
 pub const MAX_TOKENS: usize = 1 << 18;
@@ -374,6 +479,7 @@ impl<M: JointModel> JointDenoiser<M> {
             name,
             schedule: Schedule::Uniform,
             vae: None,
+            audio: None,
             cfg: None,
             empty: std::sync::OnceLock::new(),
         })
@@ -410,6 +516,14 @@ impl<M: JointModel> JointDenoiser<M> {
     /// preview). A VAE decodes single frames: a video grid keeps the preview.
     pub fn with_vae(mut self, vae: crate::pipeline::Vae) -> Self {
         self.vae = Some(vae);
+        self
+    }
+
+    /// The same model, a 1-D grid of latent frames, decoding them to sound with `vae` and
+    /// keeping the first `samples` samples of each channel (Stable Audio Open generates its
+    /// whole window and cuts the asked duration).
+    pub fn with_audio(mut self, vae: crate::pipeline::oobleck::Oobleck, samples: usize) -> Self {
+        self.audio = Some((vae, samples));
         self
     }
 
@@ -547,7 +661,10 @@ impl<M: JointModel> Denoiser for JointDenoiser<M> {
             let empty = match self.empty.get() {
                 Some(e) => e,
                 None => {
-                    let u = self.text.encode("")?;
+                    let u = match self.text.unconditional()? {
+                        Some(u) => u,
+                        None => self.text.encode("")?,
+                    };
                     let uctx = self.flux.context(&u.states, &u.pooled)?;
                     let rows = uctx.flatten_all()?.to_vec1::<f32>()?;
                     self.empty.get_or_init(|| rows)
@@ -669,7 +786,9 @@ impl<M: JointModel> Denoiser for JointDenoiser<M> {
     }
 
     fn kind(&self) -> Kind {
-        if self.dims.grid.frames > 1 {
+        if self.audio.is_some() {
+            Kind::Audio
+        } else if self.dims.grid.frames > 1 {
             Kind::Video
         } else {
             Kind::Image
@@ -688,6 +807,16 @@ impl<M: JointModel> Denoiser for JointDenoiser<M> {
             self.dims.channels,
         );
         let (p, at) = self.flux.packing();
+        if let (Some((vae, keep)), true) = (&self.audio, latent.len() == f * h * w * c) {
+            // Frames x channels -> channels x frames -> audio channels x samples.
+            let z = Tensor::from_slice(latent, (f * h * w, c), &self.device)?.t()?;
+            let a = vae.decode(&z.contiguous()?)?;
+            let (channels, n) = a.dims2()?;
+            let a = a.narrow(1, 0, n.min(*keep))?.t()?;
+            let interleaved = a.flatten_all()?.to_device(&Device::Cpu)?.to_vec1::<f32>()?;
+            let rate = vae.config().sampling_rate;
+            return Ok(Sample::audio_channels(interleaved, rate, channels));
+        }
         if latent.len() != f * h * w * c || c % (p * p) != 0 {
             return Err(ModelError::Input(format!(
                 "latent of {} values, expected {}",

@@ -183,10 +183,13 @@ pub struct Sample {
     pub height: usize,
     /// Frames: 1 for an image, 0 for a sound.
     pub frames: usize,
-    /// Mono samples in [-1, 1] (empty unless a sound).
+    /// Samples in [-1, 1], channels interleaved (empty unless a sound).
     pub audio: Vec<f32>,
     /// Samples per second of `audio` (0 unless a sound).
     pub sample_rate: u32,
+    /// Interleaved channels of `audio`: 1 (mono, the built-in model) or more (Stable Audio
+    /// Open: 2); 0 reads as 1.
+    pub audio_channels: usize,
 }
 
 impl Sample {
@@ -201,11 +204,17 @@ impl Sample {
         }
     }
 
-    /// A sound.
+    /// A mono sound.
     pub fn audio(audio: Vec<f32>, sample_rate: u32) -> Self {
+        Self::audio_channels(audio, sample_rate, 1)
+    }
+
+    /// A sound of `channels` interleaved channels.
+    pub fn audio_channels(audio: Vec<f32>, sample_rate: u32, channels: usize) -> Self {
         Self {
             audio,
             sample_rate,
+            audio_channels: channels,
             ..Self::default()
         }
     }

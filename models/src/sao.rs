@@ -255,6 +255,14 @@ impl Sao {
         Ok(context.global.add(&time)?)
     }
 
+    /// The first block's normalised input of every frame of `x` (`frames x in_channels`):
+    /// the signal whole-step caching watches. Without modulation in this DiT, it is the same
+    /// at every step for the same latent; the time enters through the global token.
+    pub fn first_block_input(&self, x: &Tensor) -> Result<Tensor, ModelError> {
+        let x = x.add(&self.pre.forward(x)?)?;
+        Ok(self.blocks[0].norm1.forward(&self.proj_in.forward(&x)?)?)
+    }
+
     /// Forward of the latent frames in `rows` (every frame for the full forward): velocity
     /// rows (`n x out_channels`), fresh self-attention K/V of the frames, the cross-attention
     /// saliency (`n x text_tokens`, averaged over heads and blocks) and per-patch mass.

@@ -56,15 +56,22 @@ fn to_u8(v: f32) -> u8 {
     (v.clamp(0.0, 1.0) * 255.0).round() as u8
 }
 
-/// Encodes a sound sample as a mono 16-bit PCM WAV file.
+/// Encodes a sound sample as a 16-bit PCM WAV file of its channels.
 pub fn wav(sample: &Sample) -> Result<Vec<u8>, MediaError> {
     if sample.sample_rate == 0 {
         return Err(MediaError(
             "the sample is not a sound (no sample rate)".into(),
         ));
     }
+    let channels = sample.audio_channels.max(1);
+    if channels > 64 || sample.audio.len() % channels != 0 {
+        return Err(MediaError(format!(
+            "{} samples are not whole frames of {channels} channels (at most 64)",
+            sample.audio.len()
+        )));
+    }
     let spec = hound::WavSpec {
-        channels: 1,
+        channels: channels as u16,
         sample_rate: sample.sample_rate,
         bits_per_sample: 16,
         sample_format: hound::SampleFormat::Int,

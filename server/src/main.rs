@@ -215,11 +215,12 @@ struct RunArgs {
     #[arg(long)]
     processes: bool,
     /// Model: built-in tinydit (images), tinyvideo (8-frame clips), tinyaudio (2 s sounds);
-    /// or flux-dev, flux-schnell, sd3, sd3.5 from a diffusers folder given with --weights.
+    /// or flux-dev, flux-schnell, sd3, sd3.5 (images), stable-audio-open (sound) from a
+    /// diffusers folder given with --weights.
     #[arg(long, default_value = "tinydit", value_parser = MODELS)]
     model: String,
     /// Model file (default: the built-in --model's shipped weights), or with --model
-    /// flux-dev|flux-schnell|sd3|sd3.5 the pipeline's diffusers folder (transformer/,
+    /// flux-dev|flux-schnell|sd3|sd3.5|stable-audio-open the pipeline's diffusers folder (transformer/,
     /// text_encoder*/, tokenizer*/, vae/).
     #[arg(long)]
     weights: Option<PathBuf>,
@@ -236,6 +237,10 @@ struct RunArgs {
     /// The built-in models compute in f32.
     #[arg(long, value_parser = ["f32", "bf16"])]
     dtype: Option<String>,
+    /// Seconds of audio for stable-audio-open (default: its whole window, 47.55 s for the
+    /// released model); written as a WAV file.
+    #[arg(long, value_parser = parse_seconds)]
+    seconds: Option<f32>,
     /// Whether --model was on the command line (not its default).
     #[arg(skip)]
     model_given: bool,
@@ -246,7 +251,7 @@ struct RunArgs {
 }
 
 /// Every `--model`: the built-in models, then the pipelines read from a folder.
-const MODELS: [&str; 7] = [
+const MODELS: [&str; 8] = [
     BUILTIN_MODELS[0],
     BUILTIN_MODELS[1],
     BUILTIN_MODELS[2],
@@ -254,6 +259,7 @@ const MODELS: [&str; 7] = [
     "flux-schnell",
     "sd3",
     "sd3.5",
+    "stable-audio-open",
 ];
 
 fn is_pipeline(model: &str) -> bool {
@@ -267,6 +273,13 @@ fn parse_size(v: &str) -> Result<(usize, usize), String> {
     let (w, h): (usize, usize) = (w.parse().map_err(|_| bad())?, h.parse().map_err(|_| bad())?);
     flashdiff_runtime::models::pipeline::check_size((h, w)).map_err(|e| e.to_string())?;
     Ok((h, w))
+}
+
+fn parse_seconds(v: &str) -> Result<f32, String> {
+    match v.parse::<f32>() {
+        Ok(s) if s.is_finite() && s > 0.0 && s <= 3600.0 => Ok(s),
+        _ => Err("must be a number of seconds in (0, 3600]".into()),
+    }
 }
 
 fn parse_guidance(v: &str) -> Result<f32, String> {
@@ -299,6 +312,24 @@ fn check_run_args(o: &RunArgs, model_given: bool) -> Result<(), String> {
             "--size, --guidance and --dtype apply to the pipelines (flux-dev, flux-schnell, \
              sd3, sd3.5); {} has a fixed size, no guidance and computes in f32",
             o.model
+        ));
+    }
+    let audio = o.model == flashdiff_runtime::models::pipeline::AUDIO;
+    if audio && o.size.is_some() {
+        return Err(format!(
+            "--size: {} makes sound; give its length with --seconds",
+            o.model
+        ));
+    }
+    if !audio && o.seconds.is_some() {
+        return Err(format!(
+            "--seconds applies to stable-audio-open; {} makes {}",
+            o.model,
+            if pipeline {
+                "images"
+            } else {
+                "its own fixed-size samples"
+            }
         ));
     }
     if pipeline && o.processes {
@@ -585,11 +616,19 @@ fn describe(sample: &Sample, kind: Kind) -> String {
             "{} frames of {}x{} pixels, shown 8x at 8 frames a second",
             sample.frames, sample.width, sample.height
         ),
-        Kind::Audio => format!(
-            "{:.2} s of mono sound at {} Hz",
-            sample.audio.len() as f64 / sample.sample_rate.max(1) as f64,
-            sample.sample_rate
-        ),
+        Kind::Audio => {
+            let ch = sample.audio_channels.max(1);
+            format!(
+                "{:.2} s of {} sound at {} Hz",
+                sample.audio.len() as f64 / ch as f64 / sample.sample_rate.max(1) as f64,
+                match ch {
+                    1 => "mono".to_string(),
+                    2 => "stereo".to_string(),
+                    n => format!("{n}-channel"),
+                },
+                sample.sample_rate
+            )
+        }
     }
 }
 
@@ -939,6 +978,7 @@ impl ModelEngine {
             },
             // A built-in model a request names has its own size and no guidance.
             size: if model.is_some() { None } else { o.run.size },
+            seconds: if model.is_some() { None } else { o.run.seconds },
             guidance: if model.is_some() {
                 None
             } else {
@@ -1223,6 +1263,7 @@ fn pipeline_engine(
         guidance: o.guidance,
         dtype: pipeline::parse_dtype(o.dtype.as_deref().unwrap_or("f32"))
             .map_err(|e| format!("--dtype: {e}"))?,
+        seconds: o.seconds,
     };
     eprintln!("loading {} from {} ...", o.model, dir.display());
     let t0 = std::time::Instant::now();

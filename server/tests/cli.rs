@@ -703,6 +703,64 @@ fn generate_runs_a_flux_pipeline_folder() {
     std::fs::remove_dir_all(&dir).ok();
 }
 
+/// `generate --model stable-audio-open --weights DIR` on the small random pipeline (T5,
+/// the seconds' embedders, the DiT, the Oobleck VAE, #14 item 3): a stereo WAV of the
+/// asked length, patch-steps skipped, the report and `--compare`, the same file twice.
+#[test]
+fn generate_runs_a_stable_audio_folder() {
+    let dir = std::env::temp_dir().join(format!("flashdiff-cli-sao-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    flashdiff_models::pipeline::tiny::write_sao(&dir.join("model")).unwrap();
+    let run = |out: &str| {
+        let wav = dir.join(out);
+        let (_, stderr) = succeeds_with(
+            flashdiff()
+                .args(["generate", "--model", "stable-audio-open", "--weights"])
+                .arg(dir.join("model"))
+                .args(["--seconds", "0.05", "--steps", "16"])
+                .args(["a dog barking in the rain", "--compare", "-o"])
+                .arg(&wav),
+            &[
+                "0.05 s of stereo sound at 8000 Hz",
+                "patch-steps computed",
+                "vs full computation: SNR",
+            ],
+        );
+        assert!(stderr.contains("step 16/16"), "no progress shown: {stderr}");
+        std::fs::read(&wav).unwrap()
+    };
+    let a = run("a.wav");
+    assert_eq!(&a[..4], b"RIFF");
+    assert_eq!(u16::from_le_bytes([a[22], a[23]]), 2, "two channels");
+    assert_eq!(
+        u32::from_le_bytes([a[24], a[25], a[26], a[27]]),
+        8000,
+        "sample rate"
+    );
+    assert_eq!(a.len(), 44 + 400 * 2 * 2, "400 stereo 16-bit frames");
+    assert_eq!(run("b.wav"), a, "same request, same sound");
+    for (args, needle) in [
+        (&["--seconds", "1"][..], "at most 0.06 s"),
+        (
+            &["--size", "64x64"][..],
+            "--size: stable-audio-open makes sound",
+        ),
+    ] {
+        let out = flashdiff()
+            .args(["generate", "--model", "stable-audio-open", "--weights"])
+            .arg(dir.join("model"))
+            .args(args)
+            .args(["x", "-o"])
+            .arg(dir.join("c.wav"))
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {stderr}");
+        assert!(stderr.contains(needle), "{args:?}: {stderr}");
+    }
+    std::fs::remove_dir_all(&dir).ok();
+}
+
 #[test]
 fn pipeline_flags_get_errors_that_name_them() {
     let cases: &[(&[&str], &str)] = &[

@@ -33,6 +33,7 @@ use crate::joint_denoiser::{FluxDenoiser, Schedule, Sd3Denoiser};
 use crate::mmdit::MmditCheckpoint;
 use crate::{Denoiser, ModelError};
 
+pub mod audio;
 mod clip;
 pub mod oobleck;
 mod sd3;
@@ -46,7 +47,10 @@ pub use text::{FluxText, TextTokenizer};
 pub use vae::Vae;
 
 /// The pipelines `flashdiff generate --model` knows besides the built-in models.
-pub const PIPELINES: &[&str] = &["flux-dev", "flux-schnell", "sd3", "sd3.5"];
+pub const PIPELINES: &[&str] = &["flux-dev", "flux-schnell", "sd3", "sd3.5", AUDIO];
+
+/// The text-to-audio pipeline among [`PIPELINES`] (the others make images).
+pub const AUDIO: &str = "stable-audio-open";
 
 /// Pixels per image token side (8x VAE, 2x2 patches).
 pub const PIXELS_PER_TOKEN: usize = 16;
@@ -66,6 +70,9 @@ pub struct PipelineOptions {
     /// released weights' own dtype: half the memory of f32, native on a GPU; on the CPU
     /// candle widens each product's operands to f32). Everything else runs in f32.
     pub dtype: DType,
+    /// Stable Audio Open: seconds of audio (default: the model's whole window, 47.55 s for
+    /// the released model). Images take none.
+    pub seconds: Option<f32>,
 }
 
 impl PipelineOptions {
@@ -75,6 +82,7 @@ impl PipelineOptions {
             size,
             guidance: None,
             dtype: DType::F32,
+            seconds: None,
         }
     }
 }
@@ -101,7 +109,7 @@ pub fn parse_dtype(s: &str) -> Result<DType, ModelError> {
 pub fn default_guidance(name: &str) -> Option<f32> {
     match name {
         "flux-dev" => Some(3.5),
-        "sd3" | "sd3.5" => Some(7.0),
+        "sd3" | "sd3.5" | AUDIO => Some(7.0),
         _ => None,
     }
 }
@@ -141,7 +149,14 @@ pub fn load(
             PIPELINES.join(", ")
         )));
     }
-    check_size(opts.size)?;
+    if name != AUDIO {
+        check_size(opts.size)?;
+    }
+    if opts.seconds.is_some() && name != AUDIO {
+        return Err(ModelError::Input(format!(
+            "{name} makes images: a duration in seconds applies to {AUDIO}"
+        )));
+    }
     if !dir.is_dir() {
         return Err(ModelError::Input(format!(
             "{} is not a folder; {name} reads a diffusers folder (transformer/, text_encoder*/, \
@@ -166,6 +181,15 @@ pub fn load(
             opts.dtype,
             DTYPES.map(|(n, _)| n).join(" or ")
         )));
+    }
+    if name == AUDIO {
+        return Ok(Box::new(audio::load(
+            dir,
+            opts.seconds,
+            guidance,
+            opts.dtype,
+            dev,
+        )?));
     }
     if name.starts_with("sd3") {
         return Ok(Box::new(load_sd3(

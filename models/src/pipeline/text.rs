@@ -75,11 +75,19 @@ impl TextTokenizer {
     /// The prompt's token ids and token strings (special tokens included), padded to the
     /// fixed length. A prompt longer than that is an error, not silently cut.
     pub fn encode(&self, text: &str) -> Result<(Vec<u32>, Vec<String>), ModelError> {
+        let (mut ids, mut pieces) = self.encode_unpadded(text)?;
+        ids.resize(self.len, self.pad_id);
+        pieces.resize(self.len, self.pad.clone());
+        Ok((ids, pieces))
+    }
+
+    /// [`TextTokenizer::encode`] without the padding.
+    pub fn encode_unpadded(&self, text: &str) -> Result<(Vec<u32>, Vec<String>), ModelError> {
         let enc = self
             .inner
             .encode(text, true)
             .map_err(|e| input(format!("tokenizer {}: {e}", self.what)))?;
-        let (mut ids, mut pieces) = (enc.get_ids().to_vec(), enc.get_tokens().to_vec());
+        let (ids, pieces) = (enc.get_ids().to_vec(), enc.get_tokens().to_vec());
         if ids.len() > self.len {
             return Err(input(format!(
                 "the prompt is {} tokens for the tokenizer in {}; at most {} are read",
@@ -88,9 +96,12 @@ impl TextTokenizer {
                 self.len
             )));
         }
-        ids.resize(self.len, self.pad_id);
-        pieces.resize(self.len, self.pad.clone());
         Ok((ids, pieces))
+    }
+
+    /// The padding token.
+    pub fn pad(&self) -> &str {
+        &self.pad
     }
 
     /// Tokens per prompt.
@@ -339,6 +350,29 @@ impl T5Text {
     /// Tokens per prompt.
     pub(crate) fn tokens(&self) -> usize {
         self.tokenizer.len()
+    }
+
+    /// The prompt's pieces and final states with the padding masked, `len x d_model`: the
+    /// encoder runs on the prompt's tokens alone (what masking the padded keys computes
+    /// for them) and the padding's rows are zero, as Stable Audio's pipeline has them.
+    pub(crate) fn encode_masked(&self, prompt: &str) -> Result<(Vec<String>, Tensor), ModelError> {
+        let (ids, mut pieces) = self.tokenizer.encode_unpadded(prompt)?;
+        let n = ids.len();
+        let len = self.tokenizer.len();
+        pieces.resize(len, self.tokenizer.pad().to_string());
+        if n == 0 {
+            return Ok((
+                pieces,
+                Tensor::zeros((len, self.width), DType::F32, &self.device)?,
+            ));
+        }
+        let x = Tensor::from_vec(ids, (1, n), &self.device)?;
+        let mut model = self
+            .model
+            .lock()
+            .map_err(|_| input("the T5 encoder was poisoned by a panic".into()))?;
+        let states = model.forward(&x)?.squeeze(0)?.to_dtype(DType::F32)?;
+        Ok((pieces, states.pad_with_zeros(0, 0, len - n)?))
     }
 
     /// The prompt's pieces and final states, `len x d_model` (padding included, no mask: as

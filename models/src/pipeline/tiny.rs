@@ -99,6 +99,109 @@ pub fn write_flux(dir: &Path, dev: bool) -> Result<(), ModelError> {
     vae(&dir.join("vae"))
 }
 
+/// Writes a small random Stable Audio Open folder: T5 and its tokenizer, the projection
+/// model (the seconds' embedders), the DiT (hidden 32, cross-attention 16 wide with 2
+/// key/value heads), the Oobleck VAE (5 blocks, 32 samples a latent frame, stereo, 8 kHz)
+/// and the scheduler's config. Its window: 16 latent frames, 64 ms.
+pub fn write_sao(dir: &Path) -> Result<(), ModelError> {
+    let vocab = t5_tokenizer(&dir.join("tokenizer"))?;
+    t5_encoder(&dir.join("text_encoder"), vocab)?;
+    let w = T5_WIDTH;
+    write(
+        &dir.join("projection_model/config.json"),
+        &serde_json::json!({"_class_name": "StableAudioProjectionModel", "text_encoder_dim": w,
+            "conditioning_dim": w, "min_value": 0, "max_value": 512})
+        .to_string(),
+    )?;
+    let vm = VarMap::new();
+    let vb = VarBuilder::from_varmap(&vm, DType::F32, &Device::Cpu);
+    for p in ["start_number_conditioner", "end_number_conditioner"] {
+        let e = format!("{p}.time_positional_embedding");
+        for (n, shape) in [
+            (format!("{e}.0.weights"), vec![8]),
+            (format!("{e}.1.weight"), vec![w, 17]),
+            (format!("{e}.1.bias"), vec![w]),
+        ] {
+            let init = Init::Randn {
+                mean: 0.0,
+                stdev: if n.ends_with("weights") { 1.0 } else { 0.25 },
+            };
+            vb.get_with_hints(shape, &n, init)?;
+        }
+    }
+    save(
+        &vm,
+        &dir.join("projection_model/diffusion_pytorch_model.safetensors"),
+    )?;
+    let cfg = crate::sao::SaoConfig {
+        in_channels: 8,
+        out_channels: 8,
+        heads: 4,
+        kv_heads: 2,
+        head_dim: 8,
+        depth: 2,
+        cross_dim: 16,
+        cross_in: w,
+        global_in: 2 * w,
+        time_proj_dim: 16,
+    };
+    write(
+        &dir.join("transformer/config.json"),
+        &serde_json::json!({"_class_name": "StableAudioDiTModel", "sample_size": 16,
+            "in_channels": 8, "num_layers": 2, "attention_head_dim": 8,
+            "num_attention_heads": 4, "num_key_value_attention_heads": 2, "out_channels": 8,
+            "cross_attention_dim": 16, "time_proj_dim": 16, "global_states_input_dim": 2 * w,
+            "cross_attention_input_dim": w})
+        .to_string(),
+    )?;
+    let vm = VarMap::new();
+    let vb = VarBuilder::from_varmap(&vm, DType::F32, &Device::Cpu);
+    crate::sao::Sao::load(cfg, &|name: &str, shape: &[usize]| {
+        Ok(vb.get_with_hints(shape, name, init(name, shape))?)
+    })?;
+    save(
+        &vm,
+        &dir.join("transformer/diffusion_pytorch_model.safetensors"),
+    )?;
+    let vae = super::oobleck::OobleckConfig {
+        decoder_channels: 4,
+        decoder_input_channels: 8,
+        audio_channels: 2,
+        downsampling_ratios: vec![2, 2, 2, 2, 2],
+        channel_multiples: vec![1, 2, 2, 2, 2],
+        sampling_rate: 8000,
+    };
+    write(
+        &dir.join("vae/config.json"),
+        &serde_json::json!({"_class_name": "AutoencoderOobleck", "decoder_channels": 4,
+            "decoder_input_channels": 8, "audio_channels": 2, "encoder_hidden_size": 4,
+            "downsampling_ratios": [2, 2, 2, 2, 2], "channel_multiples": [1, 2, 2, 2, 2],
+            "sampling_rate": 8000})
+        .to_string(),
+    )?;
+    let vm = VarMap::new();
+    let vb = VarBuilder::from_varmap(&vm, DType::F32, &Device::Cpu);
+    super::oobleck::Oobleck::load(vae, &|name: &str, shape: &[usize]| {
+        let init = if name.ends_with("weight_g") {
+            Init::Const(1.0)
+        } else if name.ends_with("alpha") || name.ends_with("beta") || name.ends_with("bias") {
+            Init::Const(0.0)
+        } else {
+            Init::Randn {
+                mean: 0.0,
+                stdev: 1.0,
+            }
+        };
+        Ok(vb.get_with_hints(shape, name, init)?)
+    })?;
+    save(&vm, &dir.join("vae/diffusion_pytorch_model.safetensors"))?;
+    write(
+        &dir.join("scheduler/scheduler_config.json"),
+        r#"{"_class_name": "CosineDPMSolverMultistepScheduler", "sigma_min": 0.3,
+            "sigma_max": 500.0, "sigma_data": 1.0, "prediction_type": "v_prediction"}"#,
+    )
+}
+
 /// Writes a small random SD3 (`sd35`: SD3.5 medium's structure, with Q/K norms and a
 /// dual-attention block) pipeline folder: CLIP-L (quick-GELU), CLIP-G (GELU, padded with
 /// `!`), T5, the MMDiT and the VAE.

@@ -1,0 +1,348 @@
+//! Stable Audio Open 1.0 from a diffusers folder (#14 item 3):
+//!
+//! ```text
+//! DIR/transformer/        StableAudioDiTModel (config.json, diffusion_pytorch_model.safetensors)
+//! DIR/text_encoder/       T5-base encoder (config.json, model.safetensors)
+//! DIR/tokenizer/          its tokenizer (tokenizer.json)
+//! DIR/projection_model/   StableAudioProjectionModel: the seconds' number embedders
+//! DIR/vae/                AutoencoderOobleck (config.json, diffusion_pytorch_model.safetensors)
+//! DIR/scheduler/          scheduler_config.json (sigma_min, sigma_max; optional)
+//! ```
+//!
+//! As diffusers' `StableAudioPipeline` runs it: T5's states with the padding masked, then
+//! the start and end seconds' embeddings as two more rows of the cross-attention input and,
+//! side by side, as the global vector; classifier-free guidance (7.0) against all-zero text
+//! rows; the whole window of `sample_size` latent frames is generated and the asked
+//! duration cut from the decoded audio. Sampling is the engine's Euler on the cosine
+//! schedule's times (diffusers' default sampler is a second-order DPM-Solver SDE).
+
+use std::path::Path;
+
+use candle_core::{DType, Device, Tensor};
+
+use super::oobleck::Oobleck;
+use super::text::{config, T5Text};
+use crate::checkpoint::{Shards, Source};
+use crate::joint::{lin, Lin};
+use crate::joint_denoiser::{EncodedPrompt, PromptEncoder, SaoDenoiser, Schedule};
+use crate::sao::{Sao, SaoConfig};
+use crate::ModelError;
+
+/// Marks the two seconds rows among the text pieces (not words).
+pub const SECONDS_PIECE: &str = "<|seconds|>";
+
+/// T5 tokens per prompt (the released tokenizer's `model_max_length`).
+pub const T5_TOKENS: usize = 128;
+
+/// What we read of `projection_model/config.json`.
+#[derive(Debug, serde::Deserialize)]
+struct ProjectionJson {
+    text_encoder_dim: usize,
+    conditioning_dim: usize,
+    min_value: f32,
+    max_value: f32,
+}
+
+/// A number's embedding: `[n, sin(2 pi n w), cos(2 pi n w)]` of the value normalised to
+/// [0, 1], through a linear layer.
+#[derive(Debug)]
+struct NumberEmbedder {
+    freqs: Tensor,
+    proj: Lin,
+    min: f32,
+    max: f32,
+}
+
+impl NumberEmbedder {
+    fn embed(&self, v: f32) -> Result<Tensor, ModelError> {
+        let n = (v.clamp(self.min, self.max) - self.min) / (self.max - self.min);
+        let f = (&self.freqs * (n as f64 * 2.0 * std::f64::consts::PI))?.unsqueeze(0)?;
+        let one = Tensor::full(n, (1, 1), self.freqs.device())?;
+        let x = Tensor::cat(&[one, f.sin()?, f.cos()?], 1)?;
+        Ok(self.proj.forward(&x)?)
+    }
+}
+
+/// Stable Audio Open's conditioning: T5 states and the seconds' embeddings.
+#[derive(Debug)]
+pub struct SaoText {
+    t5: T5Text,
+    text_proj: Option<Lin>,
+    start: NumberEmbedder,
+    end: NumberEmbedder,
+    width: usize,
+    /// The start and end seconds every prompt is conditioned on.
+    seconds: (f32, f32),
+}
+
+impl std::fmt::Debug for T5Text {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("T5Text")
+            .field("tokens", &self.tokens())
+            .field("width", &self.width())
+            .finish()
+    }
+}
+
+impl SaoText {
+    /// The text encoder and the projection model of a diffusers Stable Audio folder, every
+    /// prompt conditioned on the audio running from 0 to `seconds`.
+    pub fn load(dir: &Path, seconds: f32, dtype: DType, dev: &Device) -> Result<Self, ModelError> {
+        let t5 = T5Text::load(
+            &dir.join("text_encoder"),
+            &dir.join("tokenizer"),
+            T5_TOKENS,
+            dtype,
+            dev,
+        )?;
+        let pdir = dir.join("projection_model");
+        let pj: ProjectionJson = config(&pdir)?;
+        let increasing = pj.max_value > pj.min_value;
+        if !increasing || pj.text_encoder_dim != t5.width() {
+            return Err(ModelError::Input(format!(
+                "{}: seconds range {}..{} must be increasing and text_encoder_dim {} equal \
+                 T5's width {}",
+                pdir.join("config.json").display(),
+                pj.min_value,
+                pj.max_value,
+                pj.text_encoder_dim,
+                t5.width()
+            )));
+        }
+        let files = Shards::open(&pdir)?;
+        let get = |n: &str, s: &[usize]| files.tensor(&Source::One(n.into()), n, s, dev);
+        let number = |p: &str| -> Result<NumberEmbedder, ModelError> {
+            let e = format!("{p}.time_positional_embedding");
+            let half = files.need(
+                &Source::One(format!("{e}.0.weights")),
+                p,
+                1,
+                "projection model",
+            )?[0];
+            Ok(NumberEmbedder {
+                freqs: get(&format!("{e}.0.weights"), &[half])?,
+                proj: lin(
+                    &get,
+                    &format!("{e}.1"),
+                    2 * half + 1,
+                    pj.conditioning_dim,
+                    true,
+                )?,
+                min: pj.min_value,
+                max: pj.max_value,
+            })
+        };
+        let text_proj = if pj.conditioning_dim == pj.text_encoder_dim {
+            None
+        } else {
+            Some(lin(
+                &get,
+                "text_projection",
+                pj.text_encoder_dim,
+                pj.conditioning_dim,
+                true,
+            )?)
+        };
+        Ok(Self {
+            start: number("start_number_conditioner")?,
+            end: number("end_number_conditioner")?,
+            text_proj,
+            width: pj.conditioning_dim,
+            t5,
+            seconds: (0.0, seconds),
+        })
+    }
+
+    /// Widths of the cross-attention input rows and of the global vector.
+    pub fn widths(&self) -> (usize, usize) {
+        (self.width, 2 * self.width)
+    }
+
+    fn seconds_rows(&self) -> Result<(Tensor, Tensor), ModelError> {
+        Ok((
+            self.start.embed(self.seconds.0)?,
+            self.end.embed(self.seconds.1)?,
+        ))
+    }
+}
+
+impl PromptEncoder for SaoText {
+    fn encode(&self, prompt: &str) -> Result<EncodedPrompt, ModelError> {
+        let (mut pieces, states) = self.t5.encode_masked(prompt)?;
+        let states = match &self.text_proj {
+            Some(p) => p.forward(&states)?,
+            None => states,
+        };
+        let (s, e) = self.seconds_rows()?;
+        pieces.extend([SECONDS_PIECE.to_string(), SECONDS_PIECE.to_string()]);
+        Ok(EncodedPrompt {
+            pieces,
+            states: Tensor::cat(&[&states, &s, &e], 0)?,
+            pooled: Tensor::cat(&[s, e], 1)?.squeeze(0)?,
+        })
+    }
+
+    fn tokens(&self) -> usize {
+        self.t5.tokens() + 2
+    }
+
+    /// The pipeline's unconditional input: every cross-attention row zero (the seconds'
+    /// too), the global vector the same as the prompt's.
+    fn unconditional(&self) -> Result<Option<EncodedPrompt>, ModelError> {
+        let (s, e) = self.seconds_rows()?;
+        let n = self.tokens();
+        Ok(Some(EncodedPrompt {
+            pieces: vec![SECONDS_PIECE.to_string(); n],
+            states: Tensor::zeros((n, self.width), DType::F32, s.device())?,
+            pooled: Tensor::cat(&[s, e], 1)?.squeeze(0)?,
+        }))
+    }
+}
+
+/// What we read of `transformer/config.json` (`StableAudioDiTModel`).
+#[derive(Debug, serde::Deserialize)]
+struct DitJson {
+    sample_size: usize,
+    in_channels: usize,
+    num_layers: usize,
+    attention_head_dim: usize,
+    num_attention_heads: usize,
+    num_key_value_attention_heads: usize,
+    out_channels: usize,
+    cross_attention_dim: usize,
+    time_proj_dim: usize,
+    global_states_input_dim: usize,
+    cross_attention_input_dim: usize,
+}
+
+/// What we read of `scheduler/scheduler_config.json`.
+#[derive(Debug, serde::Deserialize)]
+struct SchedulerJson {
+    #[serde(default = "sigma_min")]
+    sigma_min: f32,
+    #[serde(default = "sigma_max")]
+    sigma_max: f32,
+    #[serde(default = "one")]
+    sigma_data: f32,
+}
+
+fn sigma_min() -> f32 {
+    0.3
+}
+
+fn sigma_max() -> f32 {
+    500.0
+}
+
+fn one() -> f32 {
+    1.0
+}
+
+/// Stable Audio Open from the folder `dir` as a [`SaoDenoiser`] making `seconds` of audio
+/// (at most the model's window; `None`: the whole window), guided at `guidance`.
+pub fn load(
+    dir: &Path,
+    seconds: Option<f32>,
+    guidance: f32,
+    dtype: DType,
+    dev: &Device,
+) -> Result<SaoDenoiser, ModelError> {
+    let tdir = dir.join("transformer");
+    let j: DitJson = config(&tdir)?;
+    let cfg = SaoConfig {
+        in_channels: j.in_channels,
+        out_channels: j.out_channels,
+        heads: j.num_attention_heads,
+        kv_heads: j.num_key_value_attention_heads,
+        head_dim: j.attention_head_dim,
+        depth: j.num_layers,
+        cross_dim: j.cross_attention_dim,
+        cross_in: j.cross_attention_input_dim,
+        global_in: j.global_states_input_dim,
+        time_proj_dim: j.time_proj_dim,
+    };
+    if j.sample_size == 0 || j.in_channels != j.out_channels {
+        return Err(ModelError::Input(format!(
+            "{}: sample_size {} latent frames and {} -> {} channels; Stable Audio needs a \
+             window and as many channels out as in",
+            tdir.join("config.json").display(),
+            j.sample_size,
+            j.in_channels,
+            j.out_channels
+        )));
+    }
+    let files = Shards::open(&tdir)?;
+    crate::checkpoint::dtype_for("", &[], dtype)?;
+    let dit = Sao::load(cfg.clone(), &|n, s| {
+        let d = crate::checkpoint::dtype_for(n, s, dtype)?;
+        files.tensor_in(&Source::One(n.into()), n, s, d, dev)
+    })?;
+    let vae = Oobleck::open(dir, dev)?;
+    let v = vae.config();
+    if v.decoder_input_channels != cfg.in_channels {
+        return Err(ModelError::Input(format!(
+            "{}: the VAE reads {} latent channels; the transformer makes {}",
+            dir.display(),
+            v.decoder_input_channels,
+            cfg.in_channels
+        )));
+    }
+    let window = (j.sample_size * v.hop()) as f64 / v.sampling_rate as f64;
+    let seconds = seconds.map_or(window, f64::from);
+    let fits = seconds > 0.0 && seconds <= window + 1e-6;
+    if !fits {
+        return Err(ModelError::Input(format!(
+            "{seconds} s of audio: this model makes at most {window:.2} s ({} latent frames of \
+             {} samples at {} Hz)",
+            j.sample_size,
+            v.hop(),
+            v.sampling_rate
+        )));
+    }
+    let text = SaoText::load(dir, seconds as f32, dtype, dev)?;
+    if text.widths() != (cfg.cross_in, cfg.global_in) {
+        return Err(ModelError::Input(format!(
+            "{}: the conditioning gives widths {:?} (text rows, global vector); the \
+             transformer reads {:?}",
+            dir.display(),
+            text.widths(),
+            (cfg.cross_in, cfg.global_in)
+        )));
+    }
+    let sched = dir.join("scheduler");
+    let s: SchedulerJson = if sched.join("scheduler_config.json").is_file() {
+        let p = sched.join("scheduler_config.json");
+        let t = std::fs::read_to_string(&p)
+            .map_err(|e| ModelError::Input(format!("{}: {e}", p.display())))?;
+        serde_json::from_str(&t).map_err(|e| ModelError::Input(format!("{}: {e}", p.display())))?
+    } else {
+        SchedulerJson {
+            sigma_min: sigma_min(),
+            sigma_max: sigma_max(),
+            sigma_data: one(),
+        }
+    };
+    let sigmas = s.sigma_min > 0.0 && s.sigma_max > s.sigma_min;
+    if s.sigma_data != 1.0 || !sigmas {
+        return Err(ModelError::Input(format!(
+            "{}: sigma_data {} (only 1.0 maps onto the cosine schedule) and sigmas {}..{}",
+            sched.display(),
+            s.sigma_data,
+            s.sigma_min,
+            s.sigma_max
+        )));
+    }
+    let samples = (seconds * v.sampling_rate as f64).round() as usize;
+    let m = SaoDenoiser::new_video(dit, Box::new(text), (1, 1, j.sample_size), 0.0, dev.clone())?
+        .with_schedule(Schedule::Cosine {
+            min: s.sigma_min,
+            max: s.sigma_max,
+        })
+        .with_audio(vae, samples);
+    // As diffusers: guidance only above 1 (at 1 it would give the prompt's pass alone).
+    if guidance > 1.0 {
+        m.with_cfg(guidance)
+    } else {
+        Ok(m)
+    }
+}

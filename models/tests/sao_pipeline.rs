@@ -1,0 +1,172 @@
+//! Stable Audio Open as a pipeline (#14 item 3): the cosine schedule and the seconds'
+//! embeddings against diffusers (golden file from `models/reference/sao_pipeline_golden.py`),
+//! T5 with its padding masked against candle's T5 on the prompt alone, and the whole
+//! small random pipeline as a `Denoiser` that makes stereo sound.
+
+mod common;
+
+use std::path::PathBuf;
+
+use candle_core::{DType, Device, Tensor};
+use candle_nn::VarBuilder;
+use candle_transformers::models::t5;
+use flashdiff_models::flux::PromptEncoder;
+use flashdiff_models::joint_denoiser::Schedule;
+use flashdiff_models::pipeline::audio::{SaoText, SECONDS_PIECE, T5_TOKENS};
+use flashdiff_models::pipeline::{self, tiny, PipelineOptions, TextTokenizer, AUDIO};
+use flashdiff_models::Kind;
+
+use common::{max_diff, t};
+
+fn scratch(name: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("flashdiff-sao-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    tiny::write_sao(&d).unwrap();
+    d
+}
+
+#[test]
+fn cosine_schedule_equals_diffusers_timesteps() {
+    let g = common::golden("sao_pipeline_golden");
+    let want = t(&g, "golden.timesteps").to_vec1::<f32>().unwrap();
+    let s = Schedule::Cosine {
+        min: 0.3,
+        max: 500.0,
+    };
+    for (n, w) in want.iter().enumerate() {
+        let got = s.time(n as u32, 10, 16);
+        assert!((got - w).abs() <= 1e-6, "step {n}: {got} vs diffusers' {w}");
+    }
+    assert_eq!(s.time(10, 10, 16), 0.0, "the last step goes to sigma 0");
+}
+
+#[test]
+fn seconds_embeddings_equal_diffusers_and_padding_is_masked() {
+    let d = scratch("text");
+    std::fs::copy(
+        common::reference("sao_pipeline_golden"),
+        d.join("projection_model/diffusion_pytorch_model.safetensors"),
+    )
+    .unwrap();
+    let g = common::golden("sao_pipeline_golden");
+    let text = SaoText::load(&d, 0.05, DType::F32, &Device::Cpu).unwrap();
+    let e = text.encode("a dog barking").unwrap();
+    let want = Tensor::cat(&[t(&g, "golden.start"), t(&g, "golden.end")], 0).unwrap();
+    let diff = max_diff(&e.pooled, &want);
+    assert!(
+        diff <= 1e-5,
+        "global vector differs from diffusers' by {diff}"
+    );
+    // The seconds are the cross-attention input's last two rows.
+    let n = text.tokens();
+    assert_eq!(n, T5_TOKENS + 2);
+    assert_eq!(e.states.dims(), [n, 32]);
+    let rows = e.states.narrow(0, n - 2, 2).unwrap().flatten_all().unwrap();
+    assert!(max_diff(&rows, &want) <= 1e-5);
+    assert_eq!(e.pieces[n - 1], SECONDS_PIECE);
+    // Past 512 s the embedder clamps, as diffusers'.
+    let far = SaoText::load(&d, 700.0, DType::F32, &Device::Cpu).unwrap();
+    let end = far.encode("x").unwrap().pooled.narrow(0, 32, 32).unwrap();
+    assert!(max_diff(&end, &t(&g, "golden.end_700")) <= 1e-5);
+
+    // T5 on the prompt's tokens alone (what masking the padded keys computes for them),
+    // through candle's own loader; the padding's rows zero.
+    let dir = d.join("text_encoder");
+    let cfg: t5::Config =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("config.json")).unwrap()).unwrap();
+    // SAFETY: the file was written above and nothing modifies it while it is mapped.
+    let vb = unsafe {
+        VarBuilder::from_mmaped_safetensors(
+            &[dir.join("model.safetensors")],
+            DType::F32,
+            &Device::Cpu,
+        )
+    }
+    .unwrap();
+    let mut reference = t5::T5EncoderModel::load(vb, &cfg).unwrap();
+    let tok = TextTokenizer::open(&d.join("tokenizer"), T5_TOKENS, "<pad>").unwrap();
+    let (ids, _) = tok.encode_unpadded("a dog barking").unwrap();
+    let k = ids.len();
+    let x = Tensor::from_vec(ids, (1, k), &Device::Cpu).unwrap();
+    let alone = reference.forward(&x).unwrap().squeeze(0).unwrap();
+    assert!(max_diff(&e.states.narrow(0, 0, k).unwrap(), &alone) <= 1e-5);
+    let pad = e.states.narrow(0, k, T5_TOKENS - k).unwrap();
+    assert_eq!(common::max_abs(&pad), 0.0, "padded rows must be zero");
+    // With padding in the encoder's input (unmasked) the prompt's rows would differ.
+    let (padded, _) = tok.encode("a dog barking").unwrap();
+    let x = Tensor::from_vec(padded, (1, T5_TOKENS), &Device::Cpu).unwrap();
+    let unmasked = reference.forward(&x).unwrap().squeeze(0).unwrap();
+    assert!(max_diff(&unmasked.narrow(0, 0, k).unwrap(), &alone) > 1e-4);
+    // The unconditional input: every row zero, the same global vector.
+    let u = text.unconditional().unwrap().unwrap();
+    assert_eq!(common::max_abs(&u.states), 0.0);
+    assert_eq!(max_diff(&u.pooled, &e.pooled), 0.0);
+    std::fs::remove_dir_all(&d).ok();
+}
+
+fn opts(seconds: Option<f32>) -> PipelineOptions {
+    PipelineOptions {
+        seconds,
+        ..PipelineOptions::new((0, 0))
+    }
+}
+
+#[test]
+fn the_pipeline_is_an_audio_denoiser_that_decodes_stereo() {
+    let d = scratch("pipe");
+    let m = pipeline::load(AUDIO, &d, &opts(Some(0.05)), &Device::Cpu).unwrap();
+    assert_eq!(m.kind(), Kind::Audio);
+    assert_eq!(m.name(), "stable-audio-open");
+    let dims = m.dims().clone();
+    assert_eq!(
+        (dims.grid.frames, dims.grid.height, dims.grid.width),
+        (1, 1, 16),
+        "the whole window of latent frames"
+    );
+    assert_eq!(dims.channels, 8);
+    let c = m.condition("a dog barking in the rain").unwrap();
+    assert_eq!(c.words, ["a", "dog", "barking", "in", "the", "rain"]);
+    assert!(c.salient[1], "\"dog\" is salient: {:?}", c.salient);
+    // Cosine times, decreasing to 0.
+    let times: Vec<f32> = (0..=20).map(|n| m.time(n, 20)).collect();
+    assert!(
+        times.windows(2).all(|w| w[0] > w[1]) && times[20] == 0.0,
+        "{times:?}"
+    );
+    let s = m.decode(&vec![0.1; 16 * 8]).unwrap();
+    assert_eq!((s.audio_channels, s.sample_rate), (2, 8000));
+    assert_eq!(
+        s.audio.len(),
+        2 * 400,
+        "0.05 s of stereo at 8 kHz, cut from 64 ms"
+    );
+    // Guided by default (7.0): the step conditioning holds both passes' global tokens.
+    assert_eq!(dims.cond_len, 2 * 32);
+    let unguided = pipeline::load(
+        AUDIO,
+        &d,
+        &PipelineOptions {
+            guidance: Some(1.0),
+            ..opts(None)
+        },
+        &Device::Cpu,
+    )
+    .unwrap();
+    assert_eq!(unguided.dims().cond_len, 32);
+    assert_eq!(
+        unguided.decode(&vec![0.1; 16 * 8]).unwrap().audio.len(),
+        2 * 512,
+        "no --seconds: the whole 64 ms window"
+    );
+    // Bad requests.
+    let err = |o: PipelineOptions| {
+        pipeline::load(AUDIO, &d, &o, &Device::Cpu)
+            .unwrap_err()
+            .to_string()
+    };
+    assert!(err(opts(Some(1.0))).contains("at most 0.06 s"));
+    assert!(err(opts(Some(-1.0))).contains("at most"));
+    std::fs::remove_file(d.join("projection_model/config.json")).unwrap();
+    assert!(err(opts(None)).contains("projection_model"));
+    std::fs::remove_dir_all(&d).ok();
+}
