@@ -15,8 +15,9 @@ pub(crate) enum Source {
     One(String),
     /// Concatenated along the first dimension.
     Cat(Vec<String>),
-    /// Third `i` (0, 1, 2) of a tensor along the first dimension.
-    Third(String, usize),
+    /// Part `i` of `n` equal parts of a tensor along the first dimension (a fused Q, K, V:
+    /// thirds; a fused K, V: halves).
+    Part(String, usize, usize),
     /// The two halves along the first dimension, swapped.
     Swap(String),
 }
@@ -106,8 +107,8 @@ impl Shards {
     pub(crate) fn shape(&self, src: &Source) -> Option<Vec<usize>> {
         match src {
             Source::One(n) | Source::Swap(n) => self.raw_shape(n),
-            Source::Third(n, _) => self.raw_shape(n).map(|mut s| {
-                s[0] /= 3;
+            Source::Part(n, _, parts) => self.raw_shape(n).map(|mut s| {
+                s[0] /= parts.max(&1);
                 s
             }),
             Source::Cat(parts) => {
@@ -181,15 +182,15 @@ impl Shards {
                 let h = shape[0] / 2;
                 return Ok(Tensor::cat(&[t.narrow(0, h, h)?, t.narrow(0, 0, h)?], 0)?);
             }
-            Source::Third(n, i) => {
+            Source::Part(n, i, parts) => {
                 let t = whole(n)?;
                 let rows = t.dim(0)?;
-                if rows % 3 != 0 {
+                if *parts == 0 || rows % parts != 0 {
                     return Err(ModelError::Input(format!(
-                        "tensor {n:?} has {rows} rows, not three equal parts (Q, K, V)"
+                        "tensor {n:?} has {rows} rows, not {parts} equal parts"
                     )));
                 }
-                t.narrow(0, i * rows / 3, rows / 3)?
+                t.narrow(0, i * rows / parts, rows / parts)?
             }
             Source::Cat(parts) => {
                 let ts = parts
@@ -208,7 +209,7 @@ impl Shards {
         if t.dims() != shape {
             let key = match src {
                 Source::Cat(parts) => format!("{} (stacked as {name})", parts.join(" + ")),
-                Source::Third(n, i) => format!("{n} (part {i} of 3, as {name})"),
+                Source::Part(n, i, parts) => format!("{n} (part {i} of {parts}, as {name})"),
                 Source::One(n) | Source::Swap(n) => n.clone(),
             };
             return Err(WeightsError::Shape {

@@ -760,7 +760,7 @@ fn stability_source(name: &str, prefix: &str, depth: usize) -> Source {
     let (idx, part) = rest.split_once('.').unwrap_or((rest, ""));
     let last = idx.parse::<usize>().is_ok_and(|i| i + 1 == depth);
     let b = format!("{prefix}joint_blocks.{idx}");
-    let third = |fused: &str, i: usize| Source::Third(format!("{b}.{fused}.{w}"), i);
+    let third = |fused: &str, i: usize| Source::Part(format!("{b}.{fused}.{w}"), i, 3);
     let at = |n: &str| Source::One(format!("{b}.{n}.{w}"));
     match part {
         "norm1.linear" => at("x_block.adaLN_modulation.1"),

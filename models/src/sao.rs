@@ -405,3 +405,177 @@ fn rotate(x: &Tensor, cos: &Tensor, sin: &Tensor) -> candle_core::Result<Tensor>
     }
     Tensor::cat(&[&rot, &x.narrow(2, dim, hd - dim)?], 2)
 }
+
+/// How a Stable Audio checkpoint names the DiT's tensors.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SaoLayout {
+    /// diffusers' `StableAudioDiTModel` (`transformer/`).
+    Diffusers,
+    /// stable-audio-tools' single `model.safetensors` (`model.model.*`, fused Q/K/V and K/V
+    /// projections, `gamma`/`beta` norms).
+    Official,
+}
+
+/// The DiT of a Stable Audio checkpoint, in either layout.
+#[derive(Debug)]
+pub struct SaoCheckpoint {
+    files: crate::checkpoint::Shards,
+    layout: SaoLayout,
+}
+
+/// The released model's head width (1536 wide, 24 heads).
+pub const SAO_HEAD_DIM: usize = 64;
+
+impl SaoCheckpoint {
+    /// Opens a safetensors file or a folder of shards (diffusers' `transformer/`).
+    pub fn open(path: &std::path::Path) -> Result<Self, ModelError> {
+        let files = crate::checkpoint::Shards::open(path)?;
+        let layout = if files.has("proj_in.weight") {
+            SaoLayout::Diffusers
+        } else if files.has("model.model.transformer.project_in.weight") {
+            SaoLayout::Official
+        } else {
+            return Err(ModelError::Input(format!(
+                "{} is not a Stable Audio DiT checkpoint: it has neither `proj_in.weight` \
+                 (diffusers) nor `model.model.transformer.project_in.weight` \
+                 (stable-audio-tools)",
+                path.display()
+            )));
+        };
+        Ok(Self { files, layout })
+    }
+
+    /// The layout found.
+    pub fn layout(&self) -> &SaoLayout {
+        &self.layout
+    }
+
+    fn source(&self, name: &str) -> crate::checkpoint::Source {
+        match self.layout {
+            SaoLayout::Diffusers => crate::checkpoint::Source::One(name.into()),
+            SaoLayout::Official => official_source(name),
+        }
+    }
+
+    /// Tensor `name` (diffusers' name) checked against `shape`, in `dtype`, on `dev`.
+    fn tensor(
+        &self,
+        name: &str,
+        shape: &[usize],
+        dtype: candle_core::DType,
+        dev: &candle_core::Device,
+    ) -> Result<Tensor, ModelError> {
+        if self.layout == SaoLayout::Official && name == "time_proj.weight" {
+            // stable-audio-tools keeps the Fourier frequencies as a `n x 1` matrix.
+            let src = self.source(name);
+            let t = self
+                .files
+                .tensor_in(&src, name, &[shape[0], 1], dtype, dev)?;
+            return Ok(t.reshape(shape)?);
+        }
+        self.files
+            .tensor_in(&self.source(name), name, shape, dtype, dev)
+    }
+
+    /// The architecture, from the tensors' shapes; heads of `head_dim` (the released model:
+    /// [`SAO_HEAD_DIM`]).
+    pub fn config(&self, head_dim: usize) -> Result<SaoConfig, ModelError> {
+        let what = format!("Stable Audio DiT, {:?} layout", self.layout);
+        let need = |n: &str, rank: usize| self.files.need(&self.source(n), n, rank, &what);
+        let c = need("preprocess_conv.weight", 3)?[0];
+        let proj_in = need("proj_in.weight", 2)?;
+        let h = proj_in[0];
+        let kv = need("transformer_blocks.0.attn2.to_k.weight", 2)?;
+        let cross = need("cross_attention_proj.0.weight", 2)?;
+        let depth = (0..)
+            .take_while(|i| {
+                self.files
+                    .shape(&self.source(&format!("transformer_blocks.{i}.norm1.weight")))
+                    .is_some()
+            })
+            .count();
+        if head_dim == 0 || h % head_dim != 0 || kv[0] % head_dim != 0 {
+            return Err(ModelError::Input(format!(
+                "{what}: width {h} and key/value width {} are not whole heads of {head_dim}",
+                kv[0]
+            )));
+        }
+        let cfg = SaoConfig {
+            in_channels: c,
+            out_channels: need("proj_out.weight", 2)?[0],
+            heads: h / head_dim,
+            kv_heads: kv[0] / head_dim,
+            head_dim,
+            depth,
+            cross_dim: kv[1],
+            cross_in: cross[1],
+            global_in: need("global_proj.0.weight", 2)?[1],
+            time_proj_dim: 2 * need(
+                "time_proj.weight",
+                1 + usize::from(self.layout == SaoLayout::Official),
+            )?[0],
+        };
+        cfg.validate()?;
+        Ok(cfg)
+    }
+
+    /// The DiT with heads of `head_dim`, its linear layers in `compute` (F32, BF16, F16).
+    pub fn load(
+        &self,
+        head_dim: usize,
+        compute: candle_core::DType,
+        dev: &candle_core::Device,
+    ) -> Result<Sao, ModelError> {
+        crate::checkpoint::dtype_for("", &[], compute)?;
+        Sao::load(self.config(head_dim)?, &|n, s| {
+            let d = crate::checkpoint::dtype_for(n, s, compute)?;
+            self.tensor(n, s, d, dev)
+        })
+    }
+}
+
+/// Where diffusers' DiT tensor `name` lives in stable-audio-tools' `model.safetensors`.
+fn official_source(name: &str) -> crate::checkpoint::Source {
+    use crate::checkpoint::Source;
+    let p = "model.model.";
+    let one = |n: String| Source::One(format!("{p}{n}"));
+    let top = [
+        ("time_proj.", "timestep_features."),
+        ("timestep_proj.", "to_timestep_embed."),
+        ("global_proj.", "to_global_embed."),
+        ("cross_attention_proj.", "to_cond_embed."),
+        ("proj_in.", "transformer.project_in."),
+        ("proj_out.", "transformer.project_out."),
+    ];
+    for (ours, theirs) in top {
+        if let Some(rest) = name.strip_prefix(ours) {
+            return one(format!("{theirs}{rest}"));
+        }
+    }
+    let Some(rest) = name.strip_prefix("transformer_blocks.") else {
+        return one(name.into());
+    };
+    let (i, part) = rest.split_once('.').unwrap_or((rest, ""));
+    let l = format!("transformer.layers.{i}");
+    let norm = |n: &str, which: &str| {
+        let affine = if which == "weight" { "gamma" } else { "beta" };
+        one(format!("{l}.{n}.{affine}"))
+    };
+    match part {
+        "norm1.weight" | "norm1.bias" => norm("pre_norm", &part[6..]),
+        "norm2.weight" | "norm2.bias" => norm("cross_attend_norm", &part[6..]),
+        "norm3.weight" | "norm3.bias" => norm("ff_norm", &part[6..]),
+        "attn1.to_q.weight" => Source::Part(format!("{p}{l}.self_attn.to_qkv.weight"), 0, 3),
+        "attn1.to_k.weight" => Source::Part(format!("{p}{l}.self_attn.to_qkv.weight"), 1, 3),
+        "attn1.to_v.weight" => Source::Part(format!("{p}{l}.self_attn.to_qkv.weight"), 2, 3),
+        "attn1.to_out.0.weight" => one(format!("{l}.self_attn.to_out.weight")),
+        "attn2.to_q.weight" => one(format!("{l}.cross_attn.to_q.weight")),
+        "attn2.to_k.weight" => Source::Part(format!("{p}{l}.cross_attn.to_kv.weight"), 0, 2),
+        "attn2.to_v.weight" => Source::Part(format!("{p}{l}.cross_attn.to_kv.weight"), 1, 2),
+        "attn2.to_out.0.weight" => one(format!("{l}.cross_attn.to_out.weight")),
+        _ => match part.strip_prefix("ff.net.") {
+            Some(r) => one(format!("{l}.ff.ff.{r}")),
+            None => one(format!("{l}.{part}")),
+        },
+    }
+}

@@ -148,3 +148,62 @@ fn bad_configs_weights_and_inputs_are_errors_that_say_why() {
     let e = m.forward(rows, &ctx, &g).unwrap_err().to_string();
     assert!(e.contains("step conditioning"), "{e}");
 }
+
+/// Runs a loaded DiT on the golden inputs (every frame); its velocity.
+fn golden_velocity(m: &Sao, w: &flashdiff_models::Weights) -> Tensor {
+    let ctx = m
+        .context(&t(w, "golden.enc"), &t(w, "golden.global"))
+        .unwrap();
+    let time = t(w, "golden.t").to_vec1::<f32>().unwrap()[0];
+    let cond = m.step_cond(&ctx, time).unwrap();
+    let x = t(w, "golden.x");
+    let frames = x.dim(0).unwrap();
+    let ids: Vec<u32> = (0..frames as u32).collect();
+    let rows = Rows {
+        x: &x,
+        ids: &ids,
+        width: frames,
+        tokens: frames,
+        cache: None,
+        patches: None,
+        saliency: false,
+        text_cache: None,
+    };
+    m.forward(rows, &ctx, &cond).unwrap().velocity
+}
+
+/// `SaoCheckpoint` reads diffusers' names and stable-audio-tools' (`sao_official.safetensors`,
+/// written from the golden weights by `models/reference/sao_official.py`: fused Q/K/V and
+/// K/V, `gamma`/`beta` norms, an n x 1 Fourier matrix), sizes from the shapes, and both
+/// reproduce diffusers' output; bf16 compute stays near it.
+#[test]
+fn both_checkpoint_layouts_reproduce_diffusers() {
+    use flashdiff_models::sao::{SaoCheckpoint, SaoLayout};
+    let w = common::golden("sao_golden");
+    let want = t(&w, "golden.out");
+    for (file, layout) in [
+        ("sao_golden", SaoLayout::Diffusers),
+        ("sao_official", SaoLayout::Official),
+    ] {
+        let ck = SaoCheckpoint::open(&common::reference(file)).unwrap();
+        assert_eq!(ck.layout(), &layout);
+        assert_eq!(
+            ck.config(16).unwrap(),
+            config(),
+            "{file}: sizes from the shapes"
+        );
+        let m = ck.load(16, candle_core::DType::F32, &Device::Cpu).unwrap();
+        let d = max_diff(&golden_velocity(&m, &w), &want);
+        assert!(d <= TOL * max_abs(&want), "{file}: {d}");
+        let h = ck.load(16, candle_core::DType::BF16, &Device::Cpu).unwrap();
+        let d = max_diff(&golden_velocity(&h, &w), &want);
+        assert!(d > 0.0 && d <= 0.03 * max_abs(&want), "{file} in bf16: {d}");
+    }
+    let e = SaoCheckpoint::open(&common::reference("flux_golden"))
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("is not a Stable Audio DiT checkpoint"), "{e}");
+    let ck = SaoCheckpoint::open(&common::reference("sao_official")).unwrap();
+    let e = ck.config(7).unwrap_err().to_string();
+    assert!(e.contains("whole heads of 7"), "{e}");
+}

@@ -170,3 +170,172 @@ fn the_pipeline_is_an_audio_denoiser_that_decodes_stereo() {
     assert!(err(opts(None)).contains("projection_model"));
     std::fs::remove_dir_all(&d).ok();
 }
+
+/// stable-audio-tools' name of a tensor of the small diffusers folder (`part`: which
+/// subfolder), with its value: the release's single-file layout, written out here as the
+/// release stores it (see `models/reference/sao_official.py` for the DiT's part).
+fn release_tensors(d: &std::path::Path) -> Vec<(String, Tensor)> {
+    use flashdiff_models::pipeline::oobleck::official_name;
+    let read = |sub: &str| {
+        let w = flashdiff_models::Weights::open(
+            &d.join(sub).join("diffusion_pytorch_model.safetensors"),
+        )
+        .unwrap();
+        let mut v: Vec<(String, Tensor)> = w.names().map(|n| (n.to_string(), t(&w, n))).collect();
+        v.sort_by(|a, b| a.0.cmp(&b.0));
+        v
+    };
+    let mut out = Vec::new();
+    let dit: std::collections::HashMap<String, Tensor> = read("transformer").into_iter().collect();
+    let mut dit = dit;
+    let mut take = |n: &str| dit.remove(n).unwrap();
+    let m = "model.model.";
+    for i in 0..2 {
+        let (b, l) = (
+            format!("transformer_blocks.{i}."),
+            format!("{m}transformer.layers.{i}."),
+        );
+        for (ours, theirs) in [
+            ("norm1", "pre_norm"),
+            ("norm2", "cross_attend_norm"),
+            ("norm3", "ff_norm"),
+        ] {
+            out.push((
+                format!("{l}{theirs}.gamma"),
+                take(&format!("{b}{ours}.weight")),
+            ));
+            out.push((
+                format!("{l}{theirs}.beta"),
+                take(&format!("{b}{ours}.bias")),
+            ));
+        }
+        let cat = |ts: Vec<Tensor>| Tensor::cat(&ts, 0).unwrap();
+        let qkv = cat(["q", "k", "v"]
+            .map(|x| take(&format!("{b}attn1.to_{x}.weight")))
+            .to_vec());
+        out.push((format!("{l}self_attn.to_qkv.weight"), qkv));
+        out.push((
+            format!("{l}self_attn.to_out.weight"),
+            take(&format!("{b}attn1.to_out.0.weight")),
+        ));
+        out.push((
+            format!("{l}cross_attn.to_q.weight"),
+            take(&format!("{b}attn2.to_q.weight")),
+        ));
+        let kv = cat(["k", "v"]
+            .map(|x| take(&format!("{b}attn2.to_{x}.weight")))
+            .to_vec());
+        out.push((format!("{l}cross_attn.to_kv.weight"), kv));
+        out.push((
+            format!("{l}cross_attn.to_out.weight"),
+            take(&format!("{b}attn2.to_out.0.weight")),
+        ));
+        for x in ["0.proj.weight", "0.proj.bias", "2.weight", "2.bias"] {
+            out.push((format!("{l}ff.ff.{x}"), take(&format!("{b}ff.net.{x}"))));
+        }
+    }
+    let f = take("time_proj.weight");
+    out.push((
+        format!("{m}timestep_features.weight"),
+        f.unsqueeze(1).unwrap(),
+    ));
+    for (ours, theirs) in [
+        ("timestep_proj", "to_timestep_embed"),
+        ("global_proj", "to_global_embed"),
+        ("cross_attention_proj", "to_cond_embed"),
+        ("proj_in", "transformer.project_in"),
+        ("proj_out", "transformer.project_out"),
+        ("preprocess_conv", "preprocess_conv"),
+        ("postprocess_conv", "postprocess_conv"),
+    ] {
+        let names: Vec<String> = dit
+            .keys()
+            .filter(|k| k.starts_with(&format!("{ours}.")))
+            .cloned()
+            .collect();
+        for n in names {
+            let v = dit.remove(&n).unwrap();
+            out.push((format!("{m}{theirs}{}", &n[ours.len()..]), v));
+        }
+    }
+    assert!(
+        dit.is_empty(),
+        "unmapped: {:?}",
+        dit.keys().collect::<Vec<_>>()
+    );
+    for (n, v) in read("projection_model") {
+        let n = n
+            .replace("start_number_conditioner", "seconds_start")
+            .replace("end_number_conditioner", "seconds_total")
+            .replace("time_positional_embedding", "embedder.embedding");
+        out.push((format!("conditioner.conditioners.{n}"), v));
+    }
+    for (n, v) in read("vae") {
+        let v = if n.ends_with(".alpha") || n.ends_with(".beta") {
+            v.flatten_all().unwrap()
+        } else {
+            v
+        };
+        out.push((official_name(&n, 5), v));
+    }
+    out
+}
+
+/// The same small model as stable-audio-tools publishes it (one `model.safetensors`,
+/// `model_config.json`, T5 beside it) makes the same sound as its diffusers folder.
+#[test]
+fn the_release_layout_makes_the_same_sound_as_the_diffusers_folder() {
+    let d = scratch("diffusers");
+    let r = std::env::temp_dir().join(format!("flashdiff-sao-release-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&r);
+    std::fs::create_dir_all(&r).unwrap();
+    for sub in ["text_encoder", "tokenizer"] {
+        std::fs::create_dir_all(r.join(sub)).unwrap();
+        for e in std::fs::read_dir(d.join(sub)).unwrap() {
+            let e = e.unwrap();
+            std::fs::copy(e.path(), r.join(sub).join(e.file_name())).unwrap();
+        }
+    }
+    let tensors = release_tensors(&d);
+    let map: std::collections::HashMap<String, Tensor> = tensors.into_iter().collect();
+    candle_core::safetensors::save(&map, r.join("model.safetensors")).unwrap();
+    std::fs::write(
+        r.join("model_config.json"),
+        r#"{"sample_size": 512, "sample_rate": 8000, "model": {
+            "pretransform": {"config": {"downsampling_ratio": 32}},
+            "conditioning": {"configs": [
+                {"id": "prompt", "type": "t5", "config": {"t5_model_name": "t5-base", "max_length": 128}},
+                {"id": "seconds_start", "type": "number", "config": {"min_val": 0, "max_val": 512}},
+                {"id": "seconds_total", "type": "number", "config": {"min_val": 0, "max_val": 512}}]},
+            "diffusion": {"config": {"embed_dim": 32, "num_heads": 4}}}}"#,
+    )
+    .unwrap();
+    // The release's VAE sizes are Stable Audio Open 1.0's unless vae/config.json says.
+    std::fs::create_dir_all(r.join("vae")).unwrap();
+    std::fs::copy(d.join("vae/config.json"), r.join("vae/config.json")).unwrap();
+    let sound = |dir: &std::path::Path| {
+        let m = pipeline::load(AUDIO, dir, &opts(Some(0.05)), &Device::Cpu).unwrap();
+        let c = m.condition("a dog barking").unwrap();
+        let ctx = Tensor::new(c.context.as_slice(), &Device::Cpu).unwrap();
+        let cond = m.step_cond(&ctx, m.time(3, 10)).unwrap();
+        let x = Tensor::ones((16, 8), DType::F32, &Device::Cpu).unwrap();
+        let v = m
+            .full_forward(
+                &x,
+                flashdiff_models::StepInput {
+                    context: &ctx,
+                    cond: &cond,
+                },
+                false,
+            )
+            .unwrap()
+            .velocity;
+        let audio = m.decode(&vec![0.2; 16 * 8]).unwrap().audio;
+        (v.flatten_all().unwrap().to_vec1::<f32>().unwrap(), audio)
+    };
+    let (a, b) = (sound(&d), sound(&r));
+    assert_eq!(a.0, b.0, "the DiT's velocity differs between the layouts");
+    assert_eq!(a.1, b.1, "the decoded audio differs between the layouts");
+    std::fs::remove_dir_all(&d).ok();
+    std::fs::remove_dir_all(&r).ok();
+}

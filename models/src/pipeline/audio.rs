@@ -9,6 +9,12 @@
 //! DIR/scheduler/          scheduler_config.json (sigma_min, sigma_max; optional)
 //! ```
 //!
+//! Or stable-audio-tools' release as it is published: `DIR/model.safetensors` (the DiT
+//! under `model.model.*`, the seconds' embedders under `conditioner.conditioners.*`, the
+//! VAE under `pretransform.model.*`) with `DIR/model_config.json`, plus T5-base in
+//! `DIR/text_encoder/` and `DIR/tokenizer/` (the release names it, `t5-base`, and does not
+//! include it). The single file wins where both are present.
+//!
 //! As diffusers' `StableAudioPipeline` runs it: T5's states with the padding masked, then
 //! the start and end seconds' embeddings as two more rows of the cross-attention input and,
 //! side by side, as the global vector; classifier-free guidance (7.0) against all-zero text
@@ -25,7 +31,7 @@ use super::text::{config, T5Text};
 use crate::checkpoint::{Shards, Source};
 use crate::joint::{lin, Lin};
 use crate::joint_denoiser::{EncodedPrompt, PromptEncoder, SaoDenoiser, Schedule};
-use crate::sao::{Sao, SaoConfig};
+use crate::sao::SaoCheckpoint;
 use crate::ModelError;
 
 /// Marks the two seconds rows among the text pieces (not words).
@@ -85,8 +91,9 @@ impl std::fmt::Debug for T5Text {
 }
 
 impl SaoText {
-    /// The text encoder and the projection model of a diffusers Stable Audio folder, every
-    /// prompt conditioned on the audio running from 0 to `seconds`.
+    /// The text encoder and the projection model of a diffusers Stable Audio folder (or, with
+    /// `DIR/model.safetensors`, the release's seconds embedders), every prompt conditioned on
+    /// the audio running from 0 to `seconds`.
     pub fn load(dir: &Path, seconds: f32, dtype: DType, dev: &Device) -> Result<Self, ModelError> {
         let t5 = T5Text::load(
             &dir.join("text_encoder"),
@@ -95,6 +102,9 @@ impl SaoText {
             dtype,
             dev,
         )?;
+        if let Some(release) = Release::find(dir)? {
+            return Self::from_release(t5, &release, seconds, dev);
+        }
         let pdir = dir.join("projection_model");
         let pj: ProjectionJson = config(&pdir)?;
         let increasing = pj.max_value > pj.min_value;
@@ -153,6 +163,49 @@ impl SaoText {
         })
     }
 
+    /// The seconds embedders of the release's single file (`conditioner.conditioners.
+    /// seconds_start` / `seconds_total`), no text projection (the release feeds T5-base's
+    /// 768-wide states as they are).
+    fn from_release(
+        t5: T5Text,
+        r: &Release,
+        seconds: f32,
+        dev: &Device,
+    ) -> Result<Self, ModelError> {
+        let files = Shards::open(&r.file)?;
+        let get = |n: &str, s: &[usize]| files.tensor(&Source::One(n.into()), n, s, dev);
+        let number = |id: &str| -> Result<NumberEmbedder, ModelError> {
+            let e = format!("conditioner.conditioners.{id}.embedder.embedding");
+            let what = "Stable Audio release";
+            let half = files.need(&Source::One(format!("{e}.0.weights")), id, 1, what)?[0];
+            let width = files.need(&Source::One(format!("{e}.1.weight")), id, 2, what)?[0];
+            Ok(NumberEmbedder {
+                freqs: get(&format!("{e}.0.weights"), &[half])?,
+                proj: lin(&get, &format!("{e}.1"), 2 * half + 1, width, true)?,
+                min: r.seconds_range.0,
+                max: r.seconds_range.1,
+            })
+        };
+        let (start, end) = (number("seconds_start")?, number("seconds_total")?);
+        let width = start.proj.w.dim(0)?;
+        if width != t5.width() {
+            return Err(ModelError::Input(format!(
+                "{}: the seconds embed {width} wide, T5's states are {} (the release has no \
+                 text projection)",
+                r.file.display(),
+                t5.width()
+            )));
+        }
+        Ok(Self {
+            t5,
+            text_proj: None,
+            start,
+            end,
+            width,
+            seconds: (0.0, seconds),
+        })
+    }
+
     /// Widths of the cross-attention input rows and of the global vector.
     pub fn widths(&self) -> (usize, usize) {
         (self.width, 2 * self.width)
@@ -199,20 +252,75 @@ impl PromptEncoder for SaoText {
     }
 }
 
-/// What we read of `transformer/config.json` (`StableAudioDiTModel`).
+/// What we read of `transformer/config.json` (`StableAudioDiTModel`); the other sizes come
+/// from the tensors' shapes.
 #[derive(Debug, serde::Deserialize)]
 struct DitJson {
     sample_size: usize,
-    in_channels: usize,
-    num_layers: usize,
     attention_head_dim: usize,
-    num_attention_heads: usize,
-    num_key_value_attention_heads: usize,
-    out_channels: usize,
-    cross_attention_dim: usize,
-    time_proj_dim: usize,
-    global_states_input_dim: usize,
-    cross_attention_input_dim: usize,
+}
+
+/// stable-audio-tools' release in a folder: `model.safetensors` and what
+/// `model_config.json` says (the released model's values where it is absent).
+#[derive(Debug)]
+struct Release {
+    file: std::path::PathBuf,
+    head_dim: usize,
+    /// Latent frames a window (sample_size / the VAE's downsampling ratio: 1,024).
+    latent_frames: usize,
+    /// The seconds embedders' range (0..512).
+    seconds_range: (f32, f32),
+}
+
+impl Release {
+    /// The release in `dir`, if `dir/model.safetensors` is there.
+    fn find(dir: &Path) -> Result<Option<Self>, ModelError> {
+        let file = dir.join("model.safetensors");
+        if !file.is_file() {
+            return Ok(None);
+        }
+        let p = dir.join("model_config.json");
+        let v: serde_json::Value = if p.is_file() {
+            let t = std::fs::read_to_string(&p)
+                .map_err(|e| ModelError::Input(format!("{}: {e}", p.display())))?;
+            serde_json::from_str(&t)
+                .map_err(|e| ModelError::Input(format!("{}: {e}", p.display())))?
+        } else {
+            serde_json::Value::Null
+        };
+        let num = |x: &serde_json::Value| x.as_f64();
+        let dit = &v["model"]["diffusion"]["config"];
+        let head_dim = match (num(&dit["embed_dim"]), num(&dit["num_heads"])) {
+            (Some(w), Some(h)) if h >= 1.0 => (w / h) as usize,
+            _ => crate::sao::SAO_HEAD_DIM,
+        };
+        let ratio = num(&v["model"]["pretransform"]["config"]["downsampling_ratio"]);
+        let latent_frames = match (num(&v["sample_size"]), ratio) {
+            (Some(s), Some(r)) if r >= 1.0 => (s / r) as usize,
+            _ => 1024,
+        };
+        let seconds = v["model"]["conditioning"]["configs"]
+            .as_array()
+            .and_then(|cs| cs.iter().find(|c| c["id"] == "seconds_start"))
+            .map(|c| &c["config"]);
+        let seconds_range = match seconds.map(|c| (num(&c["min_val"]), num(&c["max_val"]))) {
+            Some((Some(a), Some(b))) => (a as f32, b as f32),
+            _ => (0.0, 512.0),
+        };
+        if latent_frames == 0 || seconds_range.1 <= seconds_range.0 {
+            return Err(ModelError::Input(format!(
+                "{}: a window of {latent_frames} latent frames and seconds {:?}",
+                p.display(),
+                seconds_range
+            )));
+        }
+        Ok(Some(Self {
+            file,
+            head_dim,
+            latent_frames,
+            seconds_range,
+        }))
+    }
 }
 
 /// What we read of `scheduler/scheduler_config.json`.
@@ -247,36 +355,29 @@ pub fn load(
     dtype: DType,
     dev: &Device,
 ) -> Result<SaoDenoiser, ModelError> {
-    let tdir = dir.join("transformer");
-    let j: DitJson = config(&tdir)?;
-    let cfg = SaoConfig {
-        in_channels: j.in_channels,
-        out_channels: j.out_channels,
-        heads: j.num_attention_heads,
-        kv_heads: j.num_key_value_attention_heads,
-        head_dim: j.attention_head_dim,
-        depth: j.num_layers,
-        cross_dim: j.cross_attention_dim,
-        cross_in: j.cross_attention_input_dim,
-        global_in: j.global_states_input_dim,
-        time_proj_dim: j.time_proj_dim,
+    let (ck, head_dim, frames) = match Release::find(dir)? {
+        Some(r) => (SaoCheckpoint::open(&r.file)?, r.head_dim, r.latent_frames),
+        None => {
+            let tdir = dir.join("transformer");
+            let j: DitJson = config(&tdir)?;
+            (
+                SaoCheckpoint::open(&tdir)?,
+                j.attention_head_dim,
+                j.sample_size,
+            )
+        }
     };
-    if j.sample_size == 0 || j.in_channels != j.out_channels {
+    let cfg = ck.config(head_dim)?;
+    if frames == 0 || cfg.in_channels != cfg.out_channels {
         return Err(ModelError::Input(format!(
-            "{}: sample_size {} latent frames and {} -> {} channels; Stable Audio needs a \
-             window and as many channels out as in",
-            tdir.join("config.json").display(),
-            j.sample_size,
-            j.in_channels,
-            j.out_channels
+            "{}: a window of {frames} latent frames and {} -> {} channels; Stable Audio \
+             needs a window and as many channels out as in",
+            dir.display(),
+            cfg.in_channels,
+            cfg.out_channels
         )));
     }
-    let files = Shards::open(&tdir)?;
-    crate::checkpoint::dtype_for("", &[], dtype)?;
-    let dit = Sao::load(cfg.clone(), &|n, s| {
-        let d = crate::checkpoint::dtype_for(n, s, dtype)?;
-        files.tensor_in(&Source::One(n.into()), n, s, d, dev)
-    })?;
+    let dit = ck.load(head_dim, dtype, dev)?;
     let vae = Oobleck::open(dir, dev)?;
     let v = vae.config();
     if v.decoder_input_channels != cfg.in_channels {
@@ -287,14 +388,14 @@ pub fn load(
             cfg.in_channels
         )));
     }
-    let window = (j.sample_size * v.hop()) as f64 / v.sampling_rate as f64;
+    let window = (frames * v.hop()) as f64 / v.sampling_rate as f64;
     let seconds = seconds.map_or(window, f64::from);
     let fits = seconds > 0.0 && seconds <= window + 1e-6;
     if !fits {
         return Err(ModelError::Input(format!(
             "{seconds} s of audio: this model makes at most {window:.2} s ({} latent frames of \
              {} samples at {} Hz)",
-            j.sample_size,
+            frames,
             v.hop(),
             v.sampling_rate
         )));
@@ -333,7 +434,7 @@ pub fn load(
         )));
     }
     let samples = (seconds * v.sampling_rate as f64).round() as usize;
-    let m = SaoDenoiser::new_video(dit, Box::new(text), (1, 1, j.sample_size), 0.0, dev.clone())?
+    let m = SaoDenoiser::new_video(dit, Box::new(text), (1, 1, frames), 0.0, dev.clone())?
         .with_schedule(Schedule::Cosine {
             min: s.sigma_min,
             max: s.sigma_max,
