@@ -39,6 +39,7 @@ pub mod oobleck;
 mod sd3;
 mod text;
 pub mod tiny;
+pub mod umt5;
 mod vae;
 
 pub use clip::ClipWithProjection;
