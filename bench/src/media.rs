@@ -168,6 +168,14 @@ pub fn run(
         "kind": kind.name(),
         "config": {"prompts": cfg.prompts, "seed": cfg.seed, "steps": cfg.steps, "patches": cfg.patches, "epsilon": base.epsilon, "max_skip": base.max_skip},
         "summary": summary,
+        "rows": rows.iter().map(|r| json!({
+            "seed": r.seed,
+            "prompt": r.prompt,
+            "method": r.method,
+            "fidelity_db": r.fidelity,
+            "skipped": r.skipped,
+            "all_correct": r.all_correct,
+        })).collect::<Vec<_>>(),
     });
     write_outputs(out, &doc, &md)?;
     Ok(md)

@@ -8,7 +8,9 @@ use std::process::ExitCode;
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let (Some(dir), Some(model)) = (args.first(), args.get(1)) else {
-        eprintln!("usage: tiny_pipeline DIR flux-dev|flux-schnell|sd3|sd3.5|stable-audio-open");
+        eprintln!(
+            "usage: tiny_pipeline DIR flux-dev|flux-schnell|sd3|sd3.5|wan2.1|stable-audio-open"
+        );
         return ExitCode::from(2);
     };
     let dir = std::path::Path::new(dir);
@@ -19,9 +21,11 @@ fn main() -> ExitCode {
         "sd3" => tiny::write_sd3(dir, false),
         "sd3.5" => tiny::write_sd3(dir, true),
         "stable-audio-open" => tiny::write_sao(dir),
+        "wan2.1" => tiny::write_wan(dir),
         other => {
             eprintln!(
-                "unknown model {other:?}: flux-dev, flux-schnell, sd3, sd3.5 or stable-audio-open"
+                "unknown model {other:?}: flux-dev, flux-schnell, sd3, sd3.5, wan2.1 or \
+                 stable-audio-open"
             );
             return ExitCode::from(2);
         }

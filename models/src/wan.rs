@@ -475,7 +475,22 @@ impl WanCheckpoint {
 
     /// The transformer on `dev` (`heads`: see [`WanCheckpoint::config`]).
     pub fn load(&self, heads: Option<usize>, dev: &candle_core::Device) -> Result<Wan, ModelError> {
-        Wan::load(self.config(heads)?, &|n, s| self.tensor(n, s, dev))
+        self.load_in(heads, candle_core::DType::F32, dev)
+    }
+
+    /// [`WanCheckpoint::load`] with the linear layers' weights in `compute` (F32, BF16 or
+    /// F16), read in that dtype; everything else f32.
+    pub fn load_in(
+        &self,
+        heads: Option<usize>,
+        compute: candle_core::DType,
+        dev: &candle_core::Device,
+    ) -> Result<Wan, ModelError> {
+        crate::checkpoint::dtype_for("", &[], compute)?;
+        Wan::load(self.config(heads)?, &|n, s| {
+            let d = crate::checkpoint::dtype_for(n, s, compute)?;
+            self.files.tensor_in(&self.source(n), n, s, d, dev)
+        })
     }
 }
 

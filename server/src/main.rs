@@ -215,12 +215,12 @@ struct RunArgs {
     #[arg(long)]
     processes: bool,
     /// Model: built-in tinydit (images), tinyvideo (8-frame clips), tinyaudio (2 s sounds);
-    /// or flux-dev, flux-schnell, sd3, sd3.5 (images), stable-audio-open (sound) from a
-    /// diffusers folder given with --weights.
+    /// or flux-dev, flux-schnell, sd3, sd3.5 (images), wan2.1 (video), stable-audio-open
+    /// (sound) from a diffusers folder given with --weights.
     #[arg(long, default_value = "tinydit", value_parser = MODELS)]
     model: String,
     /// Model file (default: the built-in --model's shipped weights), or with --model
-    /// flux-dev|flux-schnell|sd3|sd3.5|stable-audio-open the pipeline's diffusers folder (transformer/,
+    /// flux-dev|flux-schnell|sd3|sd3.5|wan2.1|stable-audio-open the pipeline's diffusers folder (transformer/,
     /// text_encoder*/, tokenizer*/, vae/).
     #[arg(long)]
     weights: Option<PathBuf>,
@@ -241,6 +241,10 @@ struct RunArgs {
     /// released model); written as a WAV file.
     #[arg(long, value_parser = parse_seconds)]
     seconds: Option<f32>,
+    /// Video frames for wan2.1: 1 + 4k, up to 1001 (default 81); written as a GIF of the
+    /// latent preview (Wan's VAE is not implemented).
+    #[arg(long, value_parser = parse_frames)]
+    frames: Option<usize>,
     /// Whether --model was on the command line (not its default).
     #[arg(skip)]
     model_given: bool,
@@ -251,7 +255,7 @@ struct RunArgs {
 }
 
 /// Every `--model`: the built-in models, then the pipelines read from a folder.
-const MODELS: [&str; 8] = [
+const MODELS: [&str; 9] = [
     BUILTIN_MODELS[0],
     BUILTIN_MODELS[1],
     BUILTIN_MODELS[2],
@@ -259,6 +263,7 @@ const MODELS: [&str; 8] = [
     "flux-schnell",
     "sd3",
     "sd3.5",
+    "wan2.1",
     "stable-audio-open",
 ];
 
@@ -279,6 +284,13 @@ fn parse_seconds(v: &str) -> Result<f32, String> {
     match v.parse::<f32>() {
         Ok(s) if s.is_finite() && s > 0.0 && s <= 3600.0 => Ok(s),
         _ => Err("must be a number of seconds in (0, 3600]".into()),
+    }
+}
+
+fn parse_frames(v: &str) -> Result<usize, String> {
+    match v.parse::<usize>() {
+        Ok(f) if (1..=1001).contains(&f) && (f - 1) % 4 == 0 => Ok(f),
+        _ => Err("must be 1 + 4k frames in 1..=1001, e.g. 81".into()),
     }
 }
 
@@ -319,6 +331,20 @@ fn check_run_args(o: &RunArgs, model_given: bool) -> Result<(), String> {
         return Err(format!(
             "--size: {} makes sound; give its length with --seconds",
             o.model
+        ));
+    }
+    let video = o.model == flashdiff_runtime::models::pipeline::VIDEO;
+    if !video && o.frames.is_some() {
+        return Err(format!(
+            "--frames applies to wan2.1; {} makes {}",
+            o.model,
+            if audio {
+                "sound"
+            } else if pipeline {
+                "images"
+            } else {
+                "its own fixed-size samples"
+            }
         ));
     }
     if !audio && o.seconds.is_some() {
@@ -979,6 +1005,7 @@ impl ModelEngine {
             // A built-in model a request names has its own size and no guidance.
             size: if model.is_some() { None } else { o.run.size },
             seconds: if model.is_some() { None } else { o.run.seconds },
+            frames: if model.is_some() { None } else { o.run.frames },
             guidance: if model.is_some() {
                 None
             } else {
@@ -1259,11 +1286,17 @@ fn pipeline_engine(
 ) -> Result<Engine, String> {
     use flashdiff_runtime::models::pipeline;
     let opts = pipeline::PipelineOptions {
-        size: o.size.unwrap_or((1024, 1024)),
+        // Wan2.1's default is its 480p (832x480); the image models' 1024x1024.
+        size: o.size.unwrap_or(if o.model == pipeline::VIDEO {
+            (480, 832)
+        } else {
+            (1024, 1024)
+        }),
         guidance: o.guidance,
         dtype: pipeline::parse_dtype(o.dtype.as_deref().unwrap_or("f32"))
             .map_err(|e| format!("--dtype: {e}"))?,
         seconds: o.seconds,
+        frames: o.frames,
     };
     eprintln!("loading {} from {} ...", o.model, dir.display());
     let t0 = std::time::Instant::now();

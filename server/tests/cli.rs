@@ -761,6 +761,64 @@ fn generate_runs_a_stable_audio_folder() {
     std::fs::remove_dir_all(&dir).ok();
 }
 
+/// `generate --model wan2.1 --weights DIR` on the small random pipeline (umT5, the
+/// transformer): an animated GIF of the latent preview, patch-steps skipped, the report and
+/// `--compare`, the same file twice; frame counts Wan cannot make are errors.
+#[test]
+fn generate_runs_a_wan_folder() {
+    let dir = std::env::temp_dir().join(format!("flashdiff-cli-wan-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    flashdiff_models::pipeline::tiny::write_wan(&dir.join("model")).unwrap();
+    let run = |out: &str| {
+        let gif = dir.join(out);
+        let (stdout, stderr) = succeeds_with(
+            flashdiff()
+                .args(["generate", "--model", "wan2.1", "--weights"])
+                .arg(dir.join("model"))
+                .args(["--size", "64x48", "--frames", "9", "--steps", "12"])
+                .args(["a red fox running in the snow", "--compare", "-o"])
+                .arg(&gif),
+            &[
+                "3 frames of 8x6 pixels",
+                "patch-steps computed",
+                "vs full computation: PSNR",
+            ],
+        );
+        assert!(!stdout.contains("(0.0% skipped)"), "{stdout}");
+        assert!(stderr.contains("step 12/12"), "no progress shown: {stderr}");
+        std::fs::read(&gif).unwrap()
+    };
+    let a = run("a.gif");
+    assert_eq!(&a[..6], b"GIF89a");
+    assert_eq!(run("b.gif"), a, "same request, same clip");
+    for (args, needle) in [
+        (&["--frames", "10"][..], "1 + 4k frames"),
+        (
+            &["--seconds", "2"][..],
+            "--seconds applies to stable-audio-open",
+        ),
+    ] {
+        let out = flashdiff()
+            .args(["generate", "--model", "wan2.1", "--weights"])
+            .arg(dir.join("model"))
+            .args(args)
+            .args(["x", "-o"])
+            .arg(dir.join("c.gif"))
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {stderr}");
+        assert!(stderr.contains(needle), "{args:?}: {stderr}");
+    }
+    let out = flashdiff()
+        .args(["generate", "--frames", "9", "x"])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("--frames applies to wan2.1"), "{stderr}");
+    std::fs::remove_dir_all(&dir).ok();
+}
+
 #[test]
 fn pipeline_flags_get_errors_that_name_them() {
     let cases: &[(&[&str], &str)] = &[

@@ -41,6 +41,7 @@ mod text;
 pub mod tiny;
 pub mod umt5;
 mod vae;
+pub mod wan;
 
 pub use clip::ClipWithProjection;
 pub use sd3::{Sd3Text, CLIP_PIECE};
@@ -48,7 +49,10 @@ pub use text::{FluxText, TextTokenizer};
 pub use vae::Vae;
 
 /// The pipelines `flashdiff generate --model` knows besides the built-in models.
-pub const PIPELINES: &[&str] = &["flux-dev", "flux-schnell", "sd3", "sd3.5", AUDIO];
+pub const PIPELINES: &[&str] = &["flux-dev", "flux-schnell", "sd3", "sd3.5", VIDEO, AUDIO];
+
+/// The text-to-video pipeline among [`PIPELINES`].
+pub const VIDEO: &str = "wan2.1";
 
 /// The text-to-audio pipeline among [`PIPELINES`] (the others make images).
 pub const AUDIO: &str = "stable-audio-open";
@@ -74,6 +78,8 @@ pub struct PipelineOptions {
     /// Stable Audio Open: seconds of audio (default: the model's whole window, 47.55 s for
     /// the released model). Images take none.
     pub seconds: Option<f32>,
+    /// Wan2.1: video frames, 1 + 4k (default 81).
+    pub frames: Option<usize>,
 }
 
 impl PipelineOptions {
@@ -84,6 +90,7 @@ impl PipelineOptions {
             guidance: None,
             dtype: DType::F32,
             seconds: None,
+            frames: None,
         }
     }
 }
@@ -111,6 +118,7 @@ pub fn default_guidance(name: &str) -> Option<f32> {
     match name {
         "flux-dev" => Some(3.5),
         "sd3" | "sd3.5" | AUDIO => Some(7.0),
+        VIDEO => Some(5.0),
         _ => None,
     }
 }
@@ -155,7 +163,14 @@ pub fn load(
     }
     if opts.seconds.is_some() && name != AUDIO {
         return Err(ModelError::Input(format!(
-            "{name} makes images: a duration in seconds applies to {AUDIO}"
+            "{name} makes {}: a duration in seconds applies to {AUDIO}",
+            if name == VIDEO { "video" } else { "images" }
+        )));
+    }
+    if opts.frames.is_some() && name != VIDEO {
+        return Err(ModelError::Input(format!(
+            "a frame count applies to {VIDEO}; {name} makes {}",
+            if name == AUDIO { "sound" } else { "images" }
         )));
     }
     if !dir.is_dir() {
@@ -182,6 +197,16 @@ pub fn load(
             opts.dtype,
             DTYPES.map(|(n, _)| n).join(" or ")
         )));
+    }
+    if name == VIDEO {
+        return Ok(Box::new(wan::load(
+            dir,
+            opts.size,
+            opts.frames.unwrap_or(wan::DEFAULT_FRAMES),
+            guidance,
+            opts.dtype,
+            dev,
+        )?));
     }
     if name == AUDIO {
         return Ok(Box::new(audio::load(

@@ -99,6 +99,55 @@ pub fn write_flux(dir: &Path, dev: bool) -> Result<(), ModelError> {
     vae(&dir.join("vae"))
 }
 
+/// Writes a small random Wan2.1 folder: umT5 (3 layers, 16 wide) and its tokenizer, the
+/// transformer (2 blocks of 2 heads of 12, 4 latent channels) and the scheduler's config.
+pub fn write_wan(dir: &Path) -> Result<(), ModelError> {
+    let vocab = t5_tokenizer(&dir.join("tokenizer"))?;
+    let json = serde_json::json!({"architectures": ["UMT5EncoderModel"], "vocab_size": vocab,
+        "d_model": 16, "d_kv": 4, "d_ff": 32, "num_layers": 3, "num_heads": 4,
+        "relative_attention_num_buckets": 8, "relative_attention_max_distance": 32,
+        "feed_forward_proj": "gated-gelu", "layer_norm_epsilon": 1e-6});
+    write(&dir.join("text_encoder/config.json"), &json.to_string())?;
+    let cfg = serde_json::from_value(json).map_err(|e| fail("umT5 config", e))?;
+    let vm = VarMap::new();
+    let vb = VarBuilder::from_varmap(&vm, DType::F32, &Device::Cpu);
+    super::umt5::Umt5Encoder::load(
+        cfg,
+        &|name: &str, shape: &[usize]| Ok(vb.get_with_hints(shape, name, init(name, shape))?),
+        &Device::Cpu,
+    )?;
+    save(&vm, &dir.join("text_encoder/model.safetensors"))?;
+    let cfg = crate::wan::WanConfig {
+        patch: [1, 2, 2],
+        in_channels: 4,
+        out_channels: 4,
+        heads: 2,
+        head_dim: 12,
+        depth: 2,
+        ffn_dim: 64,
+        text_dim: 16,
+        freq_dim: 32,
+        cross_attn_norm: true,
+    };
+    let vm = VarMap::new();
+    let vb = VarBuilder::from_varmap(&vm, DType::F32, &Device::Cpu);
+    crate::wan::Wan::load(cfg, &|name: &str, shape: &[usize]| {
+        Ok(vb.get_with_hints(shape, name, init(name, shape))?)
+    })?;
+    save(
+        &vm,
+        &dir.join("transformer/diffusion_pytorch_model.safetensors"),
+    )?;
+    write(
+        &dir.join("transformer/config.json"),
+        r#"{"_class_name": "WanTransformer3DModel", "num_attention_heads": 2}"#,
+    )?;
+    write(
+        &dir.join("scheduler/scheduler_config.json"),
+        r#"{"_class_name": "UniPCMultistepScheduler", "flow_shift": 3.0}"#,
+    )
+}
+
 /// Writes a small random Stable Audio Open folder: T5 and its tokenizer, the projection
 /// model (the seconds' embedders), the DiT (hidden 32, cross-attention 16 wide with 2
 /// key/value heads), the Oobleck VAE (5 blocks, 32 samples a latent frame, stereo, 8 kHz)

@@ -170,6 +170,11 @@ impl Umt5Encoder {
         &self.cfg
     }
 
+    /// Where it runs.
+    pub fn device(&self) -> &Device {
+        &self.device
+    }
+
     /// Final states of `ids` (`n x d_model`, f32): the whole sequence attends to itself.
     pub fn forward(&self, ids: &[u32]) -> Result<Tensor, ModelError> {
         let n = ids.len();

@@ -1,0 +1,91 @@
+//! Wan2.1 as a pipeline (#13 item 3): umT5 with its padding masked, the video grid the VAE's
+//! packing implies, the shifted schedule and guidance, on the small random pipeline.
+
+mod common;
+
+use std::path::PathBuf;
+
+use candle_core::{DType, Device};
+use flashdiff_models::flux::PromptEncoder;
+use flashdiff_models::joint_denoiser::Schedule;
+use flashdiff_models::pipeline::umt5::Umt5Encoder;
+use flashdiff_models::pipeline::wan::{WanText, WAN_TOKENS};
+use flashdiff_models::pipeline::{self, tiny, PipelineOptions, TextTokenizer, VIDEO};
+use flashdiff_models::Kind;
+
+use common::{max_abs, max_diff};
+
+fn scratch(name: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("flashdiff-wan-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    tiny::write_wan(&d).unwrap();
+    d
+}
+
+#[test]
+fn umt5_states_mask_the_padding() {
+    let d = scratch("text");
+    let text = WanText::load(&d, DType::F32, &Device::Cpu).unwrap();
+    let e = text.encode("a red fox running in the snow").unwrap();
+    assert_eq!(e.states.dims(), [WAN_TOKENS, 16]);
+    assert_eq!(text.tokens(), WAN_TOKENS);
+    let tok = TextTokenizer::open(&d.join("tokenizer"), WAN_TOKENS, "<pad>").unwrap();
+    let (ids, _) = tok
+        .encode_unpadded("a red fox running in the snow")
+        .unwrap();
+    let k = ids.len();
+    let enc = Umt5Encoder::open(&d.join("text_encoder"), DType::F32, &Device::Cpu).unwrap();
+    let alone = enc.forward(&ids).unwrap();
+    assert!(max_abs(&alone) > 0.0);
+    assert_eq!(max_diff(&e.states.narrow(0, 0, k).unwrap(), &alone), 0.0);
+    let pad = e.states.narrow(0, k, WAN_TOKENS - k).unwrap();
+    assert_eq!(max_abs(&pad), 0.0, "padding rows must be zero");
+    std::fs::remove_dir_all(&d).ok();
+}
+
+fn opts(w: usize, h: usize, frames: Option<usize>) -> PipelineOptions {
+    PipelineOptions {
+        frames,
+        ..PipelineOptions::new((h, w))
+    }
+}
+
+#[test]
+fn the_pipeline_is_a_video_denoiser_on_the_latent_grid() {
+    let d = scratch("pipe");
+    let m = pipeline::load(VIDEO, &d, &opts(64, 48, Some(9)), &Device::Cpu).unwrap();
+    assert_eq!(m.kind(), Kind::Video);
+    let g = m.dims().grid;
+    assert_eq!(
+        (g.frames, g.height, g.width),
+        (3, 3, 4),
+        "9 frames -> 3 latent frames; 48 x 64 pixels -> 3 x 4 tokens"
+    );
+    // Guided at 5.0 by default: the step conditioning holds both passes (7 rows of 24 each).
+    assert_eq!(m.dims().cond_len, 2 * 7 * 24);
+    let s = Schedule::Shift(3.0);
+    for n in [0, 5, 11, 12] {
+        assert_eq!(m.time(n, 12), s.time(n, 12, 36), "step {n}: flow_shift 3");
+    }
+    let c = m.condition("a red fox running in the snow").unwrap();
+    assert_eq!(c.words, ["a", "red", "fox", "running", "in", "the", "snow"]);
+    let sample = m.decode(&vec![0.3; 36 * 16]).unwrap();
+    assert_eq!((sample.frames, sample.width, sample.height), (3, 8, 6));
+    let err = |o: PipelineOptions| {
+        pipeline::load(VIDEO, &d, &o, &Device::Cpu)
+            .unwrap_err()
+            .to_string()
+    };
+    assert!(err(opts(64, 48, Some(10))).contains("1 + 4k frames"));
+    assert!(err(opts(60, 48, None)).contains("multiple of 16"));
+    assert!(err(PipelineOptions {
+        seconds: Some(1.0),
+        ..opts(64, 48, None)
+    })
+    .contains("makes video"));
+    let e = pipeline::load("sd3", &d, &opts(64, 48, Some(9)), &Device::Cpu)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("a frame count applies to wan2.1"), "{e}");
+    std::fs::remove_dir_all(&d).ok();
+}
