@@ -7,7 +7,7 @@
 # forwards) and bf16 compute on CUDA against bf16 compute on the CPU. Then the FLUX-shaped
 # subset timing at 1024 / 4096 tokens on the GPU in f32 and bf16 (criterion --quick), and
 # the FLUX.1 dev and SD3.5 pipelines (text encoders, transformer, VAE) on small random
-# weights, GPU against CPU, in f32 and bf16.
+# weights, GPU against CPU, in f32 and bf16, and the Wan2.1 and Stable Audio Open ones.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -58,5 +58,16 @@ for m in flux-dev sd3.5; do
         | grep -E "^time|patch-steps computed"
     done
   done
+done
+echo "== Wan2.1 and Stable Audio Open pipelines on small random weights, GPU against CPU"
+target/release/examples/tiny_pipeline /tmp/gpu-check-wan wan2.1
+target/release/examples/tiny_pipeline /tmp/gpu-check-sao stable-audio-open
+for dev in cuda cpu; do
+  target/release/flashdiff generate --model wan2.1 --weights /tmp/gpu-check-wan --size 128x96 \
+    --frames 17 --steps 20 --device "$dev" "a red fox running in the snow" \
+    -o "/tmp/gpu-check-wan-$dev.gif" | grep -E "^time|patch-steps computed"
+  target/release/flashdiff generate --model stable-audio-open --weights /tmp/gpu-check-sao \
+    --seconds 0.05 --steps 20 --device "$dev" "a dog barking in the rain" \
+    -o "/tmp/gpu-check-sao-$dev.wav" | grep -E "^time|patch-steps computed"
 done
 echo "== done"

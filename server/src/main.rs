@@ -254,6 +254,18 @@ struct RunArgs {
     device: String,
 }
 
+/// For the one-shot commands (`generate`, `bench`): a reader that closes our standard
+/// output early (`flashdiff generate ... | head`) ends the process quietly, as for any
+/// Unix filter, instead of a panic on the failed print. Not for `serve`, whose sockets must
+/// not raise SIGPIPE; worker-pipe writer threads block SIGPIPE themselves (`proc.rs`).
+fn quiet_on_closed_stdout() {
+    // SAFETY: called on the main thread before any other thread of ours exists for this
+    // command; SIG_DFL is a valid disposition for SIGPIPE and changes nothing in memory.
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+    }
+}
+
 /// Every `--model`: the built-in models, then the pipelines read from a folder.
 const MODELS: [&str; 9] = [
     BUILTIN_MODELS[0],
@@ -497,9 +509,15 @@ fn main() -> ExitCode {
         Cmd::Worker { .. } => {}
     }
     let result = match cli.cmd {
-        Cmd::Generate(a) => generate(a),
+        Cmd::Generate(a) => {
+            quiet_on_closed_stdout();
+            generate(a)
+        }
         Cmd::Serve(a) => serve(a),
-        Cmd::Bench(a) => bench(a),
+        Cmd::Bench(a) => {
+            quiet_on_closed_stdout();
+            bench(a)
+        }
         Cmd::Worker { weights } => flashdiff_runtime::proc::worker_main(&weights),
     };
     match result {

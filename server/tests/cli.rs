@@ -819,6 +819,32 @@ fn generate_runs_a_wan_folder() {
     std::fs::remove_dir_all(&dir).ok();
 }
 
+/// `flashdiff generate ... | head -1`: a reader that closes the output early ends the
+/// process by SIGPIPE, as for any filter, never with a panic.
+#[test]
+fn a_closed_stdout_ends_generate_quietly() {
+    use std::os::unix::process::ExitStatusExt;
+    let out = std::env::temp_dir().join(format!("flashdiff-pipe-{}.png", std::process::id()));
+    let mut child = flashdiff()
+        .args(["generate", "a red circle", "--steps", "8", "-o"])
+        .arg(&out)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    drop(child.stdout.take());
+    let done = child.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&done.stderr);
+    assert!(!stderr.contains("panicked"), "{stderr}");
+    assert_eq!(
+        done.status.signal(),
+        Some(libc::SIGPIPE),
+        "{:?}",
+        done.status
+    );
+    std::fs::remove_file(&out).ok();
+}
+
 #[test]
 fn pipeline_flags_get_errors_that_name_them() {
     let cases: &[(&[&str], &str)] = &[
