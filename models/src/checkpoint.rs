@@ -160,6 +160,20 @@ impl Shards {
         self.tensor_in(src, name, shape, DType::F32, dev)
     }
 
+    /// What a model's loader asks for when it computes in `compute`: what `src` yields, in
+    /// the dtype [`dtype_for`] gives the model's tensor `name` of `shape`.
+    pub(crate) fn for_compute(
+        &self,
+        src: &Source,
+        name: &str,
+        shape: &[usize],
+        compute: DType,
+        dev: &Device,
+    ) -> Result<Tensor, ModelError> {
+        let dtype = dtype_for(name, shape, compute)?;
+        self.tensor_in(src, name, shape, dtype, dev)
+    }
+
     /// [`Shards::tensor`] as a `dtype` tensor (F32, F16 or BF16), read from the file in that
     /// dtype where it is stored so (no f32 copy).
     pub(crate) fn tensor_in(

@@ -723,8 +723,7 @@ impl MmditCheckpoint {
     ) -> Result<Mmdit, ModelError> {
         crate::checkpoint::dtype_for("", &[], compute)?;
         Mmdit::load(self.config(heads)?, &|n, s| {
-            let dtype = crate::checkpoint::dtype_for(n, s, compute)?;
-            self.files.tensor_in(&self.source(n), n, s, dtype, dev)
+            self.files.for_compute(&self.source(n), n, s, compute, dev)
         })
     }
 }

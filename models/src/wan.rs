@@ -488,8 +488,7 @@ impl WanCheckpoint {
     ) -> Result<Wan, ModelError> {
         crate::checkpoint::dtype_for("", &[], compute)?;
         Wan::load(self.config(heads)?, &|n, s| {
-            let d = crate::checkpoint::dtype_for(n, s, compute)?;
-            self.files.tensor_in(&self.source(n), n, s, d, dev)
+            self.files.for_compute(&self.source(n), n, s, compute, dev)
         })
     }
 }

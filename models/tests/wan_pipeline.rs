@@ -83,6 +83,22 @@ fn the_pipeline_is_a_video_denoiser_on_the_latent_grid() {
         ..opts(64, 48, None)
     })
     .contains("makes video"));
+    // The scheduler's flow_shift is read; a broken file is an error naming it.
+    let sched = d.join("scheduler/scheduler_config.json");
+    std::fs::write(&sched, r#"{"flow_shift": 5.0}"#).unwrap();
+    let m5 = pipeline::load(VIDEO, &d, &opts(64, 48, Some(9)), &Device::Cpu).unwrap();
+    assert_eq!(m5.time(4, 12), Schedule::Shift(5.0).time(4, 12, 36));
+    assert_ne!(m5.time(4, 12), m.time(4, 12));
+    std::fs::write(&sched, "{flow_shift").unwrap();
+    assert!(err(opts(64, 48, None)).contains("scheduler_config.json"));
+    std::fs::remove_file(&sched).unwrap();
+    assert_eq!(
+        pipeline::load(VIDEO, &d, &opts(64, 48, Some(9)), &Device::Cpu)
+            .unwrap()
+            .time(4, 12),
+        m.time(4, 12),
+        "no scheduler config: flow_shift 3"
+    );
     let e = pipeline::load("sd3", &d, &opts(64, 48, Some(9)), &Device::Cpu)
         .unwrap_err()
         .to_string();

@@ -138,8 +138,7 @@ impl FluxCheckpoint {
         dtype_for("", &[], compute)?;
         let cfg = self.config(axes_dim)?;
         Flux::load(cfg, &|n, s| {
-            let dtype = dtype_for(n, s, compute)?;
-            self.files.tensor_in(&self.source(n), n, s, dtype, dev)
+            self.files.for_compute(&self.source(n), n, s, compute, dev)
         })
     }
 }

@@ -411,18 +411,7 @@ pub fn load(
         )));
     }
     let sched = dir.join("scheduler");
-    let s: SchedulerJson = if sched.join("scheduler_config.json").is_file() {
-        let p = sched.join("scheduler_config.json");
-        let t = std::fs::read_to_string(&p)
-            .map_err(|e| ModelError::Input(format!("{}: {e}", p.display())))?;
-        serde_json::from_str(&t).map_err(|e| ModelError::Input(format!("{}: {e}", p.display())))?
-    } else {
-        SchedulerJson {
-            sigma_min: sigma_min(),
-            sigma_max: sigma_max(),
-            sigma_data: one(),
-        }
-    };
+    let s: SchedulerJson = super::text::scheduler_config(dir)?;
     let sigmas = s.sigma_min > 0.0 && s.sigma_max > s.sigma_min;
     if s.sigma_data != 1.0 || !sigmas {
         return Err(ModelError::Input(format!(

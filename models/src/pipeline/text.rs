@@ -239,6 +239,20 @@ pub(crate) fn weights_in(
     ))
 }
 
+/// `dir/scheduler/scheduler_config.json`, parsed; where there is none, every field's
+/// default (`T`'s fields all have one).
+pub(crate) fn scheduler_config<T: serde::de::DeserializeOwned>(
+    dir: &Path,
+) -> Result<T, ModelError> {
+    let p = dir.join("scheduler/scheduler_config.json");
+    let text = if p.is_file() {
+        std::fs::read_to_string(&p).map_err(|e| input(format!("{}: {e}", p.display())))?
+    } else {
+        "{}".to_string()
+    };
+    serde_json::from_str(&text).map_err(|e| input(format!("{}: {e}", p.display())))
+}
+
 /// `dir/config.json`, parsed.
 pub(crate) fn config<T: serde::de::DeserializeOwned>(dir: &Path) -> Result<T, ModelError> {
     let p = dir.join("config.json");

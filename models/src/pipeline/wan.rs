@@ -146,16 +146,7 @@ pub fn load(
         )));
     }
     let sched = dir.join("scheduler");
-    let s: SchedulerJson = if sched.join("scheduler_config.json").is_file() {
-        let p = sched.join("scheduler_config.json");
-        let t = std::fs::read_to_string(&p)
-            .map_err(|e| ModelError::Input(format!("{}: {e}", p.display())))?;
-        serde_json::from_str(&t).map_err(|e| ModelError::Input(format!("{}: {e}", p.display())))?
-    } else {
-        SchedulerJson {
-            flow_shift: three(),
-        }
-    };
+    let s: SchedulerJson = super::text::scheduler_config(dir)?;
     if !(s.flow_shift.is_finite() && s.flow_shift > 0.0) {
         return Err(ModelError::Input(format!(
             "{}: flow_shift {} must be positive",
