@@ -261,6 +261,8 @@ pub struct JointDenoiser<M: JointModel> {
     vae: Option<crate::pipeline::Vae>,
     /// A sound's decoder and how many samples a sound keeps (Stable Audio Open).
     audio: Option<(crate::pipeline::oobleck::Oobleck, usize)>,
+    /// A video's decoder (Wan2.1).
+    video: Option<crate::pipeline::wan_vae::WanVae>,
     /// Classifier-free guidance scale (SD3): a second pass on the empty prompt.
     cfg: Option<f32>,
     /// The empty prompt's context rows, encoded once (with guidance).
@@ -480,6 +482,7 @@ impl<M: JointModel> JointDenoiser<M> {
             schedule: Schedule::Uniform,
             vae: None,
             audio: None,
+            video: None,
             cfg: None,
             empty: std::sync::OnceLock::new(),
         })
@@ -524,6 +527,13 @@ impl<M: JointModel> JointDenoiser<M> {
     /// whole window and cuts the asked duration).
     pub fn with_audio(mut self, vae: crate::pipeline::oobleck::Oobleck, samples: usize) -> Self {
         self.audio = Some((vae, samples));
+        self
+    }
+
+    /// The same model decoding its video latents with Wan's VAE (default: the latent
+    /// preview).
+    pub fn with_video_vae(mut self, vae: crate::pipeline::wan_vae::WanVae) -> Self {
+        self.video = Some(vae);
         self
     }
 
@@ -828,6 +838,9 @@ impl<M: JointModel> Denoiser for JointDenoiser<M> {
         if let (Some(vae), 1) = (&self.vae, f) {
             return self.vae_decode(vae, latent, (h, w, c, p, ch), at);
         }
+        if let Some(vae) = &self.video {
+            return self.video_decode(vae, latent, (f, h, w, c, p, ch), at);
+        }
         let (pw, ph) = (p * w, p * h);
         let mut rgb = vec![0f32; f * ph * pw * 3];
         for (frame, out) in latent.chunks(h * w * c).zip(rgb.chunks_mut(ph * pw * 3)) {
@@ -870,6 +883,43 @@ impl<M: JointModel> JointDenoiser<M> {
             .to_device(&Device::Cpu)?
             .to_vec1::<f32>()?;
         Ok(Sample::frames(rgb, iw, ih, 1))
+    }
+
+    /// The latent (`frames x tokens x values`) unpacked to `channels x frames x ph x pw`
+    /// latent pixels and decoded by Wan's VAE: `1 + 4 (frames - 1)` RGB frames of 8 pixels
+    /// per latent pixel.
+    fn video_decode(
+        &self,
+        vae: &crate::pipeline::wan_vae::WanVae,
+        latent: &[f32],
+        (f, h, w, c, p, ch): (usize, usize, usize, usize, usize, usize),
+        at: PixelIndex,
+    ) -> Result<Sample, ModelError> {
+        let (ph, pw) = (p * h, p * w);
+        let mut z = vec![0f32; ch * f * ph * pw];
+        for fr in 0..f {
+            for ty in 0..h {
+                for tx in 0..w {
+                    let i = (fr * h + ty) * w + tx;
+                    let tok = &latent[i * c..(i + 1) * c];
+                    for k in 0..ch {
+                        for dy in 0..p {
+                            for dx in 0..p {
+                                z[((k * f + fr) * ph + p * ty + dy) * pw + p * tx + dx] =
+                                    tok[at(k, dy, dx, p, ch)];
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        let v = vae.decode(&Tensor::from_vec(z, (ch, f, ph, pw), &self.device)?)?;
+        let (_, frames, vh, vw) = v.dims4()?;
+        let rgb = ((v.permute((1, 2, 3, 0))? + 1.0)? * 0.5)?
+            .flatten_all()?
+            .to_device(&Device::Cpu)?
+            .to_vec1::<f32>()?;
+        Ok(Sample::frames(rgb, vw, vh, frames))
     }
 
     /// One frame of the latent preview.

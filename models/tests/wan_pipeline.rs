@@ -69,8 +69,19 @@ fn the_pipeline_is_a_video_denoiser_on_the_latent_grid() {
     }
     let c = m.condition("a red fox running in the snow").unwrap();
     assert_eq!(c.words, ["a", "red", "fox", "running", "in", "the", "snow"]);
+    // Wan's VAE: 1 + 4 (3 - 1) frames of 8 pixels a latent pixel, RGB in [0, 1].
     let sample = m.decode(&vec![0.3; 36 * 16]).unwrap();
-    assert_eq!((sample.frames, sample.width, sample.height), (3, 8, 6));
+    assert_eq!((sample.frames, sample.width, sample.height), (9, 64, 48));
+    assert!(sample.rgb.iter().all(|v| (0.0..=1.0).contains(v)));
+    // Without vae/ the latent preview: one frame a latent frame, 2 x 2 pixels a token.
+    let vae = d.join("vae");
+    std::fs::rename(&vae, d.join("vae.off")).unwrap();
+    let preview = pipeline::load(VIDEO, &d, &opts(64, 48, Some(9)), &Device::Cpu)
+        .unwrap()
+        .decode(&vec![0.3; 36 * 16])
+        .unwrap();
+    assert_eq!((preview.frames, preview.width, preview.height), (3, 8, 6));
+    std::fs::rename(d.join("vae.off"), &vae).unwrap();
     let err = |o: PipelineOptions| {
         pipeline::load(VIDEO, &d, &o, &Device::Cpu)
             .unwrap_err()

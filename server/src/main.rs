@@ -241,8 +241,8 @@ struct RunArgs {
     /// released model); written as a WAV file.
     #[arg(long, value_parser = parse_seconds)]
     seconds: Option<f32>,
-    /// Video frames for wan2.1: 1 + 4k, up to 1001 (default 81); written as a GIF of the
-    /// latent preview (Wan's VAE is not implemented).
+    /// Video frames for wan2.1: 1 + 4k, up to 1001 (default 81); written as a GIF (the
+    /// latent preview if the folder has no vae/).
     #[arg(long, value_parser = parse_frames)]
     frames: Option<usize>,
     /// Whether --model was on the command line (not its default).
@@ -626,8 +626,8 @@ fn extension(kind: Kind) -> &'static str {
     }
 }
 
-/// A sample as the bytes of its file: PNG (shown 8x), animated GIF (8x, 8 frames a second)
-/// or WAV.
+/// A sample as the bytes of its file: PNG or animated GIF (8 frames a second), small ones
+/// enlarged ([`zoom`]), or WAV.
 fn encode(sample: &Sample, kind: Kind) -> Result<Vec<u8>, String> {
     match kind {
         Kind::Image => Ok(image::png(
@@ -636,13 +636,13 @@ fn encode(sample: &Sample, kind: Kind) -> Result<Vec<u8>, String> {
             sample.height,
             zoom(sample),
         )),
-        Kind::Video => media::gif(sample, 8, 12).map_err(|e| e.to_string()),
+        Kind::Video => media::gif(sample, zoom(sample), 12).map_err(|e| e.to_string()),
         Kind::Audio => media::wav(sample).map_err(|e| e.to_string()),
     }
 }
 
-/// How many times an image is enlarged in its PNG: the built-in 32-pixel images 8x, none
-/// from 256 pixels on.
+/// How many times an image or a video frame is enlarged in its file: the built-in models'
+/// 32-pixel ones 8x, none from 256 pixels on.
 fn zoom(sample: &Sample) -> usize {
     (256 / sample.width.max(1)).clamp(1, 8)
 }
@@ -657,8 +657,11 @@ fn describe(sample: &Sample, kind: Kind) -> String {
         ),
         Kind::Image => format!("{}x{} pixels", sample.width, sample.height),
         Kind::Video => format!(
-            "{} frames of {}x{} pixels, shown 8x at 8 frames a second",
-            sample.frames, sample.width, sample.height
+            "{} frames of {}x{} pixels, shown {}x at 8 frames a second",
+            sample.frames,
+            sample.width,
+            sample.height,
+            zoom(sample)
         ),
         Kind::Audio => {
             let ch = sample.audio_channels.max(1);

@@ -779,7 +779,7 @@ fn generate_runs_a_wan_folder() {
                 .args(["a red fox running in the snow", "--compare", "-o"])
                 .arg(&gif),
             &[
-                "3 frames of 8x6 pixels",
+                "9 frames of 64x48 pixels, shown 4x",
                 "patch-steps computed",
                 "vs full computation: PSNR",
             ],

@@ -42,6 +42,7 @@ pub mod tiny;
 pub mod umt5;
 mod vae;
 pub mod wan;
+pub mod wan_vae;
 
 pub use clip::ClipWithProjection;
 pub use sd3::{Sd3Text, CLIP_PIECE};

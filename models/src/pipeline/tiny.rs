@@ -100,7 +100,8 @@ pub fn write_flux(dir: &Path, dev: bool) -> Result<(), ModelError> {
 }
 
 /// Writes a small random Wan2.1 folder: umT5 (3 layers, 16 wide) and its tokenizer, the
-/// transformer (2 blocks of 2 heads of 12, 4 latent channels) and the scheduler's config.
+/// transformer (2 blocks of 2 heads of 12, 4 latent channels), the VAE (8 wide at its
+/// base) and the scheduler's config.
 pub fn write_wan(dir: &Path) -> Result<(), ModelError> {
     let vocab = t5_tokenizer(&dir.join("tokenizer"))?;
     let json = serde_json::json!({"architectures": ["UMT5EncoderModel"], "vocab_size": vocab,
@@ -142,6 +143,23 @@ pub fn write_wan(dir: &Path) -> Result<(), ModelError> {
         &dir.join("transformer/config.json"),
         r#"{"_class_name": "WanTransformer3DModel", "num_attention_heads": 2}"#,
     )?;
+    let vae = serde_json::json!({"_class_name": "AutoencoderKLWan", "base_dim": 8, "z_dim": 4,
+        "dim_mult": [1, 2, 2, 2], "num_res_blocks": 1,
+        "temperal_downsample": [false, true, true],
+        "latents_mean": [0.1, -0.1, 0.0, 0.2], "latents_std": [1.2, 0.9, 1.0, 1.5]});
+    write(&dir.join("vae/config.json"), &vae.to_string())?;
+    let cfg = serde_json::from_value(vae).map_err(|e| fail("Wan VAE config", e))?;
+    let vm = VarMap::new();
+    let vb = VarBuilder::from_varmap(&vm, DType::F32, &Device::Cpu);
+    super::wan_vae::WanVae::load(cfg, &|name: &str, shape: &[usize]| {
+        let init = if name.ends_with(".gamma") {
+            Init::Const(1.0)
+        } else {
+            init(name, shape)
+        };
+        Ok(vb.get_with_hints(shape, name, init)?)
+    })?;
+    save(&vm, &dir.join("vae/diffusion_pytorch_model.safetensors"))?;
     write(
         &dir.join("scheduler/scheduler_config.json"),
         r#"{"_class_name": "UniPCMultistepScheduler", "flow_shift": 3.0}"#,

@@ -4,15 +4,16 @@
 //! DIR/transformer/    WanTransformer3DModel (config.json, shards), or Wan-AI's file there
 //! DIR/text_encoder/   umT5-XXL encoder (config.json, shards)
 //! DIR/tokenizer/      its tokenizer (tokenizer.json)
+//! DIR/vae/            AutoencoderKLWan (config.json, diffusion_pytorch_model.safetensors)
 //! DIR/scheduler/      scheduler_config.json (flow_shift; optional, default 3.0)
 //! ```
 //!
 //! As diffusers' `WanPipeline` conditions it: umT5 on the prompt's tokens with the padding
 //! masked (its rows zero) up to 512 tokens, classifier-free guidance (5.0) against the empty
-//! prompt, flow matching on times shifted by `flow_shift`. The VAE (`AutoencoderKLWan`, a
-//! causal 3-D convolutional decoder) is not implemented: the output is the latent preview
-//! (latent channels 0-2 of each latent frame as RGB), written as a GIF. diffusers' default
-//! sampler is UniPC; the engine steps Euler on the same times.
+//! prompt, flow matching on times shifted by `flow_shift`; the VAE's decoder
+//! ([`super::wan_vae`]) makes `1 + 4 (T - 1)` RGB frames of `T` latent frames. Without a
+//! `vae/` folder the output is the latent preview (latent channels 0-2 of each latent frame
+//! as RGB). diffusers' default sampler is UniPC; the engine steps Euler on the same times.
 
 use std::path::Path;
 use std::sync::Arc;
@@ -159,8 +160,19 @@ pub fn load(
         height / super::PIXELS_PER_TOKEN,
         width / super::PIXELS_PER_TOKEN,
     );
-    let m = WanDenoiser::new_video(wan, Box::new(text), grid, 0.0, dev.clone())?
+    let mut m = WanDenoiser::new_video(wan, Box::new(text), grid, 0.0, dev.clone())?
         .with_schedule(Schedule::Shift(s.flow_shift));
+    if let Some(vae) = super::wan_vae::WanVae::open(dir, dev)? {
+        if vae.config().z_dim != cfg.in_channels {
+            return Err(ModelError::Input(format!(
+                "{}: the VAE has {} latent channels; the transformer makes {}",
+                dir.display(),
+                vae.config().z_dim,
+                cfg.in_channels
+            )));
+        }
+        m = m.with_video_vae(vae);
+    }
     if guidance > 1.0 {
         m.with_cfg(guidance)
     } else {
