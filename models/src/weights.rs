@@ -204,17 +204,7 @@ impl Weights {
 
     /// Tensor `name`, checked against `shape`.
     pub fn get(&self, name: &str, shape: &[usize]) -> Result<&[f32], WeightsError> {
-        let (s, _) = self
-            .tensors
-            .get(name)
-            .ok_or_else(|| WeightsError::Missing(name.into()))?;
-        if s != shape {
-            return Err(WeightsError::Shape {
-                name: name.into(),
-                expected: shape.to_vec(),
-                got: s.clone(),
-            });
-        }
+        self.check(name, shape)?;
         Ok(self.floats(name))
     }
 

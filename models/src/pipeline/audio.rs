@@ -81,15 +81,6 @@ pub struct SaoText {
     seconds: (f32, f32),
 }
 
-impl std::fmt::Debug for T5Text {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("T5Text")
-            .field("tokens", &self.tokens())
-            .field("width", &self.width())
-            .finish()
-    }
-}
-
 impl SaoText {
     /// The text encoder and the projection model of a diffusers Stable Audio folder (or, with
     /// `DIR/model.safetensors`, the release's seconds embedders), every prompt conditioned on

@@ -333,6 +333,15 @@ pub(crate) struct T5Text {
     device: Device,
 }
 
+impl std::fmt::Debug for T5Text {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("T5Text")
+            .field("tokens", &self.tokens())
+            .field("width", &self.width())
+            .finish()
+    }
+}
+
 impl T5Text {
     /// `len`: the padded prompt length (FLUX.1 dev 512, schnell 256). The encoder computes
     /// in `dtype` (F32, or BF16 for the 4.7B-parameter T5 v1.1 XXL on a GPU); its states come

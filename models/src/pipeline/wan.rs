@@ -63,7 +63,7 @@ impl PromptEncoder for WanText {
         let (ids, mut pieces) = self.tokenizer.encode_unpadded(prompt)?;
         let n = ids.len();
         pieces.resize(WAN_TOKENS, self.tokenizer.pad().to_string());
-        let dev = self.encoder_device();
+        let dev = self.encoder.device().clone();
         let states = if n == 0 {
             Tensor::zeros((WAN_TOKENS, self.width()), DType::F32, &dev)?
         } else {
@@ -80,12 +80,6 @@ impl PromptEncoder for WanText {
 
     fn tokens(&self) -> usize {
         WAN_TOKENS
-    }
-}
-
-impl WanText {
-    fn encoder_device(&self) -> Device {
-        self.encoder.device().clone()
     }
 }
 
