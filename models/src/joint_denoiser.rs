@@ -315,7 +315,10 @@ impl JointModel for Wan {
         context: &Tensor,
         cond: &Tensor,
     ) -> Result<JointOutput, ModelError> {
-        let nt = context.dim(0)? - 1;
+        let nt = context
+            .dim(0)?
+            .checked_sub(1)
+            .ok_or_else(|| ModelError::Input("Wan context without its pooled row".into()))?;
         Wan::forward(self, rows, frames, &context.narrow(0, 0, nt)?, cond)
     }
     fn first_block_input(&self, x: &Tensor, _: usize, cond: &Tensor) -> Result<Tensor, ModelError> {
@@ -399,7 +402,10 @@ impl JointModel for Sao {
 
 /// The [`SaoContext`] inside context rows made by [`JointModel::context`] for [`Sao`].
 fn sao_context(m: &Sao, context: &Tensor) -> Result<SaoContext, ModelError> {
-    let nt = context.dim(0)? - 1;
+    let nt = context
+        .dim(0)?
+        .checked_sub(1)
+        .ok_or_else(|| ModelError::Input("Stable Audio context without its global row".into()))?;
     Ok(SaoContext {
         cross: context
             .narrow(0, 0, nt)?
