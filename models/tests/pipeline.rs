@@ -7,8 +7,6 @@ mod common;
 use std::path::{Path, PathBuf};
 
 use candle_core::{DType, Device, Tensor};
-use candle_nn::VarBuilder;
-use candle_transformers::models::t5;
 use flashdiff_models::joint_denoiser::Schedule;
 use flashdiff_models::pieces::words_from_pieces;
 use flashdiff_models::pipeline::{self, tiny, PipelineOptions, TextTokenizer, Vae};
@@ -74,18 +72,7 @@ fn encoders_read_through_our_checkpoint_reader_equal_candles_own_loader() {
     assert_eq!(c.words, ["a", "red", "dishwasher"]);
     // T5 through candle's own safetensors loader, on the same ids.
     let dir = d.join("text_encoder_2");
-    let cfg: t5::Config =
-        serde_json::from_str(&std::fs::read_to_string(dir.join("config.json")).unwrap()).unwrap();
-    // SAFETY: the file was written above and nothing modifies it while it is mapped.
-    let vb = unsafe {
-        VarBuilder::from_mmaped_safetensors(
-            &[dir.join("model.safetensors")],
-            DType::F32,
-            &Device::Cpu,
-        )
-    }
-    .unwrap();
-    let mut reference = t5::T5EncoderModel::load(vb, &cfg).unwrap();
+    let mut reference = common::candle_t5(&dir);
     let t5 = TextTokenizer::open(&d.join("tokenizer_2"), 512, "<pad>").unwrap();
     let (ids, _) = t5.encode("a red dishwasher").unwrap();
     let want = reference

@@ -8,8 +8,6 @@ mod common;
 use std::path::PathBuf;
 
 use candle_core::{DType, Device, Tensor};
-use candle_nn::VarBuilder;
-use candle_transformers::models::t5;
 use flashdiff_models::flux::PromptEncoder;
 use flashdiff_models::joint_denoiser::Schedule;
 use flashdiff_models::pipeline::audio::{SaoText, SECONDS_PIECE, T5_TOKENS};
@@ -72,18 +70,7 @@ fn seconds_embeddings_equal_diffusers_and_padding_is_masked() {
     // T5 on the prompt's tokens alone (what masking the padded keys computes for them),
     // through candle's own loader; the padding's rows zero.
     let dir = d.join("text_encoder");
-    let cfg: t5::Config =
-        serde_json::from_str(&std::fs::read_to_string(dir.join("config.json")).unwrap()).unwrap();
-    // SAFETY: the file was written above and nothing modifies it while it is mapped.
-    let vb = unsafe {
-        VarBuilder::from_mmaped_safetensors(
-            &[dir.join("model.safetensors")],
-            DType::F32,
-            &Device::Cpu,
-        )
-    }
-    .unwrap();
-    let mut reference = t5::T5EncoderModel::load(vb, &cfg).unwrap();
+    let mut reference = common::candle_t5(&dir);
     let tok = TextTokenizer::open(&d.join("tokenizer"), T5_TOKENS, "<pad>").unwrap();
     let (ids, _) = tok.encode_unpadded("a dog barking").unwrap();
     let k = ids.len();

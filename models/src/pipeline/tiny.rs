@@ -81,6 +81,19 @@ fn write(path: &Path, text: &str) -> Result<(), ModelError> {
     std::fs::write(path, text).map_err(|e| fail(&path.display().to_string(), e))
 }
 
+/// Random weights for one of our models, saved to `path`: `build` loads the model from a
+/// getter that makes each tensor it asks for, initialised as `hint` says.
+fn random_model(
+    path: &Path,
+    hint: &dyn Fn(&str, &[usize]) -> Init,
+    build: impl FnOnce(&crate::joint::TensorSource) -> Result<(), ModelError>,
+) -> Result<(), ModelError> {
+    let vm = VarMap::new();
+    let vb = VarBuilder::from_varmap(&vm, DType::F32, &Device::Cpu);
+    build(&|name: &str, shape: &[usize]| Ok(vb.get_with_hints(shape, name, hint(name, shape))?))?;
+    save(&vm, path)
+}
+
 fn save(vm: &VarMap, path: &Path) -> Result<(), ModelError> {
     if let Some(d) = path.parent() {
         std::fs::create_dir_all(d).map_err(|e| fail(&d.display().to_string(), e))?;
@@ -110,14 +123,9 @@ pub fn write_wan(dir: &Path) -> Result<(), ModelError> {
         "feed_forward_proj": "gated-gelu", "layer_norm_epsilon": 1e-6});
     write(&dir.join("text_encoder/config.json"), &json.to_string())?;
     let cfg = serde_json::from_value(json).map_err(|e| fail("umT5 config", e))?;
-    let vm = VarMap::new();
-    let vb = VarBuilder::from_varmap(&vm, DType::F32, &Device::Cpu);
-    super::umt5::Umt5Encoder::load(
-        cfg,
-        &|name: &str, shape: &[usize]| Ok(vb.get_with_hints(shape, name, init(name, shape))?),
-        &Device::Cpu,
-    )?;
-    save(&vm, &dir.join("text_encoder/model.safetensors"))?;
+    random_model(&dir.join("text_encoder/model.safetensors"), &init, |get| {
+        super::umt5::Umt5Encoder::load(cfg, get, &Device::Cpu).map(drop)
+    })?;
     let cfg = crate::wan::WanConfig {
         patch: [1, 2, 2],
         in_channels: 4,
@@ -130,14 +138,10 @@ pub fn write_wan(dir: &Path) -> Result<(), ModelError> {
         freq_dim: 32,
         cross_attn_norm: true,
     };
-    let vm = VarMap::new();
-    let vb = VarBuilder::from_varmap(&vm, DType::F32, &Device::Cpu);
-    crate::wan::Wan::load(cfg, &|name: &str, shape: &[usize]| {
-        Ok(vb.get_with_hints(shape, name, init(name, shape))?)
-    })?;
-    save(
-        &vm,
+    random_model(
         &dir.join("transformer/diffusion_pytorch_model.safetensors"),
+        &init,
+        |get| crate::wan::Wan::load(cfg, get).map(drop),
     )?;
     write(
         &dir.join("transformer/config.json"),
@@ -149,17 +153,18 @@ pub fn write_wan(dir: &Path) -> Result<(), ModelError> {
         "latents_mean": [0.1, -0.1, 0.0, 0.2], "latents_std": [1.2, 0.9, 1.0, 1.5]});
     write(&dir.join("vae/config.json"), &vae.to_string())?;
     let cfg = serde_json::from_value(vae).map_err(|e| fail("Wan VAE config", e))?;
-    let vm = VarMap::new();
-    let vb = VarBuilder::from_varmap(&vm, DType::F32, &Device::Cpu);
-    super::wan_vae::WanVae::load(cfg, &|name: &str, shape: &[usize]| {
-        let init = if name.ends_with(".gamma") {
+    let hint = |name: &str, shape: &[usize]| {
+        if name.ends_with(".gamma") {
             Init::Const(1.0)
         } else {
             init(name, shape)
-        };
-        Ok(vb.get_with_hints(shape, name, init)?)
-    })?;
-    save(&vm, &dir.join("vae/diffusion_pytorch_model.safetensors"))?;
+        }
+    };
+    random_model(
+        &dir.join("vae/diffusion_pytorch_model.safetensors"),
+        &hint,
+        |get| super::wan_vae::WanVae::load(cfg, get).map(drop),
+    )?;
     write(
         &dir.join("scheduler/scheduler_config.json"),
         r#"{"_class_name": "UniPCMultistepScheduler", "flow_shift": 3.0}"#,
@@ -221,14 +226,10 @@ pub fn write_sao(dir: &Path) -> Result<(), ModelError> {
             "cross_attention_input_dim": w})
         .to_string(),
     )?;
-    let vm = VarMap::new();
-    let vb = VarBuilder::from_varmap(&vm, DType::F32, &Device::Cpu);
-    crate::sao::Sao::load(cfg, &|name: &str, shape: &[usize]| {
-        Ok(vb.get_with_hints(shape, name, init(name, shape))?)
-    })?;
-    save(
-        &vm,
+    random_model(
         &dir.join("transformer/diffusion_pytorch_model.safetensors"),
+        &init,
+        |get| crate::sao::Sao::load(cfg, get).map(drop),
     )?;
     let vae = super::oobleck::OobleckConfig {
         decoder_channels: 4,
@@ -246,10 +247,8 @@ pub fn write_sao(dir: &Path) -> Result<(), ModelError> {
             "sampling_rate": 8000})
         .to_string(),
     )?;
-    let vm = VarMap::new();
-    let vb = VarBuilder::from_varmap(&vm, DType::F32, &Device::Cpu);
-    super::oobleck::Oobleck::load(vae, &|name: &str, shape: &[usize]| {
-        let init = if name.ends_with("weight_g") {
+    let hint = |name: &str, _: &[usize]| {
+        if name.ends_with("weight_g") {
             Init::Const(1.0)
         } else if name.ends_with("alpha") || name.ends_with("beta") || name.ends_with("bias") {
             Init::Const(0.0)
@@ -258,10 +257,13 @@ pub fn write_sao(dir: &Path) -> Result<(), ModelError> {
                 mean: 0.0,
                 stdev: 1.0,
             }
-        };
-        Ok(vb.get_with_hints(shape, name, init)?)
-    })?;
-    save(&vm, &dir.join("vae/diffusion_pytorch_model.safetensors"))?;
+        }
+    };
+    random_model(
+        &dir.join("vae/diffusion_pytorch_model.safetensors"),
+        &hint,
+        |get| super::oobleck::Oobleck::load(vae, get).map(drop),
+    )?;
     write(
         &dir.join("scheduler/scheduler_config.json"),
         r#"{"_class_name": "CosineDPMSolverMultistepScheduler", "sigma_min": 0.3,
@@ -314,13 +316,12 @@ pub fn write_sd3(dir: &Path, sd35: bool) -> Result<(), ModelError> {
         qk_norm: sd35,
         dual: if sd35 { vec![0] } else { vec![] },
     };
-    let vm = VarMap::new();
-    let vb = VarBuilder::from_varmap(&vm, DType::F32, &Device::Cpu);
-    Mmdit::load(cfg, &|name: &str, shape: &[usize]| {
-        Ok(vb.get_with_hints(shape, name, init(name, shape))?)
-    })?;
     let t = dir.join("transformer");
-    save(&vm, &t.join("diffusion_pytorch_model.safetensors"))?;
+    random_model(
+        &t.join("diffusion_pytorch_model.safetensors"),
+        &init,
+        |get| Mmdit::load(cfg, get).map(drop),
+    )?;
     write(
         &t.join("config.json"),
         r#"{"_class_name": "SD3Transformer2DModel", "num_attention_heads": 4}"#,
@@ -361,12 +362,11 @@ fn transformer(dir: &Path, dev: bool) -> Result<(), ModelError> {
         qkv_bias: true,
         guidance_embed: dev,
     };
-    let vm = VarMap::new();
-    let vb = VarBuilder::from_varmap(&vm, DType::F32, &Device::Cpu);
-    Flux::load(cfg, &|name: &str, shape: &[usize]| {
-        Ok(vb.get_with_hints(shape, name, init(name, shape))?)
-    })?;
-    save(&vm, &dir.join("diffusion_pytorch_model.safetensors"))?;
+    random_model(
+        &dir.join("diffusion_pytorch_model.safetensors"),
+        &init,
+        |get| Flux::load(cfg, get).map(drop),
+    )?;
     write(
         &dir.join("config.json"),
         r#"{"_class_name": "FluxTransformer2DModel", "axes_dims_rope": [4, 6, 6]}"#,

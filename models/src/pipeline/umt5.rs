@@ -178,6 +178,9 @@ impl Umt5Encoder {
     /// Final states of `ids` (`n x d_model`, f32): the whole sequence attends to itself.
     pub fn forward(&self, ids: &[u32]) -> Result<Tensor, ModelError> {
         let n = ids.len();
+        if n == 0 {
+            return Err(ModelError::Input("umT5 needs at least one token".into()));
+        }
         if let Some(&bad) = ids.iter().find(|&&i| i as usize >= self.cfg.vocab_size) {
             return Err(ModelError::Input(format!(
                 "token id {bad} is outside umT5's vocabulary of {}",

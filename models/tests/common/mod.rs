@@ -45,3 +45,22 @@ pub fn max_abs(a: &Tensor) -> f32 {
         .to_scalar::<f32>()
         .unwrap()
 }
+
+/// The T5 encoder in `dir` (`config.json`, `model.safetensors`) through candle's own
+/// loader, the reference our checkpoint reader is held to.
+pub fn candle_t5(dir: &Path) -> candle_transformers::models::t5::T5EncoderModel {
+    use candle_transformers::models::t5;
+    let cfg: t5::Config =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("config.json")).unwrap()).unwrap();
+    // SAFETY: the file was written by the test that calls this, and nothing modifies it
+    // while it is mapped.
+    let vb = unsafe {
+        candle_nn::VarBuilder::from_mmaped_safetensors(
+            &[dir.join("model.safetensors")],
+            candle_core::DType::F32,
+            &Device::Cpu,
+        )
+    }
+    .unwrap();
+    t5::T5EncoderModel::load(vb, &cfg).unwrap()
+}
