@@ -166,6 +166,9 @@ pub unsafe extern "C" fn fd_scheduler_new(
             max_attempts: c.max_attempts,
             record_events: false,
             order: Default::default(),
+            // A C caller completes what it dispatched before asking again (the ABI's
+            // contract since its first version); dispatching ahead is the engine's.
+            depth: 1,
         })
         .map_err(from_sched)?;
         // SAFETY: out non-NULL and writable.

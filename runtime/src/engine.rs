@@ -37,7 +37,7 @@
 //! (one patch: ordinary sampling, the quality reference), and the baselines
 //! [`Mode::NaivePatch`], [`Mode::TeaCache`], [`Mode::Ras`].
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::fmt;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -48,7 +48,9 @@ use flashdiff_partitioner::{
     GranularityController, Grid, PartitionError, PatchLayout,
 };
 pub use flashdiff_scheduler::QueueOrder;
-use flashdiff_scheduler::{Completion, SchedError, Scheduler, SchedulerConfig, Tag, WARMUP_PATCH};
+use flashdiff_scheduler::{
+    Completion, SchedError, Scheduler, SchedulerConfig, Tag, MAX_DEPTH, WARMUP_PATCH,
+};
 
 use crate::checkpoint::{self, Checkpoint};
 use crate::exec::{self, Task};
@@ -217,6 +219,12 @@ pub const DEFAULT_PATCHES: u32 = 16;
 /// computation with fewer steps at 0.44.
 /// Concurrent requests still spread over the workers, one request-step per monotask.
 pub const DEFAULT_MONOTASKS: u32 = 1;
+
+/// Monotasks a worker thread or process holds at once: the one it runs and one dispatched
+/// ahead, which it starts the moment the first is done instead of idling while its report
+/// travels to the coordinator and the next order back. More than 2 would only commit work
+/// to a worker earlier, when another may become free first.
+pub const DISPATCH_DEPTH: u32 = 2;
 
 /// Default longest run of skips per patch (DESIGN.md: K 3-5; the gate crate's default is 4).
 /// Measured on the bench's 64 held-out prompts at the other defaults (adaptive R, ε 0.1):
@@ -508,11 +516,13 @@ struct Track {
 enum Executor {
     /// In the coordinator's own thread.
     InProcess,
-    /// In worker threads or processes; `busy[w]` holds the tag and dispatch time of worker
-    /// w's monotask.
+    /// In worker threads or processes; `busy[w]` holds the monotasks dispatched to worker
+    /// w and not reported, in dispatch order: the first runs (with the time it started, as
+    /// far as the coordinator knows: its dispatch, or the report of the one before it), the
+    /// others wait in its hand-off queue.
     Workers {
         pool: Box<Pool>,
-        busy: Vec<Option<(Tag, Instant)>>,
+        busy: Vec<VecDeque<(Tag, Instant)>>,
         replacements: u32,
         health: Health,
     },
@@ -674,12 +684,7 @@ impl Engine {
     ) -> Result<Self, EngineError> {
         let mut e = Self::with_model(model.clone(), workers, Some(shm_dir.to_path_buf()))?;
         let pool = Box::new(Pool::threads(model, workers).map_err(EngineError::Config)?);
-        e.exec = Executor::Workers {
-            pool,
-            busy: vec![None; workers as usize],
-            replacements: 0,
-            health: Health::new(workers),
-        };
+        e.use_pool(pool, workers)?;
         Ok(e)
     }
 
@@ -693,13 +698,45 @@ impl Engine {
     ) -> Result<Self, EngineError> {
         let mut e = Self::build(weights, workers, Some(shm_dir.to_path_buf()))?;
         let pool = Box::new(Pool::new(exe, weights, workers).map_err(EngineError::Config)?);
-        e.exec = Executor::Workers {
+        e.use_pool(pool, workers)?;
+        Ok(e)
+    }
+
+    /// Runs monotasks on `pool`'s workers, dispatching up to [`DISPATCH_DEPTH`] to each.
+    fn use_pool(&mut self, pool: Box<Pool>, workers: u32) -> Result<(), EngineError> {
+        self.exec = Executor::Workers {
             pool,
-            busy: vec![None; workers as usize],
+            busy: vec![VecDeque::new(); workers as usize],
             replacements: 0,
             health: Health::new(workers),
         };
-        Ok(e)
+        self.set_dispatch_depth(DISPATCH_DEPTH)
+    }
+
+    /// How many monotasks a worker thread or process may hold at once: the one it runs
+    /// plus those dispatched to it ahead ([`DISPATCH_DEPTH`] by default; 1 dispatches only
+    /// to idle workers). In 1..=64; only while nothing is in flight; no effect without
+    /// workers (the coordinator runs monotasks itself, one at a time). Outputs do not depend
+    /// on it.
+    pub fn set_dispatch_depth(&mut self, depth: u32) -> Result<(), EngineError> {
+        if !self.requests.is_empty() {
+            return Err(EngineError::Config(
+                "the dispatch depth can change only while no request is in flight".into(),
+            ));
+        }
+        if !(1..=MAX_DEPTH).contains(&depth) {
+            return Err(EngineError::Config(format!(
+                "dispatch depth {depth}: must be in 1..={}",
+                MAX_DEPTH
+            )));
+        }
+        if matches!(self.exec, Executor::InProcess) {
+            return Ok(());
+        }
+        self.rebuild_scheduler(SchedulerConfig {
+            depth,
+            ..*self.sched.config()
+        })
     }
 
     /// Process ids of the worker processes (empty without workers; `None` for threads).
@@ -805,10 +842,17 @@ impl Engine {
                 "the queue order can change only while no request is in flight".into(),
             ));
         }
-        let cfg = SchedulerConfig {
+        self.rebuild_scheduler(SchedulerConfig {
             order,
-            workers: self.sched.workers(),
             ..*self.sched.config()
+        })
+    }
+
+    /// A fresh scheduler with `cfg` (nothing in flight), keeping which workers are lost.
+    fn rebuild_scheduler(&mut self, cfg: SchedulerConfig) -> Result<(), EngineError> {
+        let cfg = SchedulerConfig {
+            workers: self.sched.workers(),
+            ..cfg
         };
         let dead: Vec<u32> = self
             .sched
@@ -977,11 +1021,19 @@ impl Engine {
             }
         }
         let mut dispatched = false;
-        for w in 0..self.sched.workers() {
+        // Breadth first: every idle worker gets a monotask before any gets one ahead.
+        let rounds = match self.exec {
+            Executor::InProcess => 1,
+            Executor::Workers { .. } => self.sched.config().depth,
+        };
+        let workers = self.sched.workers();
+        for (round, w) in (0..rounds).flat_map(|r| (0..workers).map(move |w| (r, w))) {
             if let Executor::Workers { busy, health, .. } = &self.exec {
                 // A worker gets monotasks once it is ready (model loaded): one that dies
                 // while starting has run nothing, so its death costs no monotask an attempt.
-                if busy.get(w as usize).is_none_or(|b| b.is_some())
+                if busy
+                    .get(w as usize)
+                    .is_none_or(|b| b.len() != round as usize)
                     || !health.ready.get(w as usize).copied().unwrap_or(false)
                 {
                     continue;
@@ -1030,7 +1082,7 @@ impl Engine {
                             .map(|p| p.display().to_string())
                             .unwrap_or_default(),
                     };
-                    busy[w as usize] = Some((tag, Instant::now()));
+                    busy[w as usize].push_back((tag, Instant::now()));
                     // A broken pipe shows up as the worker's Lost event.
                     pool.send(w, &order);
                 }
@@ -1043,7 +1095,7 @@ impl Engine {
             let starting = (0..self.sched.workers()).any(|w| {
                 pool.is_live(w) && !health.ready.get(w as usize).copied().unwrap_or(false)
             });
-            if starting || busy.iter().any(Option::is_some) {
+            if starting || busy.iter().any(|b| !b.is_empty()) {
                 self.wait_worker(progress, timeout);
                 return;
             }
@@ -1090,7 +1142,7 @@ impl Engine {
         let first_limit = busy
             .iter()
             .enumerate()
-            .filter_map(|(w, b)| b.map(|(tag, t0)| t0 + health.limit(w as u32, tag)))
+            .filter_map(|(w, b)| b.front().map(|&(tag, t0)| t0 + health.limit(w as u32, tag)))
             .min();
         let wait = first_limit.map_or(timeout, |t| timeout.min(t.saturating_duration_since(now)));
         let got = match pool.recv_timeout(wait) {
@@ -1116,7 +1168,7 @@ impl Engine {
             .iter()
             .enumerate()
             .filter_map(|(w, b)| {
-                let (tag, t0) = (*b)?;
+                let &(tag, t0) = b.front()?;
                 let limit = health.limit(w as u32, tag);
                 (now.duration_since(t0) > limit).then_some((w as u32, tag, limit))
             })
@@ -1177,16 +1229,22 @@ impl Engine {
             ),
         };
         let started = match &mut self.exec {
-            Executor::Workers { busy, health, .. } => {
-                let s = busy.get_mut(w as usize).and_then(Option::take);
-                if let Some((t, t0)) = s.filter(|(t, _)| *t == tag) {
+            Executor::Workers { busy, health, .. } => busy.get_mut(w as usize).and_then(|b| {
+                // A worker runs what it holds in order: the one reported was the first, and
+                // the next one started now.
+                let at = b.iter().position(|(t, _)| *t == tag)?;
+                let (t, t0) = b.remove(at)?;
+                if at == 0 {
                     health.observed(t, t0.elapsed());
+                    if let Some(next) = b.front_mut() {
+                        next.1 = Instant::now();
+                    }
                 }
-                s
-            }
+                (at == 0).then_some(t0)
+            }),
             Executor::InProcess => None,
         };
-        if let Some((_, t0)) = started {
+        if let Some(t0) = started {
             self.account(tag, t0.elapsed());
         }
         match err {
@@ -1210,7 +1268,7 @@ impl Engine {
         }
         pool.reap(w);
         if let Some(b) = busy.get_mut(w as usize) {
-            *b = None;
+            b.clear();
         }
         let was_ready = health.ready.get(w as usize).copied().unwrap_or(false);
         if !was_ready {
@@ -1266,7 +1324,7 @@ impl Engine {
             Ok(id) => {
                 *replacements += 1;
                 if busy.len() <= id as usize {
-                    busy.resize(id as usize + 1, None);
+                    busy.resize(id as usize + 1, VecDeque::new());
                 }
                 if health.ready.len() <= id as usize {
                     health.ready.resize(id as usize + 1, false);

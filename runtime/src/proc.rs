@@ -1,6 +1,9 @@
 //! Workers: threads of this process sharing the model, or `flashdiff worker` child
-//! processes. The coordinator sends both the same orders and reads the same reports; threads
-//! over channels, processes over their stdin/stdout as framed rkyv records (header: magic
+//! processes. The coordinator sends both the same orders and reads the same reports. Orders
+//! go through each worker's lock-free [`HandOff`] queue (a thread takes from it directly; a
+//! process's writer thread takes from it and writes to the process's stdin), so a worker
+//! holding an order dispatched ahead starts it without waiting for the coordinator; reports
+//! come back over one channel. Processes speak over their stdin/stdout as framed rkyv records (header: magic
 //! "FDRC", format version, payload length; payload validated by bytecheck on read). Both open
 //! a request's state file by path and follow the ownership protocol of [`crate::state`]. A
 //! worker that exits, panics or breaks its pipe is reported lost, so the scheduler can re-run
@@ -16,6 +19,7 @@ use std::sync::Arc;
 use crate::exec::{self, Task};
 use crate::state::{Layout, SharedState};
 use flashdiff_models::{Denoiser, Device, TinyDit};
+use flashdiff_scheduler::HandOff;
 use rkyv::rancor::Error as RkyvError;
 
 const MAGIC: [u8; 4] = *b"FDRC";
@@ -248,14 +252,14 @@ pub fn worker_main(weights: &Path) -> Result<(), String> {
     Ok(())
 }
 
-/// A worker thread's loop: orders from `orders` until the pool drops its sender. A panic in
+/// A worker thread's loop: orders from `orders` until the pool closes it. A panic in
 /// a monotask is reported as the worker's loss (the scheduler re-runs the monotask on a
 /// replacement), never taken across the thread.
 fn thread_main(
     id: u32,
     model: Arc<dyn Denoiser>,
     layout: Layout,
-    orders: Receiver<Order>,
+    orders: Arc<HandOff<Order>>,
     events: Sender<(u32, Event)>,
 ) {
     flashdiff_kernels::flush_denormals_to_zero();
@@ -263,7 +267,7 @@ fn thread_main(
     if events.send((id, Event::Report(Report::Ready))).is_err() {
         return;
     }
-    while let Ok(order) = orders.recv() {
+    while let Some(order) = orders.take() {
         let res = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
             handle(&*model, &layout, &mut states, order)
         }));
@@ -299,10 +303,10 @@ enum Slot {
     Process {
         child: Child,
         /// Orders for the worker's writer thread, which owns its stdin.
-        orders: Sender<Order>,
+        orders: Arc<HandOff<Order>>,
     },
     Thread {
-        orders: Sender<Order>,
+        orders: Arc<HandOff<Order>>,
     },
 }
 
@@ -392,12 +396,14 @@ impl Pool {
     pub fn spawn(&mut self, id: u32) -> Result<(), String> {
         let slot = match &self.kind {
             Kind::Threads { model, layout } => {
-                let (orders, rx) = channel();
+                let orders = Arc::new(HandOff::new());
                 let (model, layout, events) = (model.clone(), layout.clone(), self.tx.clone());
-                std::thread::Builder::new()
+                let mine = orders.clone();
+                let t = std::thread::Builder::new()
                     .name(format!("flashdiff-worker-{id}"))
-                    .spawn(move || thread_main(id, model, layout, rx, events))
+                    .spawn(move || thread_main(id, model, layout, mine, events))
                     .map_err(|e| format!("cannot start worker thread {id}: {e}"))?;
+                orders.set_consumer(t.thread().clone());
                 Slot::Thread { orders }
             }
             Kind::Processes { exe, weights } => {
@@ -448,13 +454,14 @@ impl Pool {
                             }
                         }
                     });
-                let (orders, rx) = channel::<Order>();
+                let orders = Arc::new(HandOff::<Order>::new());
                 let tx = self.tx.clone();
+                let mine = orders.clone();
                 let writer = std::thread::Builder::new()
                     .name(format!("flashdiff-writer-{id}"))
                     .spawn(move || {
                         block_sigpipe_in_this_thread();
-                        while let Ok(o) = rx.recv() {
+                        while let Some(o) = mine.take() {
                             if let Err(e) = write_frame(&mut stdin, &encode_order(&o)) {
                                 let _ = tx.send((
                                     id,
@@ -464,10 +471,14 @@ impl Pool {
                             }
                         }
                     });
-                if let Err(e) = reader.and(errs).and(writer) {
-                    let _ = child.kill();
-                    let _ = child.wait();
-                    return Err(format!("cannot start the threads of worker {id}: {e}"));
+                match reader.and(errs).and(writer) {
+                    Ok(w) => orders.set_consumer(w.thread().clone()),
+                    Err(e) => {
+                        orders.close();
+                        let _ = child.kill();
+                        let _ = child.wait();
+                        return Err(format!("cannot start the threads of worker {id}: {e}"));
+                    }
                 }
                 Slot::Process { child, orders }
             }
@@ -485,12 +496,14 @@ impl Pool {
         matches!(self.slots.get(id as usize), Some(Some(_)))
     }
 
-    /// Sends an order; `false` when the worker is gone (it will be reported lost). Never
-    /// blocks and never writes to a pipe on the caller's thread.
+    /// Queues an order on the worker's hand-off; `false` when the worker was reaped. Never
+    /// blocks, takes no lock and never writes to a pipe on the caller's thread; a worker that
+    /// died meanwhile is reported lost by its own thread.
     pub fn send(&mut self, id: u32, o: &Order) -> bool {
         match self.slots.get_mut(id as usize) {
             Some(Some(Slot::Process { orders, .. })) | Some(Some(Slot::Thread { orders })) => {
-                orders.send(o.clone()).is_ok()
+                orders.push(o.clone());
+                true
             }
             _ => false,
         }
@@ -517,17 +530,20 @@ impl Pool {
     }
 
     /// Reaps a lost (or hung) worker: a process is killed and waited for; a thread is
-    /// abandoned (it ends once its order channel is dropped and its monotask returns; a
-    /// report it sends after that is ignored).
+    /// abandoned (its hand-off is closed and emptied, so it ends once its monotask returns;
+    /// a report it sends after that is ignored).
     pub fn reap(&mut self, id: u32) {
-        if let Some(Slot::Process { mut child, orders }) =
-            self.slots.get_mut(id as usize).and_then(Option::take)
-        {
-            drop(orders);
-            let _ = child.kill();
-            let _ = child.wait();
-        } else if let Some(slot) = self.slots.get_mut(id as usize) {
-            *slot = None;
+        match self.slots.get_mut(id as usize).and_then(Option::take) {
+            Some(Slot::Process { mut child, orders }) => {
+                orders.close();
+                let _ = child.kill();
+                let _ = child.wait();
+            }
+            Some(Slot::Thread { orders }) => {
+                orders.close();
+                while orders.try_take().is_some() {}
+            }
+            None => {}
         }
     }
 

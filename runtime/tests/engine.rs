@@ -47,40 +47,60 @@ fn output_is_bit_identical_for_any_number_of_workers() {
     }
 }
 
-/// Worker threads under load: many requests of every mode at once, on three threads, each
-/// output bit-identical to the same request served alone on the coordinator thread.
+/// Worker threads under load: many requests of every mode at once, on three threads that
+/// take their monotasks from lock-free hand-off queues with 1, 2 (the default) or 4
+/// dispatched to each at once; each output bit-identical to the same request served alone
+/// on the coordinator thread.
 #[test]
 fn worker_threads_under_concurrent_load_change_nothing() {
     let modes = [Mode::FlashDiff, Mode::NoSkip, Mode::Full, Mode::NaivePatch];
-    let mut threaded = Engine::new(&default_weights(), 3).unwrap();
-    for i in 0..12u64 {
-        let c = RequestConfig {
-            seed: i,
-            mode: modes[i as usize % modes.len()],
-            ..cfg(Mode::FlashDiff)
-        };
-        threaded.submit(i, PROMPT, c).unwrap();
-    }
-    let mut got: Vec<_> = threaded
-        .run(&mut |_, _, _| {})
-        .into_iter()
-        .map(|r| r.unwrap())
-        .collect();
-    assert_eq!(got.len(), 12);
-    got.sort_by_key(|o| o.report.id);
+    let config = |i: u64| RequestConfig {
+        seed: i,
+        mode: modes[i as usize % modes.len()],
+        ..cfg(Mode::FlashDiff)
+    };
     let mut alone = Engine::new(&default_weights(), 1).unwrap();
-    for (i, o) in got.iter().enumerate() {
-        let c = RequestConfig {
-            seed: i as u64,
-            mode: modes[i % modes.len()],
-            ..cfg(Mode::FlashDiff)
-        };
-        let want = alone.generate(PROMPT, c, &mut |_, _, _| {}).unwrap();
-        assert_eq!(
-            o.latent, want.latent,
-            "request {i} differs on worker threads"
-        );
+    let want: Vec<_> = (0..12u64)
+        .map(|i| {
+            alone
+                .generate(PROMPT, config(i), &mut |_, _, _| {})
+                .unwrap()
+        })
+        .collect();
+    for depth in [1, 2, 4] {
+        let mut threaded = Engine::new(&default_weights(), 3).unwrap();
+        threaded.set_dispatch_depth(depth).unwrap();
+        for i in 0..12u64 {
+            threaded.submit(i, PROMPT, config(i)).unwrap();
+        }
+        let mut got: Vec<_> = threaded
+            .run(&mut |_, _, _| {})
+            .into_iter()
+            .map(|r| r.unwrap())
+            .collect();
+        assert_eq!(got.len(), 12);
+        got.sort_by_key(|o| o.report.id);
+        for (i, o) in got.iter().enumerate() {
+            assert_eq!(
+                o.latent, want[i].latent,
+                "request {i} differs on worker threads at dispatch depth {depth}"
+            );
+        }
     }
+}
+
+#[test]
+fn the_dispatch_depth_is_checked() {
+    let mut e = Engine::new(&default_weights(), 2).unwrap();
+    for bad in [0, 65] {
+        let err = e.set_dispatch_depth(bad).unwrap_err().to_string();
+        assert!(err.contains("must be in 1..=64"), "{err}");
+    }
+    e.submit(1, PROMPT, cfg(Mode::FlashDiff)).unwrap();
+    let err = e.set_dispatch_depth(3).unwrap_err().to_string();
+    assert!(err.contains("no request is in flight"), "{err}");
+    assert_eq!(e.run(&mut |_, _, _| {}).len(), 1);
+    e.set_dispatch_depth(3).unwrap();
 }
 
 #[test]

@@ -2,7 +2,8 @@
 //! and decisions) it rebuilds requests, step barriers, every worker's queue, load and state
 //! holdings, recomputes each decision the way the paper states it, and fails on the first
 //! that differs:
-//! - no worker runs two monotasks at once; only monotasks of a request's open step run; a
+//! - no worker holds more than `depth` monotasks at once (it runs the first, the others
+//!   wait in its hand-off queue); only monotasks of a request's open step run; a
 //!   step opens only when the previous one completed; every monotask of a finished request
 //!   completed exactly once;
 //! - placement is equation 1 with affinity: the chosen worker minimises the maximum load
@@ -49,9 +50,18 @@ struct WorkerView {
     alive: bool,
     load: f64,
     queue: Vec<QItem>,
-    /// Running monotask: tag, cost, charged, and whether its request has ended since (a
-    /// later incarnation of the id may then reuse the tag).
-    running: Option<(Tag, f64, f64, bool)>,
+    /// Monotasks dispatched to it and not reported, in dispatch order (the first runs).
+    held: Vec<Held>,
+}
+
+/// A dispatched monotask: tag, cost, charge, and whether its request has ended since (a
+/// later incarnation of the id may then reuse the tag).
+#[derive(Debug, Clone, Copy)]
+struct Held {
+    tag: Tag,
+    cost: f64,
+    charged: f64,
+    ended: bool,
 }
 
 impl WorkerView {
@@ -60,7 +70,7 @@ impl WorkerView {
             alive: true,
             load: 0.0,
             queue: Vec::new(),
-            running: None,
+            held: Vec::new(),
         }
     }
 }
@@ -234,7 +244,7 @@ impl SchedChecker {
                     .is_some_and(|r| r.holders.contains(&(w as WorkerId)));
                 let cost = self.cfg.switch_cost + if holder { 0.0 } else { self.cfg.transfer_cost };
                 let gap = h.priority as f64 - own.map_or(-1.0, |o| o.priority as f64);
-                let running_v = self.workers[v].running.map_or(0.0, |r| r.1);
+                let running_v: f64 = self.workers[v].held.iter().map(|h| h.cost).sum();
                 let ahead = (self.workers[v].load - h.cost).max(0.0).max(running_v);
                 let benefit = ahead * (1.0 + gap);
                 let tight = close(benefit, cost);
@@ -294,8 +304,13 @@ impl SchedChecker {
         if !self.worker(worker)?.alive {
             return Err(format!("worker {worker} is not alive"));
         }
-        if let Some((t, ..)) = self.workers[w].running {
-            return Err(format!("worker {worker} already runs {t}"));
+        if self.workers[w].held.len() >= self.cfg.depth as usize {
+            let t = self.workers[w].held[0].tag;
+            return Err(format!(
+                "worker {worker} already holds {} monotasks (runs {t}); depth is {}",
+                self.workers[w].held.len(),
+                self.cfg.depth
+            ));
         }
         let r = self
             .requests
@@ -379,21 +394,34 @@ impl SchedChecker {
             }
             c
         };
-        self.workers[w].running = Some((tag, item.cost, charged, false));
+        self.workers[w].held.push(Held {
+            tag,
+            cost: item.cost,
+            charged,
+            ended: false,
+        });
         Ok(())
     }
 
-    /// Frees worker `worker` from `tag`, taking its charge off.
-    fn release(&mut self, worker: WorkerId, tag: Tag) -> Result<(), String> {
+    /// Frees worker `worker` from `tag` (its oldest holding of that tag), taking its charge
+    /// off; returns the holding.
+    fn release(&mut self, worker: WorkerId, tag: Tag) -> Result<Held, String> {
         let wv = self.worker(worker)?;
-        match wv.running {
-            Some((t, _, charged, _)) if t == tag => {
-                wv.running = None;
-                wv.load = (wv.load - charged).max(0.0);
-                Ok(())
-            }
-            _ => Err(format!("worker {worker} reported {tag} it was not running")),
-        }
+        let i = wv
+            .held
+            .iter()
+            .position(|h| h.tag == tag)
+            .ok_or_else(|| format!("worker {worker} reported {tag} it was not running"))?;
+        let h = wv.held.remove(i);
+        wv.load = (wv.load - h.charged).max(0.0);
+        Ok(h)
+    }
+
+    /// Whether a worker holds `tag` for its request's current incarnation.
+    fn held_live(&self, tag: Tag) -> bool {
+        self.workers
+            .iter()
+            .any(|w| w.held.iter().any(|h| h.tag == tag && !h.ended))
     }
 
     fn on_ready(
@@ -410,9 +438,12 @@ impl SchedChecker {
         if !self.requests.contains_key(&tag.request) {
             return Err(format!("{tag} queued for a request not admitted"));
         }
-        if self.workers.iter().any(|w| {
-            w.queue.iter().any(|q| q.tag == tag) || w.running.is_some_and(|r| r.0 == tag && !r.3)
-        }) {
+        if self.held_live(tag)
+            || self
+                .workers
+                .iter()
+                .any(|w| w.queue.iter().any(|q| q.tag == tag))
+        {
             return Err(format!("{tag} queued while already queued or running"));
         }
         let charged = self.check_placement(tag, cost, g)?;
@@ -432,15 +463,9 @@ impl SchedChecker {
     }
 
     fn on_completed(&mut self, worker: WorkerId, tag: Tag) -> Result<(), String> {
-        if self
-            .workers
-            .get(worker as usize)
-            .and_then(|w| w.running)
-            .is_some_and(|r| r.3)
-        {
+        if self.release(worker, tag)?.ended {
             return Err(format!("{tag} applied after its request ended"));
         }
-        self.release(worker, tag)?;
         let r = self
             .requests
             .get_mut(&tag.request)
@@ -463,11 +488,7 @@ impl SchedChecker {
     /// After `Failed` or `WorkerLost`, which freed its worker: its `Ready` follows.
     fn on_requeued(&mut self, tag: Tag) -> Result<(), String> {
         // After `Failed` or `WorkerLost`, which freed its worker: its `Ready` follows.
-        if self
-            .workers
-            .iter()
-            .any(|w| w.running.is_some_and(|r| r.0 == tag && !r.3))
-        {
+        if self.held_live(tag) {
             return Err(format!("{tag} re-queued while a worker still runs it"));
         }
         if self
@@ -484,12 +505,12 @@ impl SchedChecker {
     }
 
     fn on_worker_lost(&mut self, w: WorkerId) -> Result<(), String> {
+        // Only the first held monotask was running; the others never started.
         let wv = self.worker(w)?;
-        let lost = wv.running.filter(|r| !r.3).map(|r| r.0);
-        let wv = self.worker(w)?;
+        let lost = wv.held.first().filter(|h| !h.ended).map(|h| h.tag);
         wv.alive = false;
         wv.load = 0.0;
-        wv.running = None;
+        wv.held.clear();
         wv.queue.clear();
         for r in self.requests.values_mut() {
             r.holders.remove(&w);
@@ -507,8 +528,8 @@ impl SchedChecker {
             .ok_or_else(|| format!("request {request} ended but was not admitted"))?;
         self.attempts.retain(|t, _| t.request != request);
         for w in &mut self.workers {
-            if let Some(r) = w.running.as_mut().filter(|r| r.0.request == request) {
-                r.3 = true;
+            for h in w.held.iter_mut().filter(|h| h.tag.request == request) {
+                h.ended = true;
             }
             let (gone, kept): (Vec<QItem>, Vec<QItem>) = std::mem::take(&mut w.queue)
                 .into_iter()
@@ -600,15 +621,11 @@ impl SchedChecker {
                 pick,
             } => self.check_dispatch(worker, tag, priority, pick)?,
             Event::Completed { worker, tag } => self.on_completed(worker, tag)?,
-            Event::Dropped { worker, tag } => self.release(worker, tag)?,
-            Event::Failed { worker, tag } => {
-                let ended = self
-                    .workers
-                    .get(worker as usize)
-                    .and_then(|w| w.running)
-                    .is_some_and(|r| r.3);
+            Event::Dropped { worker, tag } => {
                 self.release(worker, tag)?;
-                if !ended {
+            }
+            Event::Failed { worker, tag } => {
+                if !self.release(worker, tag)?.ended {
                     self.attempt_lost(tag);
                 }
             }

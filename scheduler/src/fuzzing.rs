@@ -1,5 +1,5 @@
 //! Fuzz harness (feature `fuzzing`): arbitrary bytes become a workload (arrivals, priorities,
-//! sizes, skip rates, worker count, switch costs) plus injected calls; the simulator runs it on
+//! sizes, skip rates, worker count, switch costs, dispatch depth) plus injected calls; the simulator runs it on
 //! the real scheduler with events recorded, and the independent checker must accept the log
 //! and count every request finished.
 
@@ -17,6 +17,7 @@ pub fn scheduler(data: &[u8]) {
         max_requests: 1 + data[1] as usize % 8,
         switch_cost: (data[2] % 4) as f64 * 0.5,
         transfer_cost: (data[3] % 4) as f64 * 0.5,
+        depth: 1 + (data[3] >> 4) as u32 % 3,
         record_events: true,
         ..Default::default()
     };

@@ -30,6 +30,14 @@
 //! first, [`QueueOrder`]), so one level's requests finish in the order they came instead of
 //! advancing together step by step.
 //!
+//! Dispatch is lock-free on the workers' side: the coordinator (the scheduler's only caller)
+//! decides, pushes each dispatched monotask to the worker's [`HandOff`] queue, and may
+//! dispatch up to [`SchedulerConfig::depth`] to a worker ahead, so that a worker takes its
+//! next monotask from its queue the moment it finishes one, without waiting for the
+//! coordinator or taking a lock. The decisions themselves need one view of every queue
+//! (arrival order within a level, Benefit > SwitchCost across workers, deadlines), so they
+//! stay with the coordinator; so do the step barriers and commits.
+//!
 //! Also here: the lock-free [`ReadyQueue`] (a FIFO per level; the scheduler's own queues
 //! are ordered, so it no longer dispatches through it), an independent [`checker`] of event logs, and a deterministic discrete-event
 //! simulator ([`sim`]) for evaluating the policy without a model.
@@ -37,14 +45,16 @@
 pub mod checker;
 #[cfg(feature = "fuzzing")]
 pub mod fuzzing;
+mod handoff;
 mod queue;
 mod sched;
 pub mod sim;
 
+pub use handoff::HandOff;
 pub use queue::ReadyQueue;
 pub use sched::{
     Assignment, Completion, Event, LoadInfo, Pick, QueueOrder, SchedError, Scheduler,
-    SchedulerConfig,
+    SchedulerConfig, MAX_DEPTH,
 };
 
 use std::fmt;

@@ -39,6 +39,11 @@ pub struct SchedulerConfig {
     pub record_events: bool,
     /// Order within a priority level.
     pub order: QueueOrder,
+    /// Monotasks a worker may hold at once: the one it runs plus those dispatched to it
+    /// ahead, waiting in its hand-off queue ([`crate::HandOff`]) so that it starts the next
+    /// the moment it finishes one, without waiting for the coordinator. 1 dispatches only to
+    /// an idle worker. A worker runs what it holds in dispatch order.
+    pub depth: u32,
 }
 
 /// Most workers a scheduler holds, the lost ones included (`new` and `add_worker` refuse
@@ -50,6 +55,8 @@ pub const MAX_REQUESTS: usize = 1 << 20;
 pub const MAX_QUEUED: usize = 1 << 26;
 /// Largest `max_attempts`.
 pub const MAX_ATTEMPTS: u32 = 1000;
+/// Largest `depth`.
+pub const MAX_DEPTH: u32 = 64;
 
 /// What [`Scheduler::worker_lost`] did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -72,6 +79,7 @@ impl Default for SchedulerConfig {
             max_attempts: 3,
             record_events: false,
             order: QueueOrder::Arrival,
+            depth: 1,
         }
     }
 }
@@ -114,7 +122,7 @@ pub enum SchedError {
     UnknownWorker(WorkerId),
     /// The worker was declared lost.
     WorkerDead(WorkerId),
-    /// The worker already runs a monotask: complete or fail it first.
+    /// The worker already holds `depth` monotasks: complete or fail one first.
     Busy(WorkerId),
     /// The worker does not run that monotask.
     NotRunning {
@@ -149,7 +157,7 @@ impl fmt::Display for SchedError {
             Self::BadPatches(s) => write!(f, "bad patch list: {s}"),
             Self::UnknownWorker(w) => write!(f, "worker {w} does not exist"),
             Self::WorkerDead(w) => write!(f, "worker {w} was declared lost"),
-            Self::Busy(w) => write!(f, "worker {w} already runs a monotask"),
+            Self::Busy(w) => write!(f, "worker {w} already holds as many monotasks as it may"),
             Self::NotRunning { worker, tag } => write!(f, "worker {worker} does not run {tag}"),
             Self::NotIdle(r) => write!(f, "request {r} has a step in flight"),
         }
@@ -333,7 +341,9 @@ impl Ord for Queued {
 #[derive(Debug)]
 struct WorkerSlot {
     alive: bool,
-    running: Option<Monotask>,
+    /// Monotasks dispatched to it and not yet reported, in dispatch order (at most
+    /// `depth`): the first runs, the others wait in its hand-off queue.
+    held: Vec<Monotask>,
     load: f64,
     /// One ordered queue per priority level. Owned by the coordinator (every scheduler
     /// call takes `&mut self`); an ordered heap, because arrival order within a level is
@@ -345,7 +355,7 @@ impl WorkerSlot {
     fn new() -> Self {
         Self {
             alive: true,
-            running: None,
+            held: Vec::new(),
             load: 0.0,
             levels: Default::default(),
         }
@@ -374,7 +384,8 @@ pub struct LoadInfo {
     pub requests: usize,
     /// Monotasks queued.
     pub queued: usize,
-    /// Monotasks running.
+    /// Monotasks dispatched and not yet reported (running, or waiting in a worker's
+    /// hand-off queue).
     pub running: usize,
     /// Queued + running cost per worker (0 for lost workers).
     pub per_worker: Vec<f64>,
@@ -416,11 +427,21 @@ fn check_cost(c: f64) -> Result<(), SchedError> {
 impl Scheduler {
     /// A scheduler with `cfg.workers` idle workers.
     pub fn new(cfg: SchedulerConfig) -> Result<Self, SchedError> {
-        if cfg.workers == 0 || cfg.max_requests == 0 || cfg.max_queued == 0 || cfg.max_attempts == 0
+        if cfg.workers == 0
+            || cfg.max_requests == 0
+            || cfg.max_queued == 0
+            || cfg.max_attempts == 0
+            || cfg.depth == 0
         {
             return Err(SchedError::BadConfig(
-                "workers, max_requests, max_queued and max_attempts must be >= 1".into(),
+                "workers, max_requests, max_queued, max_attempts and depth must be >= 1".into(),
             ));
+        }
+        if cfg.depth > MAX_DEPTH {
+            return Err(SchedError::BadConfig(format!(
+                "depth {} is above its bound {MAX_DEPTH}",
+                cfg.depth
+            )));
         }
         if cfg.workers > MAX_WORKERS
             || cfg.max_requests > MAX_REQUESTS
@@ -798,7 +819,7 @@ impl Scheduler {
         if !slot.alive {
             return Err(SchedError::WorkerDead(w));
         }
-        if slot.running.is_some() {
+        if slot.held.len() >= self.cfg.depth as usize {
             return Err(SchedError::Busy(w));
         }
         let own = self.head_level(wi);
@@ -826,7 +847,7 @@ impl Scheduler {
                     .is_some_and(|r| r.holders.contains(&w));
                 let cost = self.cfg.switch_cost + if holder { 0.0 } else { self.cfg.transfer_cost };
                 let gap = lf as f64 - own.map_or(-1.0, |lo| lo as f64);
-                let running_v = self.workers[v].running.map_or(0.0, |r| r.cost);
+                let running_v: f64 = self.workers[v].held.iter().map(|r| r.cost).sum();
                 let ahead = (vload - m.cost).max(0.0).max(running_v);
                 let benefit = ahead * (1.0 + gap);
                 if benefit > cost {
@@ -868,7 +889,7 @@ impl Scheduler {
                 }
             }
         }
-        self.workers[wi].running = Some(m);
+        self.workers[wi].held.push(m);
         self.log(|| Event::Dispatched {
             worker: w,
             tag: m.tag,
@@ -882,15 +903,16 @@ impl Scheduler {
         }))
     }
 
-    fn running_on(&self, w: WorkerId, tag: Tag) -> Result<Monotask, SchedError> {
+    /// Where `tag` is among worker `w`'s held monotasks.
+    fn held_at(&self, w: WorkerId, tag: Tag) -> Result<usize, SchedError> {
         let slot = self
             .workers
             .get(w as usize)
             .ok_or(SchedError::UnknownWorker(w))?;
-        match slot.running {
-            Some(m) if m.tag == tag => Ok(m),
-            _ => Err(SchedError::NotRunning { worker: w, tag }),
-        }
+        slot.held
+            .iter()
+            .position(|m| m.tag == tag)
+            .ok_or(SchedError::NotRunning { worker: w, tag })
     }
 
     /// Worker `w` finished the monotask `tag`. Each (request, step, patch) is applied at most
@@ -903,8 +925,8 @@ impl Scheduler {
         if !slot.alive {
             return Ok(Completion::Stale);
         }
-        let m = match self.running_on(w, tag) {
-            Ok(m) => m,
+        let at = match self.held_at(w, tag) {
+            Ok(at) => at,
             Err(e) => {
                 let applied = self
                     .requests
@@ -918,7 +940,7 @@ impl Scheduler {
             }
         };
         let slot = &mut self.workers[w as usize];
-        slot.running = None;
+        let m = slot.held.remove(at);
         slot.load = (slot.load - m.charged).max(0.0);
         let Some(req) = self
             .requests
@@ -957,9 +979,9 @@ impl Scheduler {
     /// Worker `w` could not run `tag` (an error, not a death): it is queued again, or after
     /// `max_attempts` executions its request fails.
     pub fn fail(&mut self, w: WorkerId, tag: Tag) -> Result<Completion, SchedError> {
-        let mut m = self.running_on(w, tag)?;
+        let at = self.held_at(w, tag)?;
         let slot = &mut self.workers[w as usize];
-        slot.running = None;
+        let mut m = slot.held.remove(at);
         slot.load = (slot.load - m.charged).max(0.0);
         self.log(|| Event::Failed { worker: w, tag });
         if !self.is_current(&m) {
@@ -989,10 +1011,14 @@ impl Scheduler {
         }
         slot.alive = false;
         slot.load = 0.0;
-        let running = slot.running.take().map(|mut m| {
+        // The first held monotask was running: the loss counts as one of its executions.
+        // The others waited in the worker's hand-off queue and never started.
+        let mut held = std::mem::take(&mut slot.held).into_iter();
+        let running = held.next().map(|mut m| {
             m.attempt += 1;
             m
         });
+        let waiting: Vec<Monotask> = held.collect();
         // Highest level first, each in its order: they keep that order on the others.
         let mut queued = Vec::new();
         for l in (0..PRIORITY_LEVELS).rev() {
@@ -1016,7 +1042,7 @@ impl Scheduler {
                 out.requeued += 1;
             }
         }
-        for m in queued {
+        for m in waiting.into_iter().chain(queued) {
             if self.is_current(&m) {
                 self.log(|| Event::Requeued { tag: m.tag });
                 self.place(m);
@@ -1100,7 +1126,7 @@ impl Scheduler {
         LoadInfo {
             requests: self.requests.len(),
             queued: self.queued,
-            running: self.workers.iter().filter(|w| w.running.is_some()).count(),
+            running: self.workers.iter().map(|w| w.held.len()).sum(),
             per_worker: self
                 .workers
                 .iter()

@@ -223,7 +223,10 @@ pub fn simulate(
         .collect();
     let mut state: Vec<Option<ReqSim>> = (0..requests.len()).map(|_| None).collect();
     let mut waiting: VecDeque<usize> = VecDeque::new();
-    let mut idle = vec![true; cfg.workers as usize];
+    // Monotasks each worker holds (running plus dispatched ahead, up to `cfg.depth`) and
+    // when it will have finished the last of them: it runs them one after another.
+    let mut held = vec![0u32; cfg.workers as usize];
+    let mut free_at = vec![0.0f64; cfg.workers as usize];
     let mut busy = vec![0.0; cfg.workers as usize];
     let mut outcomes = Vec::new();
     let mut events = Vec::new();
@@ -258,7 +261,7 @@ pub fn simulate(
                 }
             }
             Kind::Done(w, tag) => {
-                idle[w as usize] = true;
+                held[w as usize] -= 1;
                 let done = match s.complete(w, tag)? {
                     Completion::WarmupDone(r) => Some(r),
                     Completion::StepDone(r, _) => Some(r),
@@ -295,13 +298,17 @@ pub fn simulate(
                 }
             }
         }
-        for w in 0..idle.len() {
-            if idle[w] {
-                if let Some(a) = s.next(w as WorkerId)? {
-                    idle[w] = false;
-                    let d = a.task.cost + a.overhead;
-                    busy[w] += d;
-                    push(&mut heap, now + d, Kind::Done(w as WorkerId, a.task.tag));
+        // Breadth first: every idle worker gets a monotask before any is given one ahead.
+        for depth in 0..cfg.depth {
+            for w in 0..held.len() {
+                if held[w] == depth {
+                    if let Some(a) = s.next(w as WorkerId)? {
+                        held[w] += 1;
+                        let d = a.task.cost + a.overhead;
+                        busy[w] += d;
+                        free_at[w] = free_at[w].max(now) + d;
+                        push(&mut heap, free_at[w], Kind::Done(w as WorkerId, a.task.tag));
+                    }
                 }
             }
         }

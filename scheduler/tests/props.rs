@@ -39,8 +39,9 @@ proptest! {
         transfer in 0.0f64..2.0,
         reqs in prop::collection::vec(request(), 1..20),
         seed in any::<u64>(),
+        depth in 1u32..4,
     ) {
-        let c = SchedulerConfig { workers, max_requests, switch_cost: switch, transfer_cost: transfer, record_events: true, ..Default::default() };
+        let c = SchedulerConfig { workers, max_requests, switch_cost: switch, transfer_cost: transfer, record_events: true, depth, ..Default::default() };
         let reqs: Vec<SimRequest> = reqs.into_iter().enumerate().map(|(i, (arrival, priority, steps, patches, patch_cost, skip))| SimRequest {
             id: i as u64 + 100, arrival, priority, warmup_cost: 1.0, steps, patches, patch_cost,
             active: skip.map_or(ActiveModel::All, |(p, max_skip)| ActiveModel::Bernoulli { p, max_skip }),
@@ -490,7 +491,23 @@ fn checker_catches_violations() {
     ];
     assert!(check(&one, &two_at_once)
         .unwrap_err()
-        .contains("already runs"));
+        .contains("already holds 1 monotasks"));
+    // At depth 2 the same log is right; a third dispatch is not.
+    let two = SchedulerConfig { depth: 2, ..one };
+    assert_eq!(check(&two, &two_at_once), Ok(()));
+    let three_at_once = [
+        admit(1),
+        open(1, 1, 3),
+        ready(t(1, 0), 1, 0),
+        ready(t(1, 1), 1, 0),
+        ready(t(1, 2), 1, 0),
+        disp(0, t(1, 0), 1, Pick::Own),
+        disp(0, t(1, 1), 1, Pick::Own),
+        disp(0, t(1, 2), 1, Pick::Own),
+    ];
+    assert!(check(&two, &three_at_once)
+        .unwrap_err()
+        .contains("already holds 2 monotasks"));
 
     let inversion = [
         admit(1),
@@ -685,4 +702,67 @@ fn overheads_leave_no_phantom_load_behind() {
     );
     let mut checker = SchedChecker::new(s.config());
     checker.check_all(&s.take_events()).unwrap();
+}
+
+#[test]
+fn a_worker_holds_up_to_depth_monotasks_dispatched_ahead() {
+    let mut s = Scheduler::new(SchedulerConfig { depth: 2, ..cfg(1) }).unwrap();
+    s.submit(1, 0, 1.0).unwrap();
+    run_warmup(&mut s, 0, 1);
+    s.submit_step(1, 1, &[(0, 1.0), (1, 1.0), (2, 1.0)])
+        .unwrap();
+    let a = s.next(0).unwrap().unwrap();
+    let b = s.next(0).unwrap().unwrap();
+    assert_eq!((a.task.tag.patch, b.task.tag.patch), (0, 1));
+    assert_eq!(s.next(0), Err(SchedError::Busy(0)));
+    assert_eq!(s.load().running, 2);
+    assert_eq!(s.complete(0, a.task.tag).unwrap(), Completion::Patch);
+    let c = s.next(0).unwrap().unwrap();
+    assert_eq!(c.task.tag.patch, 2);
+    assert_eq!(s.complete(0, b.task.tag).unwrap(), Completion::Patch);
+    assert_eq!(
+        s.complete(0, c.task.tag).unwrap(),
+        Completion::StepDone(1, 1)
+    );
+    s.finish(1).unwrap();
+    let mut checker = SchedChecker::new(s.config());
+    checker.check_all(&s.take_events()).unwrap();
+    assert_eq!(checker.finished(), 1);
+    assert!(matches!(
+        Scheduler::new(SchedulerConfig { depth: 0, ..cfg(1) }),
+        Err(SchedError::BadConfig(_))
+    ));
+    assert!(matches!(
+        Scheduler::new(SchedulerConfig {
+            depth: 65,
+            ..cfg(1)
+        }),
+        Err(SchedError::BadConfig(_))
+    ));
+}
+
+#[test]
+fn a_lost_worker_costs_an_attempt_only_to_the_monotask_it_was_running() {
+    let mut s = Scheduler::new(SchedulerConfig { depth: 2, ..cfg(1) }).unwrap();
+    s.submit(1, 0, 1.0).unwrap();
+    run_warmup(&mut s, 0, 1);
+    s.submit_step(1, 1, &[(0, 1.0), (1, 1.0)]).unwrap();
+    // Worker 0 runs patch 0 and holds patch 1 ahead; then it is lost.
+    let a = s.next(0).unwrap().unwrap();
+    let b = s.next(0).unwrap().unwrap();
+    assert_eq!(s.add_worker().unwrap(), 1);
+    assert_eq!(s.worker_lost(0).unwrap().requeued, 2);
+    let first = s.next(1).unwrap().unwrap();
+    let second = s.next(1).unwrap().unwrap();
+    assert_eq!((first.task.tag, first.task.attempt), (a.task.tag, 1));
+    assert_eq!((second.task.tag, second.task.attempt), (b.task.tag, 0));
+    assert_eq!(s.complete(1, first.task.tag).unwrap(), Completion::Patch);
+    assert_eq!(
+        s.complete(1, second.task.tag).unwrap(),
+        Completion::StepDone(1, 1)
+    );
+    s.finish(1).unwrap();
+    let mut checker = SchedChecker::new(s.config());
+    checker.check_all(&s.take_events()).unwrap();
+    assert_eq!(checker.finished(), 1);
 }
