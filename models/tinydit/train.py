@@ -63,6 +63,9 @@ def main(task=ImageTask, patch=4):
     ap.add_argument("--lr-min", type=float, default=6e-5)
     ap.add_argument("--reset-ema", action="store_true",
                     help="on resume, restart the EMA from the current weights")
+    ap.add_argument("--shift", type=float, default=1.0,
+                    help="timestep shift towards noise (SD3): large latents need > 1, because "
+                         "their many redundant values give the layout away early")
     ap.add_argument("--d", type=int, default=128)
     ap.add_argument("--depth", type=int, default=6)
     ap.add_argument("--heads", type=int, default=4)
@@ -110,6 +113,9 @@ def main(task=ImageTask, patch=4):
         x0 = model.patchify(torch.from_numpy(x0))
         ids = torch.from_numpy(ids)
         t = torch.sigmoid(torch.randn(args.batch))  # logit-normal timesteps (SD3)
+        # SD3's resolution shift: more of the batch at high noise, where only the prompt
+        # says what the sample shows (t -> s t / (1 + (s - 1) t); 1 leaves t as it is).
+        t = args.shift * t / (1 + (args.shift - 1) * t)
         noise = torch.randn_like(x0)
         xt = (1 - t)[:, None, None] * x0 + t[:, None, None] * noise
         loss = F.mse_loss(model(xt, t, ids), noise - x0)
