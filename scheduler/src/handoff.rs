@@ -32,19 +32,94 @@
 //! assert_eq!(worker.join().unwrap(), (0..100).collect::<Vec<_>>());
 //! ```
 
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::OnceLock;
-use std::thread::Thread;
+use sync::{park, AtomicBool, Once, Ordering, Queue, Thread};
 
-use crossbeam_queue::SegQueue;
+/// What the hand-off is built of. Under `--cfg loom` (the model check in
+/// `tests/loom.rs`) loom's atomics, threads and park tokens stand in for std's, and a loom
+/// mutex for crossbeam's queue (whose own linearisability is crossbeam's to test), so that
+/// loom explores every interleaving of the wake-up protocol.
+#[cfg(not(loom))]
+mod sync {
+    pub use std::sync::atomic::{AtomicBool, Ordering};
+    pub use std::thread::{park, Thread};
 
-/// A lock-free single-consumer hand-off queue with park/unpark wake-ups (any number of
-/// producers may push; one thread takes).
+    pub type Queue<T> = crossbeam_queue::SegQueue<T>;
+
+    /// A value set once; reading it is one atomic load.
+    #[derive(Debug)]
+    pub struct Once<T>(std::sync::OnceLock<T>);
+
+    impl<T> Once<T> {
+        pub fn new() -> Self {
+            Self(std::sync::OnceLock::new())
+        }
+        pub fn set(&self, v: T) {
+            let _ = self.0.set(v);
+        }
+        pub fn with(&self, f: impl FnOnce(&T)) {
+            if let Some(v) = self.0.get() {
+                f(v)
+            }
+        }
+    }
+}
+
+#[cfg(loom)]
+mod sync {
+    pub use loom::sync::atomic::{AtomicBool, Ordering};
+    pub use loom::thread::{park, Thread};
+    use std::collections::VecDeque;
+
+    /// SegQueue's interface over a loom mutex.
+    #[derive(Debug)]
+    pub struct Queue<T>(loom::sync::Mutex<VecDeque<T>>);
+
+    impl<T> Queue<T> {
+        pub fn new() -> Self {
+            Self(loom::sync::Mutex::new(VecDeque::new()))
+        }
+        pub fn push(&self, v: T) {
+            self.0.lock().unwrap().push_back(v)
+        }
+        pub fn pop(&self) -> Option<T> {
+            self.0.lock().unwrap().pop_front()
+        }
+        pub fn len(&self) -> usize {
+            self.0.lock().unwrap().len()
+        }
+        pub fn is_empty(&self) -> bool {
+            self.0.lock().unwrap().is_empty()
+        }
+    }
+
+    #[derive(Debug)]
+    pub struct Once<T>(loom::sync::Mutex<Option<T>>);
+
+    impl<T> Once<T> {
+        pub fn new() -> Self {
+            Self(loom::sync::Mutex::new(None))
+        }
+        pub fn set(&self, v: T) {
+            let mut g = self.0.lock().unwrap();
+            if g.is_none() {
+                *g = Some(v);
+            }
+        }
+        pub fn with(&self, f: impl FnOnce(&T)) {
+            if let Some(v) = self.0.lock().unwrap().as_ref() {
+                f(v)
+            }
+        }
+    }
+}
+
+/// A lock-free hand-off queue with park/unpark wake-ups: any number of threads may push
+/// or `try_take`; one thread, the consumer, `take`s (parks while it is empty).
 #[derive(Debug)]
 pub struct HandOff<T> {
-    queue: SegQueue<T>,
+    queue: Queue<T>,
     /// The thread that takes: unparked after every push.
-    consumer: OnceLock<Thread>,
+    consumer: Once<Thread>,
     closed: AtomicBool,
 }
 
@@ -58,8 +133,8 @@ impl<T> HandOff<T> {
     /// An empty, open hand-off with no consumer yet.
     pub fn new() -> Self {
         Self {
-            queue: SegQueue::new(),
-            consumer: OnceLock::new(),
+            queue: Queue::new(),
+            consumer: Once::new(),
             closed: AtomicBool::new(false),
         }
     }
@@ -68,23 +143,19 @@ impl<T> HandOff<T> {
     /// (right after spawning the worker): a push before it wakes nobody, and a consumer
     /// already parked would sleep through it.
     pub fn set_consumer(&self, t: Thread) {
-        let _ = self.consumer.set(t);
+        self.consumer.set(t);
     }
 
     /// Appends `item` and wakes the consumer. Never blocks.
     pub fn push(&self, item: T) {
         self.queue.push(item);
-        if let Some(t) = self.consumer.get() {
-            t.unpark();
-        }
+        self.consumer.with(Thread::unpark);
     }
 
     /// Ends the hand-off: the consumer's `take` returns what is still queued, then `None`.
     pub fn close(&self) {
         self.closed.store(true, Ordering::Release);
-        if let Some(t) = self.consumer.get() {
-            t.unpark();
-        }
+        self.consumer.with(Thread::unpark);
     }
 
     /// Whether [`HandOff::close`] was called.
@@ -110,7 +181,7 @@ impl<T> HandOff<T> {
             }
             // A push or close since the pop above left an unpark token: this returns at
             // once. Spurious returns go round the loop.
-            std::thread::park();
+            park();
         }
     }
 
