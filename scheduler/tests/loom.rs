@@ -9,23 +9,27 @@ use loom::thread;
 
 use flashdiff_scheduler::HandOff;
 
+/// A consumer thread taking everything until the hand-off closes, named as its consumer.
+fn consume(h: &Arc<HandOff<u32>>) -> thread::JoinHandle<Vec<u32>> {
+    let mine = h.clone();
+    let t = thread::spawn(move || {
+        let mut got = Vec::new();
+        while let Some(x) = mine.take() {
+            got.push(x);
+        }
+        got
+    });
+    h.set_consumer(t.thread().clone());
+    t
+}
+
 /// The consumer parks while the queue is empty; the producer pushes two items and closes.
 /// A lost wake-up leaves the consumer parked forever, which loom reports as a deadlock.
 #[test]
 fn pushes_and_close_always_wake_the_consumer() {
     loom::model(|| {
         let h = Arc::new(HandOff::new());
-        let consumer = {
-            let h = h.clone();
-            thread::spawn(move || {
-                let mut got = Vec::new();
-                while let Some(x) = h.take() {
-                    got.push(x);
-                }
-                got
-            })
-        };
-        h.set_consumer(consumer.thread().clone());
+        let consumer = consume(&h);
         h.push(1u32);
         h.push(2);
         h.close();
@@ -39,17 +43,7 @@ fn pushes_and_close_always_wake_the_consumer() {
 fn an_item_is_taken_once_even_while_another_thread_drains() {
     loom::model(|| {
         let h = Arc::new(HandOff::new());
-        let consumer = {
-            let h = h.clone();
-            thread::spawn(move || {
-                let mut got = Vec::new();
-                while let Some(x) = h.take() {
-                    got.push(x);
-                }
-                got
-            })
-        };
-        h.set_consumer(consumer.thread().clone());
+        let consumer = consume(&h);
         let pusher = {
             let h = h.clone();
             thread::spawn(move || h.push(7u32))
