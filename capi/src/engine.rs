@@ -183,7 +183,9 @@ pub extern "C" fn fd_engine_config_default() -> fd_engine_config {
 }
 
 /// Defaults: 50 steps, 5 warm-up, adaptive patches, ε 0.1, K 3, seed 0, FlashDiff, priority 0,
-/// extrapolated reuse, one monotask per step.
+/// extrapolated reuse, one monotask per step. The warm-up is the paper's; the built-in sound
+/// model (TinyAudio) is measured to want 12, which `flashdiff` uses for it: set `warmup` to
+/// 12 when serving it.
 #[no_mangle]
 pub extern "C" fn fd_request_config_default() -> fd_request_config {
     let d = RequestConfig::default();

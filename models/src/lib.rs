@@ -294,6 +294,12 @@ pub trait Denoiser: Send + Sync + fmt::Debug {
     fn first_block_input(&self, x: &Tensor, step: StepInput<'_>) -> Result<Tensor, ModelError>;
     /// Decodes a final latent (`tokens x channels`, flat) into a sample.
     fn decode(&self, latent: &[f32]) -> Result<Sample, ModelError>;
+    /// Warm-up steps this model needs before its layout is settled enough to partition and
+    /// gate: what a request gets when it does not say. The paper's five (§4.1) unless a
+    /// model's measurement says otherwise.
+    fn default_warmup(&self) -> u32 {
+        5
+    }
     /// `(width, height)` of the images [`Denoiser::decode`] makes, where the model says (a
     /// pipeline with a VAE); `None` leaves it to the caller's knowledge of the model.
     fn image_size(&self) -> Option<(usize, usize)> {

@@ -15,6 +15,8 @@ use crate::{
 };
 
 const EPS: f32 = 1e-6;
+/// Warm-up steps of the built-in sound model (see `default_warmup`).
+pub const TINYAUDIO_WARMUP: u32 = 12;
 
 /// Model hyper-parameters (from the weights file's metadata).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -775,6 +777,19 @@ impl Denoiser for TinyDit {
 
     fn kind(&self) -> Kind {
         self.cfg.kind
+    }
+
+    /// TinyAudio places its events later in sampling than the image and video models lay
+    /// theirs out: measured (`flashdiff bench --model tinyaudio`, 64 held-out prompts from
+    /// seed 20000), warm-up 5 left 12 of 64 prompts under 30 dB SNR against full
+    /// computation, 10 steps with at most 2 skips in a row 6, 12 steps 2, at 60% of the
+    /// gated patch-steps skipped either way.
+    fn default_warmup(&self) -> u32 {
+        if self.cfg.kind == Kind::Audio {
+            TINYAUDIO_WARMUP
+        } else {
+            5
+        }
     }
 
     fn decode(&self, latent: &[f32]) -> Result<Sample, ModelError> {

@@ -166,9 +166,10 @@ struct Sampling {
 /// FlashDiff's knobs, shared by every subcommand.
 #[derive(Args, Debug, Clone)]
 struct Knobs {
-    /// Warm-up steps before partitioning (at least 1, below --steps).
-    #[arg(long, default_value_t = DEFAULT_WARMUP)]
-    warmup: u32,
+    /// Warm-up steps before partitioning (at least 1, below --steps). Default: the model's,
+    /// 5 (the paper's), 12 for tinyaudio (measured: its events settle later).
+    #[arg(long)]
+    warmup: Option<u32>,
     /// Gate threshold in [0, 1].
     #[arg(long, default_value_t = ENGINE_DEFAULT_EPSILON, value_parser = parse_unit)]
     epsilon: f32,
@@ -435,10 +436,12 @@ fn parse_monotasks(v: &str) -> Result<Monotasks, String> {
 }
 
 impl Knobs {
+    /// The request these knobs make; a warm-up not given is the generic default until
+    /// [`with_model_warmup`] sets the model's.
     fn request(&self, steps: u32, patches: Option<u32>, seed: u64) -> RequestConfig {
         RequestConfig {
             steps,
-            warmup: self.warmup,
+            warmup: self.warmup.unwrap_or(DEFAULT_WARMUP),
             patches,
             epsilon: self.epsilon,
             adaptive_epsilon: self.adaptive_epsilon,
@@ -727,6 +730,18 @@ fn quality_vs(out: &Sample, full: &Sample, kind: Kind) -> Result<String, String>
     })
 }
 
+/// `cfg` with the warm-up of `model` unless one was given (`given`).
+fn with_model_warmup(
+    cfg: RequestConfig,
+    given: Option<u32>,
+    model: &dyn flashdiff_runtime::models::Denoiser,
+) -> RequestConfig {
+    RequestConfig {
+        warmup: given.unwrap_or_else(|| model.default_warmup()),
+        ..cfg
+    }
+}
+
 fn generate(a: GenerateArgs) -> Result<(), String> {
     let prompt = a.prompt.clone();
     let mut engine = make_engine(&a.run, 1)?;
@@ -736,7 +751,11 @@ fn generate(a: GenerateArgs) -> Result<(), String> {
         .sampling
         .patches
         .map_or(Some(DEFAULT_PATCHES.min(tokens)), |p| p.0);
-    let cfg = a.knobs.request(a.sampling.steps, patches, a.sampling.seed);
+    let cfg = with_model_warmup(
+        a.knobs.request(a.sampling.steps, patches, a.sampling.seed),
+        a.knobs.warmup,
+        engine.model(),
+    );
     let kind = engine.model().kind();
     let output = output_path(a.output.clone(), kind)?;
     let out = engine
@@ -844,6 +863,7 @@ fn serve(o: ServeArgs) -> Result<(), String> {
     );
     if let Some(port) = o.port {
         let mut engine = make_engine(&o.run, cores())?;
+        let base = with_model_warmup(base, o.knobs.warmup, engine.model());
         let kind = engine.model().kind();
         if kind != Kind::Image {
             return Err(format!(
@@ -946,19 +966,24 @@ fn serve_lines(o: ServeArgs, base: RequestConfig) -> Result<(), String> {
             }
             let fallback_id = n as u64;
             let outcome = match parse_request(&line, &base, fallback_id) {
-                Ok((id, _, _, _)) if prompts.contains_key(&id) => Some((
+                Ok((id, ..)) if prompts.contains_key(&id) => Some((
                     id,
                     format!("line {n}: request id {id} is already in flight"),
                 )),
-                Ok((id, prompt, cfg, model)) => {
+                Ok((id, prompt, cfg, model, warmup)) => {
                     match engine_for(&mut engines, &o, model.as_deref()) {
-                        Ok(i) => match engines[i].engine.submit(id, &prompt, cfg) {
-                            Ok(()) => {
-                                prompts.insert(id, (prompt, i));
-                                None
+                        Ok(i) => {
+                            let engine = &mut engines[i].engine;
+                            let cfg =
+                                with_model_warmup(cfg, warmup.or(o.knobs.warmup), engine.model());
+                            match engine.submit(id, &prompt, cfg) {
+                                Ok(()) => {
+                                    prompts.insert(id, (prompt, i));
+                                    None
+                                }
+                                Err(e) => Some((id, e.to_string())),
                             }
-                            Err(e) => Some((id, e.to_string())),
-                        },
+                        }
                         Err(e) => Some((id, format!("line {n}: {e}"))),
                     }
                 }
@@ -1138,7 +1163,8 @@ fn queue_order(s: &str) -> flashdiff_runtime::engine::QueueOrder {
 
 /// A request line: id, prompt, settings and the built-in model it names (`None`: the
 /// server's own).
-type ParsedRequest = (u64, String, RequestConfig, Option<String>);
+/// (id, prompt, settings, model, the warm-up if the line gave one).
+type ParsedRequest = (u64, String, RequestConfig, Option<String>, Option<u32>);
 
 fn parse_request(
     line: &str,
@@ -1198,7 +1224,8 @@ fn parse_request(
     if let Some(s) = small("steps", 100_000)? {
         cfg.steps = s;
     }
-    if let Some(w) = small("warmup", 100_000)? {
+    let warmup = small("warmup", 100_000)?;
+    if let Some(w) = warmup {
         cfg.warmup = w;
     }
     if let Some(r) = small("patches", 1 << 20)? {
@@ -1243,7 +1270,7 @@ fn parse_request(
                 .to_string(),
         ),
     };
-    Ok((id, prompt, cfg, model))
+    Ok((id, prompt, cfg, model, warmup))
 }
 
 /// `extrapolate` or `stale` (the `--reuse` flag and the `reuse` request field).
@@ -1360,6 +1387,10 @@ fn bench(a: BenchArgs) -> Result<(), String> {
         ));
     }
     let mut engine = make_engine(&a.run, cores())?;
+    let cfg = flashdiff_bench::BenchConfig {
+        base: with_model_warmup(cfg.base, a.knobs.warmup, engine.model()),
+        ..cfg
+    };
     engine
         .validate(&RequestConfig {
             steps: cfg.steps,
