@@ -168,8 +168,10 @@ impl<T> HandOff<T> {
         self.queue.pop()
     }
 
-    /// The next item, parking the calling thread (the consumer) while the queue is empty;
-    /// `None` once the hand-off is closed and drained.
+    /// The next item, parking the calling thread while the queue is empty; `None` once the
+    /// hand-off is closed and drained. Only the consumer ([`HandOff::set_consumer`]) may
+    /// call it: pushes wake that thread alone, so another would wait for a close (other
+    /// threads use [`HandOff::try_take`]).
     pub fn take(&self) -> Option<T> {
         loop {
             if let Some(x) = self.queue.pop() {
