@@ -170,8 +170,8 @@ impl<T> HandOff<T> {
 
     /// The next item, parking the calling thread while the queue is empty; `None` once the
     /// hand-off is closed and drained. Only the consumer ([`HandOff::set_consumer`]) may
-    /// call it: pushes wake that thread alone, so another would wait for a close (other
-    /// threads use [`HandOff::try_take`]).
+    /// call it: pushes and close wake that thread alone, so another could sleep for ever
+    /// (other threads use [`HandOff::try_take`]).
     pub fn take(&self) -> Option<T> {
         loop {
             if let Some(x) = self.queue.pop() {
