@@ -82,9 +82,12 @@ def main():
     ap.add_argument("--out", required=True)
     ap.add_argument("--kind", default="image", choices=["image", "video", "audio"])
     ap.add_argument("--saliency-layers", default="", help="comma list; default: last half")
+    ap.add_argument("--raw", action="store_true",
+                    help="the trained weights instead of their EMA (the EMA lags a change "
+                         "of recipe by about 1/(1 - decay) steps)")
     args = ap.parse_args()
     data, _, _ = task(args.kind)
-    model, step = load(args.ckpt, kind=args.kind)
+    model, step = load(args.ckpt, kind=args.kind, ema=not args.raw)
     cfg = model.cfg
     tensors = {k: v.detach().float().contiguous() for k, v in model.state_dict().items()}
     tensors["pos_embed"] = model.pos_embed.float().contiguous()
