@@ -3,8 +3,9 @@
 //! go through each worker's lock-free [`HandOff`] queue (a thread takes from it directly; a
 //! process's writer thread takes from it and writes to the process's stdin), so a worker
 //! holding an order dispatched ahead starts it without waiting for the coordinator; reports
-//! come back over one channel. Processes speak over their stdin/stdout as framed rkyv records (header: magic
-//! "FDRC", format version, payload length; payload validated by bytecheck on read). Both open
+//! come back over one channel. Processes speak over their stdin/stdout as framed rkyv
+//! records (header: magic "FDRC", format version, payload length; payload validated by
+//! bytecheck on read). Both open
 //! a request's state file by path and follow the ownership protocol of [`crate::state`]. A
 //! worker that exits, panics or breaks its pipe is reported lost, so the scheduler can re-run
 //! its monotasks.
