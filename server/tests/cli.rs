@@ -30,6 +30,16 @@ fn json_lines(stdout: &str) -> Vec<serde_json::Value> {
         .collect()
 }
 
+/// A fresh directory `flashdiff-NAME-PID` in the temporary directory holding
+/// `requests.jsonl` with `lines`; returns both paths.
+fn requests_file(name: &str, lines: &str) -> (std::path::PathBuf, std::path::PathBuf) {
+    let dir = std::env::temp_dir().join(format!("flashdiff-{name}-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let input = dir.join("requests.jsonl");
+    std::fs::write(&input, lines).unwrap();
+    (dir, input)
+}
+
 #[test]
 fn generate_writes_a_png_and_a_report() {
     let dir = std::env::temp_dir().join(format!("flashdiff-cli-{}", std::process::id()));
@@ -177,11 +187,8 @@ fn generate_audio_writes_a_wav_and_compares_the_sound() {
 
 #[test]
 fn serve_takes_the_model_per_request() {
-    let dir = std::env::temp_dir().join(format!("flashdiff-serve-models-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let input = dir.join("requests.jsonl");
-    std::fs::write(
-        &input,
+    let (dir, input) = requests_file(
+        "serve-models",
         concat!(
             "{\"id\": 1, \"prompt\": \"a red circle top left on a blue background\", \"steps\": 6, \"warmup\": 2}\n",
             "{\"id\": 2, \"model\": \"tinyvideo\", \"prompt\": \"a red circle top left moving right on a blue background\", \"steps\": 6, \"warmup\": 2}\n",
@@ -189,8 +196,7 @@ fn serve_takes_the_model_per_request() {
             "{\"id\": 4, \"model\": \"wan\", \"prompt\": \"a cat\"}\n",
             "{\"id\": 5, \"model\": \"tinyaudio\", \"prompt\": \"a red circle top left on a blue background\"}\n",
         ),
-    )
-    .unwrap();
+    );
     let out = flashdiff()
         .args(["serve", "--workers", "1", "--input"])
         .arg(&input)
@@ -356,11 +362,8 @@ fn bad_arguments_name_the_problem() {
 
 #[test]
 fn serve_answers_every_line() {
-    let dir = std::env::temp_dir().join(format!("flashdiff-serve-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let input = dir.join("requests.jsonl");
-    std::fs::write(
-        &input,
+    let (dir, input) = requests_file(
+        "serve",
         concat!(
             "{\"id\": 1, \"prompt\": \"a red circle top left on a blue background\", \"steps\": 8, \"warmup\": 2, \"priority\": 3}\n",
             "{\"id\": 2, \"prompt\": \"a purple dragon on a blue background\", \"steps\": 8, \"warmup\": 2}\n",
@@ -374,8 +377,7 @@ fn serve_answers_every_line() {
             "{\"id\": 10, \"prompt\": \"a red circle top left on a blue background\", \"deadline_ms\": 0}\n",
             "{\"id\": 11, \"prompt\": \"a red circle top left on a blue background\", \"steps\": 8, \"warmup\": 2, \"deadline_ms\": 600000}\n",
         ),
-    )
-    .unwrap();
+    );
     let out = flashdiff()
         .args(["serve", "--order", "deadline", "--input"])
         .arg(&input)
@@ -992,18 +994,14 @@ fn serve_runs_a_flux_pipeline_beside_the_built_in_models() {
 /// model's 5; a warm-up given on the command line or in the request wins.
 #[test]
 fn each_model_gets_its_own_warm_up_unless_one_is_given() {
-    let dir = std::env::temp_dir().join(format!("flashdiff-warmups-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let input = dir.join("requests.jsonl");
-    std::fs::write(
-        &input,
+    let (dir, input) = requests_file(
+        "warmups",
         concat!(
             "{\"id\": 1, \"model\": \"tinyaudio\", \"prompt\": \"a low hum\", \"steps\": 20, \"patches\": 4}\n",
             "{\"id\": 2, \"model\": \"tinyaudio\", \"prompt\": \"a low hum\", \"steps\": 20, \"patches\": 4, \"warmup\": 3}\n",
             "{\"id\": 3, \"prompt\": \"a red circle top left on a blue background\", \"steps\": 20, \"patches\": 4}\n",
         ),
-    )
-    .unwrap();
+    );
     // patch_steps = patches x (steps - warm-up).
     let gated = |args: &[&str]| -> Vec<u64> {
         let out = flashdiff()
