@@ -730,14 +730,17 @@ fn quality_vs(out: &Sample, full: &Sample, kind: Kind) -> Result<String, String>
     })
 }
 
-/// `cfg` with the warm-up of `model` unless one was given (`given`).
+/// `cfg` with the warm-up of `model` unless one was given (`given`). A model's longer
+/// default shrinks to fit fewer steps (never below the generic default), so that a request
+/// the generic default served is not refused for a warm-up its sender never chose.
 fn with_model_warmup(
     cfg: RequestConfig,
     given: Option<u32>,
     model: &dyn flashdiff_runtime::models::Denoiser,
 ) -> RequestConfig {
+    let fit = DEFAULT_WARMUP.max(cfg.steps.saturating_sub(1));
     RequestConfig {
-        warmup: given.unwrap_or_else(|| model.default_warmup()),
+        warmup: given.unwrap_or_else(|| model.default_warmup().min(fit)),
         ..cfg
     }
 }
@@ -1161,9 +1164,8 @@ fn queue_order(s: &str) -> flashdiff_runtime::engine::QueueOrder {
     }
 }
 
-/// A request line: id, prompt, settings and the built-in model it names (`None`: the
-/// server's own).
-/// (id, prompt, settings, model, the warm-up if the line gave one).
+/// A request line: id, prompt, settings, the built-in model it names (`None`: the
+/// server's own) and the warm-up if the line gave one.
 type ParsedRequest = (u64, String, RequestConfig, Option<String>, Option<u32>);
 
 fn parse_request(

@@ -1038,5 +1038,21 @@ fn each_model_gets_its_own_warm_up_unless_one_is_given() {
             .arg(dir.join("hum.wav")),
         &["20 steps (12 warm-up)"],
     );
+    // Fewer steps than that default allows: it shrinks (never below the generic 5)
+    // instead of refusing a warm-up nobody asked for.
+    succeeds_with(
+        flashdiff()
+            .args([
+                "generate",
+                "--model",
+                "tinyaudio",
+                "a low hum",
+                "--steps",
+                "8",
+                "-o",
+            ])
+            .arg(dir.join("hum8.wav")),
+        &["8 steps (7 warm-up)"],
+    );
     std::fs::remove_dir_all(&dir).ok();
 }
