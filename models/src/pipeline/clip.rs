@@ -90,7 +90,7 @@ impl std::fmt::Debug for ClipWithProjection {
 /// Writes `c`'s network with random weights (transformers' names) to `path`.
 pub(crate) fn write_random(c: &ClipJson, path: &Path) -> Result<(), ModelError> {
     let vm = candle_nn::VarMap::new();
-    let vb = VarBuilder::from_varmap(&vm, candle_core::DType::F32, &Device::Cpu);
+    let vb = super::tiny::seeded(&vm);
     Net::new(vb, c, path)?;
     vm.save(path)
         .map_err(|e| input(format!("{}: {e}", path.display())))

@@ -6,11 +6,18 @@
 
 use std::path::Path;
 
-use candle_core::{DType, Device, Tensor};
+use std::sync::Mutex;
+
+use candle_core::{DType, Device, Shape, Tensor, Var};
+use candle_nn::init::NormalOrUniform;
+use candle_nn::var_builder::SimpleBackend;
 use candle_nn::{Init, VarBuilder, VarMap};
 use candle_transformers::models::clip::text_model as clip;
 use candle_transformers::models::stable_diffusion::vae as sd;
 use candle_transformers::models::t5;
+use rand::rngs::StdRng;
+use rand::SeedableRng;
+use rand_distr::{Distribution, Normal, Uniform};
 use tokenizers::models::bpe::BPE;
 use tokenizers::models::unigram::Unigram;
 use tokenizers::pre_tokenizers::metaspace::{Metaspace, PrependScheme};
@@ -81,6 +88,105 @@ fn write(path: &Path, text: &str) -> Result<(), ModelError> {
     std::fs::write(path, text).map_err(|e| fail(&path.display().to_string(), e))
 }
 
+/// The seed of every small pipeline's weights.
+const SEED: u64 = 0x5EED_F1A5;
+
+/// Fills a `VarMap` as candle's own `VarBuilder::from_varmap` does (each variable made on
+/// first request, initialised as its hint says), but from a seeded generator: candle's CPU
+/// generator cannot be seeded, and tests that measure these weights (rounding error through
+/// T5, for one) must see the same weights on every run.
+struct Seeded {
+    vars: VarMap,
+    rng: Mutex<StdRng>,
+}
+
+/// A builder over `vars` whose new variables come from the generator seeded with [`SEED`].
+pub(crate) fn seeded(vars: &VarMap) -> VarBuilder<'static> {
+    let backend = Seeded {
+        vars: vars.clone(),
+        rng: Mutex::new(StdRng::seed_from_u64(SEED)),
+    };
+    VarBuilder::from_backend(Box::new(backend), DType::F32, Device::Cpu)
+}
+
+fn poisoned() -> candle_core::Error {
+    candle_core::Error::Msg("a panic poisoned the small pipeline's weights".into())
+}
+
+/// `n` values drawn as `init` says for a tensor of `shape`.
+fn draw(rng: &mut StdRng, init: Init, shape: &Shape) -> candle_core::Result<Vec<f32>> {
+    let n = shape.elem_count();
+    let bad = |e: &dyn std::fmt::Display| candle_core::Error::Msg(format!("initialiser: {e}"));
+    let normal = |rng: &mut StdRng, mean: f64, std: f64| {
+        let d = Normal::new(mean, std).map_err(|e| bad(&e))?;
+        Ok((0..n).map(|_| d.sample(rng) as f32).collect())
+    };
+    let uniform = |rng: &mut StdRng, lo: f64, up: f64| {
+        if lo >= up {
+            return Ok(vec![lo as f32; n]);
+        }
+        let d = Uniform::new(lo, up).map_err(|e| bad(&e))?;
+        Ok((0..n).map(|_| d.sample(rng) as f32).collect())
+    };
+    match init {
+        Init::Const(c) => Ok(vec![c as f32; n]),
+        Init::Uniform { lo, up } => uniform(rng, lo, up),
+        Init::Randn { mean, stdev } => normal(rng, mean, stdev),
+        Init::Kaiming {
+            dist,
+            fan,
+            non_linearity,
+        } => {
+            // candle's formula: std = gain / sqrt(fan); a uniform of that std.
+            let std = non_linearity.gain() / (fan.for_shape(shape).max(1) as f64).sqrt();
+            match dist {
+                NormalOrUniform::Normal => normal(rng, 0.0, std),
+                NormalOrUniform::Uniform => uniform(rng, -(3f64.sqrt()) * std, 3f64.sqrt() * std),
+            }
+        }
+    }
+}
+
+impl SimpleBackend for Seeded {
+    fn get(
+        &self,
+        s: Shape,
+        name: &str,
+        h: Init,
+        dtype: DType,
+        dev: &Device,
+    ) -> candle_core::Result<Tensor> {
+        let mut vars = self.vars.data().lock().map_err(|_| poisoned())?;
+        if let Some(v) = vars.get(name) {
+            if v.shape() != &s {
+                candle_core::bail!("{name}: asked for shape {s:?}, made as {:?}", v.shape());
+            }
+            return v.as_tensor().to_dtype(dtype);
+        }
+        let values = draw(&mut *self.rng.lock().map_err(|_| poisoned())?, h, &s)?;
+        let var = Var::from_tensor(&Tensor::from_vec(values, s, dev)?.to_dtype(dtype)?)?;
+        let t = var.as_tensor().clone();
+        vars.insert(name.to_string(), var);
+        Ok(t)
+    }
+
+    fn get_unchecked(&self, name: &str, dtype: DType, _: &Device) -> candle_core::Result<Tensor> {
+        let vars = self.vars.data().lock().map_err(|_| poisoned())?;
+        match vars.get(name) {
+            Some(v) => v.as_tensor().to_dtype(dtype),
+            None => candle_core::bail!("{name}: not made yet"),
+        }
+    }
+
+    fn contains_tensor(&self, name: &str) -> bool {
+        self.vars
+            .data()
+            .lock()
+            .map(|v| v.contains_key(name))
+            .unwrap_or(false)
+    }
+}
+
 /// Random weights for one of our models, saved to `path`: `build` loads the model from a
 /// getter that makes each tensor it asks for, initialised as `hint` says.
 fn random_model(
@@ -89,7 +195,7 @@ fn random_model(
     build: impl FnOnce(&crate::joint::TensorSource) -> Result<(), ModelError>,
 ) -> Result<(), ModelError> {
     let vm = VarMap::new();
-    let vb = VarBuilder::from_varmap(&vm, DType::F32, &Device::Cpu);
+    let vb = seeded(&vm);
     build(&|name: &str, shape: &[usize]| Ok(vb.get_with_hints(shape, name, hint(name, shape))?))?;
     save(&vm, path)
 }
@@ -186,7 +292,7 @@ pub fn write_sao(dir: &Path) -> Result<(), ModelError> {
         .to_string(),
     )?;
     let vm = VarMap::new();
-    let vb = VarBuilder::from_varmap(&vm, DType::F32, &Device::Cpu);
+    let vb = seeded(&vm);
     for p in ["start_number_conditioner", "end_number_conditioner"] {
         let e = format!("{p}.time_positional_embedding");
         for (n, shape) in [
@@ -477,7 +583,7 @@ fn t5_encoder(dir: &Path, vocab: usize) -> Result<(), ModelError> {
     write(&dir.join("config.json"), &json.to_string())?;
     let cfg: t5::Config = serde_json::from_value(json).map_err(|e| fail("T5 config", e))?;
     let vm = VarMap::new();
-    let vb = VarBuilder::from_varmap(&vm, DType::F32, &Device::Cpu);
+    let vb = seeded(&vm);
     // The released checkpoints name the embedding `shared.weight`.
     vb.get_with_hints(
         (vocab, T5_WIDTH),
@@ -529,7 +635,7 @@ fn clip_encoder(dir: &Path, vocab: usize) -> Result<(), ModelError> {
         projection_dim: CLIP_WIDTH,
     };
     let vm = VarMap::new();
-    let vb = VarBuilder::from_varmap(&vm, DType::F32, &Device::Cpu);
+    let vb = seeded(&vm);
     clip::ClipTextTransformer::new(vb.pp("text_model"), &cfg)?;
     save(&vm, &dir.join("model.safetensors"))
 }
@@ -550,7 +656,7 @@ fn vae(dir: &Path) -> Result<(), ModelError> {
     });
     write(&dir.join("config.json"), &json.to_string())?;
     let vm = VarMap::new();
-    let vb = VarBuilder::from_varmap(&vm, DType::F32, &Device::Cpu);
+    let vb = seeded(&vm);
     sd::AutoEncoderKL::new(
         vb,
         3,
