@@ -58,6 +58,9 @@ pub struct HttpConfig {
     pub body_limit: usize,
     /// Request defaults (the serve flags).
     pub base: RequestConfig,
+    /// The operator's `--warmup`; `None`: a request that gives none runs the model's
+    /// default warm-up, shortened to fit below its steps.
+    pub warmup: Option<u32>,
     /// Where jobs and checkpoints survive a crash (`None`: nothing survives).
     pub state_dir: Option<std::path::PathBuf>,
     /// Least time between two checkpoints of a request (zero: every step).
@@ -687,9 +690,13 @@ const KNOWN: [&str; 17] = [
 
 /// Parses and checks a generation request: every field, the settings together, and the
 /// prompt against the model's vocabulary, so that what is admitted can run.
-fn parse(body: &[u8], base: &RequestConfig, model: &dyn Denoiser) -> Result<GenRequest, String> {
+fn parse(body: &[u8], cfg: &HttpConfig, model: &dyn Denoiser) -> Result<GenRequest, String> {
     let side = model.image_size().unwrap_or((IMAGE, IMAGE));
-    let g = parse_fields(body, base, model.name(), side)?;
+    let warmup = Warmups {
+        server: cfg.warmup,
+        model: model.default_warmup(),
+    };
+    let g = parse_fields(body, &cfg.base, warmup, model.name(), side)?;
     check_request(model, &g.cfg).map_err(|e| e.to_string())?;
     model
         .condition(&g.prompt)
@@ -697,10 +704,20 @@ fn parse(body: &[u8], base: &RequestConfig, model: &dyn Denoiser) -> Result<GenR
     Ok(g)
 }
 
+/// Where a request's warm-up comes from when it gives none.
+#[derive(Debug, Clone, Copy)]
+struct Warmups {
+    /// The operator's `--warmup`.
+    server: Option<u32>,
+    /// The model's default.
+    model: u32,
+}
+
 /// `side`: `(width, height)` of the model's images; "size" asks for a whole multiple.
 fn parse_fields(
     body: &[u8],
     base: &RequestConfig,
+    warmups: Warmups,
     model: &str,
     side: (usize, usize),
 ) -> Result<GenRequest, String> {
@@ -787,9 +804,21 @@ fn parse_fields(
     if let Some(s) = uint("steps", 2, 1000)? {
         cfg.steps = s as u32;
     }
-    if let Some(w) = uint("warmup", 1, 999)? {
-        cfg.warmup = w as u32;
-    }
+    let steps = cfg.steps;
+    cfg.warmup = match (uint("warmup", 1, 999)?, warmups.server) {
+        (Some(w), _) if w >= steps as u64 => {
+            return Err(format!("\"warmup\" {w} must be below \"steps\" ({steps})"))
+        }
+        (Some(w), _) => w as u32,
+        (None, Some(w)) if w >= steps => {
+            return Err(format!(
+                "\"steps\" {steps}: this server's --warmup {w} needs more; give a \"warmup\" \
+                 below {steps}"
+            ))
+        }
+        (None, Some(w)) => w,
+        (None, None) => crate::fit_warmup(warmups.model, steps),
+    };
     if let Some(p) = uint("patches", 1, 4096)? {
         cfg.patches = Some(p as u32);
     }
@@ -1014,7 +1043,7 @@ async fn metrics(State(hub): State<Shared>) -> Response {
 }
 
 async fn generations(State(hub): State<Shared>, body: axum::body::Bytes) -> Response {
-    let g = match parse(&body, &hub.cfg.base, &*hub.checker) {
+    let g = match parse(&body, &hub.cfg, &*hub.checker) {
         Ok(g) => g,
         Err(e) => return bad(e),
     };
@@ -1064,7 +1093,7 @@ async fn generations(State(hub): State<Shared>, body: axum::body::Bytes) -> Resp
 }
 
 async fn create_job(State(hub): State<Shared>, body: axum::body::Bytes) -> Response {
-    let g = match parse(&body, &hub.cfg.base, &*hub.checker) {
+    let g = match parse(&body, &hub.cfg, &*hub.checker) {
         Ok(g) => g,
         Err(e) => return bad(e),
     };

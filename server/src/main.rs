@@ -167,7 +167,8 @@ struct Sampling {
 #[derive(Args, Debug, Clone)]
 struct Knobs {
     /// Warm-up steps before partitioning (at least 1, below --steps). Default: the model's,
-    /// 5 (the paper's), 12 for tinyaudio (measured: its events settle later).
+    /// 5 (the paper's), 12 for tinyaudio (measured: its events settle later), shortened to
+    /// steps - 1 when there are fewer steps.
     #[arg(long)]
     warmup: Option<u32>,
     /// Gate threshold in [0, 1].
@@ -738,11 +739,17 @@ fn with_model_warmup(
     given: Option<u32>,
     model: &dyn flashdiff_runtime::models::Denoiser,
 ) -> RequestConfig {
-    let fit = DEFAULT_WARMUP.max(cfg.steps.saturating_sub(1));
     RequestConfig {
-        warmup: given.unwrap_or_else(|| model.default_warmup().min(fit)),
+        warmup: given.unwrap_or_else(|| fit_warmup(model.default_warmup(), cfg.steps)),
         ..cfg
     }
+}
+
+/// A warm-up nobody asked for: the model's `default`, shortened to fit below `steps` (the
+/// engine refuses a warm-up of `steps` or more, and a request should not fail over a
+/// setting it did not give).
+pub(crate) fn fit_warmup(default: u32, steps: u32) -> u32 {
+    default.min(steps.saturating_sub(1)).max(1)
 }
 
 fn generate(a: GenerateArgs) -> Result<(), String> {
@@ -892,6 +899,7 @@ fn serve(o: ServeArgs) -> Result<(), String> {
                 max_queue: o.max_queue as usize,
                 body_limit: o.max_body as usize,
                 base,
+                warmup: o.knobs.warmup,
                 checkpoint_every: std::time::Duration::from_millis(o.checkpoint_every_ms),
                 state_dir: if o.ephemeral {
                     None
@@ -1228,6 +1236,12 @@ fn parse_request(
     }
     let warmup = small("warmup", 100_000)?;
     if let Some(w) = warmup {
+        if w >= cfg.steps {
+            return Err(format!(
+                "\"warmup\" {w} must be below \"steps\" ({})",
+                cfg.steps
+            ));
+        }
         cfg.warmup = w;
     }
     if let Some(r) = small("patches", 1 << 20)? {

@@ -376,6 +376,7 @@ fn serve_answers_every_line() {
             "{\"id\": 9, \"prompt\": \"a red circle top left on a blue background\", \"steps\": 8, \"warmup\": 2, \"monotasks\": 2}\n",
             "{\"id\": 10, \"prompt\": \"a red circle top left on a blue background\", \"deadline_ms\": 0}\n",
             "{\"id\": 11, \"prompt\": \"a red circle top left on a blue background\", \"steps\": 8, \"warmup\": 2, \"deadline_ms\": 600000}\n",
+            "{\"id\": 12, \"prompt\": \"a red circle top left on a blue background\", \"steps\": 3, \"warmup\": 3}\n",
         ),
     );
     let out = flashdiff()
@@ -391,7 +392,7 @@ fn serve_answers_every_line() {
         String::from_utf8_lossy(&out.stderr)
     );
     let lines = json_lines(&String::from_utf8_lossy(&out.stdout));
-    assert_eq!(lines.len(), 11);
+    assert_eq!(lines.len(), 12);
     let by_id = |id: u64| {
         lines
             .iter()
@@ -418,6 +419,10 @@ fn serve_answers_every_line() {
         .unwrap()
         .contains("\"deadline_ms\" must be at least 1"));
     assert_eq!(by_id(11)["ok"], true);
+    assert!(by_id(12)["error"]
+        .as_str()
+        .unwrap()
+        .contains("\"warmup\" 3 must be below \"steps\" (3)"));
     assert!(by_id(8)["error"]
         .as_str()
         .unwrap()
@@ -1038,8 +1043,8 @@ fn each_model_gets_its_own_warm_up_unless_one_is_given() {
             .arg(dir.join("hum.wav")),
         &["20 steps (12 warm-up)"],
     );
-    // Fewer steps than that default allows: it shrinks (never below the generic 5)
-    // instead of refusing a warm-up nobody asked for.
+    // Fewer steps than that default allows: it shrinks to fit instead of refusing a
+    // warm-up nobody asked for (the image model's 5 as well).
     succeeds_with(
         flashdiff()
             .args([
@@ -1053,6 +1058,18 @@ fn each_model_gets_its_own_warm_up_unless_one_is_given() {
             ])
             .arg(dir.join("hum8.wav")),
         &["8 steps (7 warm-up)"],
+    );
+    succeeds_with(
+        flashdiff()
+            .args([
+                "generate",
+                "a red circle top left on a blue background",
+                "--steps",
+                "3",
+                "-o",
+            ])
+            .arg(dir.join("three.png")),
+        &["3 steps (2 warm-up)"],
     );
     std::fs::remove_dir_all(&dir).ok();
 }

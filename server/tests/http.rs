@@ -16,8 +16,18 @@ struct Server {
 }
 
 impl Server {
-    /// Starts a server on a free port with short requests (8 steps) unless `args` say else.
+    /// Starts a server on a free port with short requests (8 steps, 2 of them warm-up)
+    /// unless `args` say else.
     fn start(args: &[&str]) -> Self {
+        Self::launch(&["--warmup", "2"], args)
+    }
+
+    /// As `start`, without a server-wide warm-up: requests get the model's.
+    fn start_with_model_warmup(args: &[&str]) -> Self {
+        Self::launch(&[], args)
+    }
+
+    fn launch(warmup: &[&str], args: &[&str]) -> Self {
         // Each server its own state directory (the per-user default allows one server).
         static N: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
         let state = std::env::temp_dir().join(format!(
@@ -27,7 +37,7 @@ impl Server {
         ));
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_flashdiff"));
         cmd.args(["serve", "--port", "0", "--workers", "1", "--steps", "8"])
-            .args(["--warmup", "2"])
+            .args(warmup)
             .args(args);
         if !args
             .iter()
@@ -175,7 +185,7 @@ fn bad_requests_get_errors_that_name_the_field() {
         (
             json!({"prompt": PROMPT, "steps": 4, "warmup": 4}).to_string(),
             400,
-            "--warmup",
+            "\"warmup\" 4 must be below \"steps\" (4)",
         ),
         (
             json!({"prompt": "a zebra on a white background"}).to_string(),
@@ -183,6 +193,12 @@ fn bad_requests_get_errors_that_name_the_field() {
             "zebra",
         ),
         (json!({"prompt": "x".repeat(4096)}).to_string(), 413, ""),
+        // This server's --warmup 2 does not fit in 2 steps: the error says whose it is.
+        (
+            json!({"prompt": PROMPT, "steps": 2}).to_string(),
+            400,
+            "this server's --warmup 2",
+        ),
     ] {
         let (got, v, _) = s.call("POST", "/v1/images/generations", Some(&body));
         assert_eq!(got, status, "{body:.80}: {v}");
@@ -204,6 +220,29 @@ fn bad_requests_get_errors_that_name_the_field() {
         Some(&json!({"prompt": PROMPT}).to_string()),
     );
     assert_eq!(got, 200);
+}
+
+/// Without a server-wide warm-up a request that gives none runs the model's (the image
+/// model's 5), shortened to fit below its steps rather than refused.
+#[test]
+fn a_request_without_a_warm_up_gets_the_models_fitted_to_its_steps() {
+    let s = Server::start_with_model_warmup(&[]);
+    for (steps, warmup) in [(3, 2), (6, 5), (9, 5)] {
+        let body = json!({"prompt": PROMPT, "size": "32x32", "steps": steps}).to_string();
+        let (status, v, _) = s.call("POST", "/v1/images/generations", Some(&body));
+        assert_eq!(status, 200, "{steps} steps: {v}");
+        let report = &v["flashdiff"]["reports"][0];
+        assert_eq!(report["steps"], steps, "{v}");
+        assert_eq!(report["warmup"], warmup, "{steps} steps: {v}");
+    }
+    let body = json!({"prompt": PROMPT, "steps": 3, "warmup": 3}).to_string();
+    let (status, v, _) = s.call("POST", "/v1/images/generations", Some(&body));
+    assert_eq!(status, 400, "{v}");
+    let msg = v["error"]["message"].as_str().unwrap_or_default();
+    assert!(
+        msg.contains("\"warmup\" 3 must be below \"steps\" (3)"),
+        "{msg}"
+    );
 }
 
 #[test]
