@@ -2262,16 +2262,16 @@ fn to_checkpoint(id: u64, r: &Request) -> Option<Checkpoint> {
     })
 }
 
-/// Checks a request's settings against `model`; the error names the setting and its valid
-/// range. What [`Engine::validate`] and [`Engine::submit`] do, for callers without an engine.
+/// Checks a request's settings against `model`; the error names the setting (as the
+/// request's field: `"max_skip"` is the CLI's `--max-skip`) and its valid range. What [`Engine::validate`] and [`Engine::submit`] do, for callers without an engine.
 pub fn check_request(model: &dyn Denoiser, cfg: &RequestConfig) -> Result<(), EngineError> {
     let bad = |s: String| Err(EngineError::Config(s));
     if !(2..=1000).contains(&cfg.steps) {
-        return bad(format!("--steps {}: must be in 2..=1000", cfg.steps));
+        return bad(format!("\"steps\" {}: must be in 2..=1000", cfg.steps));
     }
     if cfg.warmup < 1 || cfg.warmup >= cfg.steps {
         return bad(format!(
-            "--warmup {}: must be in 1..={} (below --steps)",
+            "\"warmup\" {}: must be in 1..={} (below \"steps\")",
             cfg.warmup,
             cfg.steps - 1
         ));
@@ -2280,31 +2280,37 @@ pub fn check_request(model: &dyn Denoiser, cfg: &RequestConfig) -> Result<(), En
     if let Some(r) = cfg.patches {
         if r == 0 || r > tokens {
             return bad(format!(
-                "--patches {r}: must be in 1..={tokens} (tokens in the latent)"
+                "\"patches\" {r}: must be in 1..={tokens} (tokens in the latent)"
             ));
         }
     }
     if !(cfg.epsilon.is_finite() && (0.0..=1.0).contains(&cfg.epsilon)) {
-        return bad(format!("--epsilon {}: must be in [0, 1]", cfg.epsilon));
+        return bad(format!("\"epsilon\" {}: must be in [0, 1]", cfg.epsilon));
     }
     if !(cfg.ras_ratio > 0.0 && cfg.ras_ratio < 1.0) {
-        return bad(format!("--ras-ratio {}: must be in (0, 1)", cfg.ras_ratio));
+        return bad(format!(
+            "\"ras_ratio\" {}: must be in (0, 1)",
+            cfg.ras_ratio
+        ));
     }
     if !(cfg.cache_threshold.is_finite() && cfg.cache_threshold >= 0.0) {
         return bad(format!(
-            "--cache-threshold {}: must be finite and >= 0",
+            "\"cache_threshold\" {}: must be finite and >= 0",
             cfg.cache_threshold
         ));
     }
     if cfg.monotasks == Some(0) {
-        return bad("--monotasks 0: must be at least 1".into());
+        return bad("\"monotasks\" 0: must be at least 1".into());
     }
     if cfg.max_skip > 1000 {
-        return bad(format!("--max-skip {}: must be in 0..=1000", cfg.max_skip));
+        return bad(format!(
+            "\"max_skip\" {}: must be in 0..=1000",
+            cfg.max_skip
+        ));
     }
     if cfg.priority as usize >= flashdiff_scheduler::PRIORITY_LEVELS {
         return bad(format!(
-            "--priority {}: must be in 0..{}",
+            "\"priority\" {}: must be in 0..{}",
             cfg.priority,
             flashdiff_scheduler::PRIORITY_LEVELS
         ));

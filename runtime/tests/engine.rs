@@ -289,55 +289,55 @@ fn bad_requests_fail_alone_with_clear_errors() {
             && msg.contains("circle"),
         "{msg}"
     );
-    let bad = |c: RequestConfig, flag: &str| {
+    let bad = |c: RequestConfig, setting: &str| {
         let m = Engine::new(&default_weights(), 1)
             .unwrap()
             .submit(9, PROMPT, c)
             .unwrap_err()
             .to_string();
-        assert!(m.contains(flag), "{m} does not name {flag}");
+        assert!(m.contains(setting), "{m} does not name {setting}");
     };
     bad(
         RequestConfig {
             steps: 1,
             ..cfg(Mode::FlashDiff)
         },
-        "--steps",
+        "\"steps\"",
     );
     bad(
         RequestConfig {
             warmup: 12,
             ..cfg(Mode::FlashDiff)
         },
-        "--warmup",
+        "\"warmup\"",
     );
     bad(
         RequestConfig {
             patches: Some(0),
             ..cfg(Mode::FlashDiff)
         },
-        "--patches",
+        "\"patches\"",
     );
     bad(
         RequestConfig {
             patches: Some(65),
             ..cfg(Mode::FlashDiff)
         },
-        "--patches",
+        "\"patches\"",
     );
     bad(
         RequestConfig {
             epsilon: f32::NAN,
             ..cfg(Mode::FlashDiff)
         },
-        "--epsilon",
+        "\"epsilon\"",
     );
     bad(
         RequestConfig {
             priority: 9,
             ..cfg(Mode::FlashDiff)
         },
-        "--priority",
+        "\"priority\"",
     );
     // A good request still runs after the bad ones.
     e.submit(2, PROMPT, cfg(Mode::FlashDiff)).unwrap();

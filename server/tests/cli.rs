@@ -426,7 +426,7 @@ fn serve_answers_every_line() {
     assert!(by_id(8)["error"]
         .as_str()
         .unwrap()
-        .contains("monotasks 0: must be at least 1"));
+        .contains("\"monotasks\" 0: must be at least 1"));
     assert_eq!(by_id(9)["ok"], true);
     std::fs::remove_dir_all(&dir).ok();
 }

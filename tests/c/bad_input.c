@@ -216,10 +216,10 @@ int main(int argc, char **argv) {
   expect("submit bad reuse", fd_engine_submit(eng, 1, "a red circle top on a white background", &rq), FD_ERR_VALUE, "reuse 2");
   rq.reuse = 0;
   rq.epsilon = NAN;
-  expect("submit NaN epsilon", fd_engine_submit(eng, 1, "a red circle top on a white background", &rq), FD_ERR_CONFIG, "--epsilon");
+  expect("submit NaN epsilon", fd_engine_submit(eng, 1, "a red circle top on a white background", &rq), FD_ERR_CONFIG, "\"epsilon\" NaN");
   rq.epsilon = 0.05f;
   rq.warmup = 6;
-  expect("submit warm-up >= steps", fd_engine_submit(eng, 1, "a red circle top on a white background", &rq), FD_ERR_CONFIG, "--warmup");
+  expect("submit warm-up >= steps", fd_engine_submit(eng, 1, "a red circle top on a white background", &rq), FD_ERR_CONFIG, "\"warmup\" 6");
   rq.warmup = 2;
   expect("submit ok", fd_engine_submit(eng, 1, "a red circle top on a white background", &rq), FD_OK, NULL);
   expect("submit duplicate id", fd_engine_submit(eng, 1, "a red circle top on a white background", &rq), FD_ERR_DUPLICATE_REQUEST, "1");
