@@ -101,6 +101,8 @@ struct Job {
     png: Option<Vec<u8>>,
     error: Option<String>,
     last_step: Option<Instant>,
+    /// A DELETE asked to cancel it (it reads "cancelling" until the engine stops it).
+    cancelling: bool,
     /// The latest step event, replayed first to a subscriber that joins while it runs.
     last_event: Option<Value>,
     /// Step events for subscribers; dropped once the job ends (after its "done" event), so
@@ -320,6 +322,7 @@ fn restore(
                     .filter(|e| !e.is_empty()),
                 last_step: None,
                 last_event: None,
+                cancelling: false,
                 events: (!phase.done()).then(|| broadcast::channel(256).0),
                 phase_tx,
             },
@@ -921,6 +924,7 @@ fn admit(hub: &Hub, g: &GenRequest) -> Result<Vec<(u64, watch::Receiver<Phase>)>
                 error: None,
                 last_step: None,
                 last_event: None,
+                cancelling: false,
                 events: Some(events),
                 phase_tx,
             },
@@ -1150,7 +1154,11 @@ async fn get_job(State(hub): State<Shared>, Path(raw): Path<String>) -> Response
     };
     Json(json!({
         "id": id,
-        "state": j.phase.name(),
+        "state": if j.cancelling && !j.phase.done() {
+            "cancelling"
+        } else {
+            j.phase.name()
+        },
         "created": j.created,
         "report": j.report,
         "error": j.error,
@@ -1165,8 +1173,11 @@ async fn delete_job(State(hub): State<Shared>, Path(raw): Path<String>) -> Respo
         Err(r) => return *r,
     };
     let phase = match hub.jobs.lock() {
-        Ok(jobs) => match jobs.get(&id) {
-            Some(j) => j.phase,
+        Ok(mut jobs) => match jobs.get_mut(&id) {
+            Some(j) => {
+                j.cancelling |= !j.phase.done();
+                j.phase
+            }
             None => return missing(id),
         },
         Err(_) => return poisoned(),

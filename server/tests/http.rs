@@ -294,6 +294,12 @@ fn jobs_report_progress_as_events_and_can_be_cancelled() {
     let id = v["id"].as_u64().unwrap();
     let (status, _, _) = s.call("DELETE", &format!("/v1/jobs/{id}"), None);
     assert_eq!(status, 202);
+    // From the DELETE on, the job never reads as queued or running again.
+    let (_, v, _) = s.call("GET", &format!("/v1/jobs/{id}"), None);
+    assert!(
+        v["state"] == "cancelling" || v["state"] == "cancelled",
+        "{v}"
+    );
     let v = s.wait_for(id, "cancelled");
     assert!(v["error"].as_str().unwrap().contains("cancelled"));
     let (status, v, _) = s.call("DELETE", &format!("/v1/jobs/{id}"), None);
