@@ -73,6 +73,8 @@ pub enum PromptError {
     },
     /// Known words in an order the model was not trained on.
     Grammar(String),
+    /// No words at all (empty, or only spaces and punctuation).
+    Empty,
 }
 
 impl fmt::Display for PromptError {
@@ -89,6 +91,10 @@ impl fmt::Display for PromptError {
             Self::Grammar(s) => write!(
                 f,
                 "{s}; write prompts like \"a red circle top left and a blue square bottom on a white background\""
+            ),
+            Self::Empty => write!(
+                f,
+                "the prompt has no words; the built-in models draw (or sound) what their prompt names"
             ),
         }
     }
@@ -119,6 +125,9 @@ pub fn tokenize(
     max_tokens: usize,
 ) -> Result<Vec<u32>, PromptError> {
     let ws = words(prompt);
+    if ws.is_empty() {
+        return Err(PromptError::Empty);
+    }
     let unknown: Vec<String> = ws
         .iter()
         .filter(|w| !vocab[1..].contains(w))

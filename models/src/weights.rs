@@ -111,6 +111,15 @@ impl Weights {
     /// Maps and validates a safetensors file.
     pub fn open(path: &Path) -> Result<Self, WeightsError> {
         let file = File::open(path).map_err(|e| WeightsError::Io(path.into(), e))?;
+        let meta = file
+            .metadata()
+            .map_err(|e| WeightsError::Io(path.into(), e))?;
+        if !meta.is_file() {
+            return Err(WeightsError::Io(
+                path.into(),
+                std::io::Error::other("not a file (a .safetensors file is needed)"),
+            ));
+        }
         // SAFETY: the mapping is read-only and private to this process; the file is one we
         // ship or the user points at, and nothing in this process writes it. Another process
         // truncating it while mapped would be a user error that can fault; the safetensors

@@ -261,6 +261,10 @@ fn bad_calls_are_errors_that_say_what_was_wrong() {
     assert!(e.to_string().contains("context"), "{e}");
     let e = m.condition("a zebra").unwrap_err();
     assert!(e.to_string().contains("zebra"), "{e}");
+    for blank in ["", "   ", " , . "] {
+        let e = m.condition(blank).unwrap_err();
+        assert!(e.to_string().contains("has no words"), "{blank:?}: {e}");
+    }
 }
 
 #[test]
@@ -274,6 +278,9 @@ fn bad_weight_files_are_refused_clearly() {
         missing.contains("cannot read weights") && missing.contains("nope.safetensors"),
         "{missing}"
     );
+    // A folder is not mapped (which fails with an obscure "No such device").
+    let folder = TinyDit::load(&dir, &Device::Cpu).unwrap_err().to_string();
+    assert!(folder.contains("not a file"), "{folder}");
     let full = std::fs::read(root().join("models/tinydit/tinydit.safetensors")).unwrap();
     let cut = dir.join("truncated.safetensors");
     std::fs::write(&cut, &full[..full.len() / 2]).unwrap();

@@ -287,6 +287,7 @@ fn bad_arguments_name_the_problem() {
             &["generate", "a red dragon on a blue background"],
             "\"dragon\"",
         ),
+        (&["generate", " ... "], "the prompt has no words"),
         (&["generate", "x", "--steps", "abc"], "for '--steps <STEPS>'"),
         (
             &["generate", "x", "--steps", "1"],
