@@ -22,6 +22,26 @@ fn succeeds_with(cmd: &mut Command, needles: &[&str]) -> (String, String) {
     (stdout, stderr)
 }
 
+/// Runs `cmd`, which must fail with exit status 2 and a standard error naming `needle`;
+/// returns the standard error.
+fn fails_with(cmd: &mut Command, needle: &str) -> String {
+    let out = cmd.output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert_eq!(out.status.code(), Some(2), "{cmd:?}: {stderr}");
+    assert!(
+        stderr.contains(needle),
+        "{cmd:?}: {stderr:?} lacks {needle:?}"
+    );
+    stderr
+}
+
+/// Each `(args, needle)`: `flashdiff ARGS` fails naming the problem.
+fn each_fails_with(cases: &[(&[&str], &str)]) {
+    for (args, needle) in cases {
+        fails_with(flashdiff().args(*args), needle);
+    }
+}
+
 /// JSON lines of `serve`'s standard output.
 fn json_lines(stdout: &str) -> Vec<serde_json::Value> {
     stdout
@@ -272,12 +292,7 @@ fn the_model_and_its_output_must_agree() {
             "serve it as JSON lines",
         ),
     ];
-    for (args, needle) in cases {
-        let out = flashdiff().args(*args).output().unwrap();
-        let err = String::from_utf8_lossy(&out.stderr);
-        assert_eq!(out.status.code(), Some(2), "{args:?}: {err}");
-        assert!(err.contains(needle), "{args:?}: {err:?} lacks {needle:?}");
-    }
+    each_fails_with(cases);
 }
 
 #[test]
@@ -353,12 +368,7 @@ fn bad_arguments_name_the_problem() {
         (&["generate"], "required arguments were not provided"),
         (&["frobnicate"], "unrecognized subcommand 'frobnicate'"),
     ];
-    for (args, needle) in cases {
-        let out = flashdiff().args(*args).output().unwrap();
-        let err = String::from_utf8_lossy(&out.stderr);
-        assert_eq!(out.status.code(), Some(2), "{args:?}: {err}");
-        assert!(err.contains(needle), "{args:?}: {err:?} lacks {needle:?}");
-    }
+    each_fails_with(cases);
 }
 
 #[test]
@@ -754,17 +764,15 @@ fn generate_runs_a_stable_audio_folder() {
             "--size: stable-audio-open makes sound",
         ),
     ] {
-        let out = flashdiff()
-            .args(["generate", "--model", "stable-audio-open", "--weights"])
-            .arg(dir.join("model"))
-            .args(args)
-            .args(["x", "-o"])
-            .arg(dir.join("c.wav"))
-            .output()
-            .unwrap();
-        let stderr = String::from_utf8_lossy(&out.stderr);
-        assert_eq!(out.status.code(), Some(2), "{args:?}: {stderr}");
-        assert!(stderr.contains(needle), "{args:?}: {stderr}");
+        fails_with(
+            flashdiff()
+                .args(["generate", "--model", "stable-audio-open", "--weights"])
+                .arg(dir.join("model"))
+                .args(args)
+                .args(["x", "-o"])
+                .arg(dir.join("c.wav")),
+            needle,
+        );
     }
     std::fs::remove_dir_all(&dir).ok();
 }
@@ -806,17 +814,15 @@ fn generate_runs_a_wan_folder() {
             "--seconds applies to stable-audio-open",
         ),
     ] {
-        let out = flashdiff()
-            .args(["generate", "--model", "wan2.1", "--weights"])
-            .arg(dir.join("model"))
-            .args(args)
-            .args(["x", "-o"])
-            .arg(dir.join("c.gif"))
-            .output()
-            .unwrap();
-        let stderr = String::from_utf8_lossy(&out.stderr);
-        assert_eq!(out.status.code(), Some(2), "{args:?}: {stderr}");
-        assert!(stderr.contains(needle), "{args:?}: {stderr}");
+        fails_with(
+            flashdiff()
+                .args(["generate", "--model", "wan2.1", "--weights"])
+                .arg(dir.join("model"))
+                .args(args)
+                .args(["x", "-o"])
+                .arg(dir.join("c.gif")),
+            needle,
+        );
     }
     let out = flashdiff()
         .args(["generate", "--frames", "9", "x"])
@@ -916,12 +922,7 @@ fn pipeline_flags_get_errors_that_name_them() {
             "built-in",
         ),
     ];
-    for (args, needle) in cases {
-        let out = flashdiff().args(*args).output().unwrap();
-        let stderr = String::from_utf8_lossy(&out.stderr);
-        assert_eq!(out.status.code(), Some(2), "{args:?}: {stderr}");
-        assert!(stderr.contains(needle), "{args:?}: {stderr}");
-    }
+    each_fails_with(cases);
 }
 
 /// JSON-lines `serve` over a pipeline folder: requests for it (named or not) run on it, a
