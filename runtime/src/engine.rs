@@ -2263,7 +2263,8 @@ fn to_checkpoint(id: u64, r: &Request) -> Option<Checkpoint> {
 }
 
 /// Checks a request's settings against `model`; the error names the setting (as the
-/// request's field: `"max_skip"` is the CLI's `--max-skip`) and its valid range. What [`Engine::validate`] and [`Engine::submit`] do, for callers without an engine.
+/// request's field: `"max_skip"` is the CLI's `--max-skip`) and its valid range. What
+/// [`Engine::validate`] and [`Engine::submit`] do, for callers without an engine.
 pub fn check_request(model: &dyn Denoiser, cfg: &RequestConfig) -> Result<(), EngineError> {
     let bad = |s: String| Err(EngineError::Config(s));
     if !(2..=1000).contains(&cfg.steps) {
