@@ -1,5 +1,6 @@
 //! The `flashdiff` command as a user runs it.
 
+use std::path::Path;
 use std::process::Command;
 
 fn flashdiff() -> Command {
@@ -33,6 +34,19 @@ fn fails_with(cmd: &mut Command, needle: &str) -> String {
         "{cmd:?}: {stderr:?} lacks {needle:?}"
     );
     stderr
+}
+
+/// `generate --model MODEL --weights DIR/model ARGS x -o DIR/OUT` fails naming `needle`.
+fn generate_fails_with(model: &str, dir: &Path, out: &str, args: &[&str], needle: &str) {
+    fails_with(
+        flashdiff()
+            .args(["generate", "--model", model, "--weights"])
+            .arg(dir.join("model"))
+            .args(args)
+            .args(["x", "-o"])
+            .arg(dir.join(out)),
+        needle,
+    );
 }
 
 /// Each `(args, needle)`: `flashdiff ARGS` fails naming the problem.
@@ -764,15 +778,7 @@ fn generate_runs_a_stable_audio_folder() {
             "--size: stable-audio-open makes sound",
         ),
     ] {
-        fails_with(
-            flashdiff()
-                .args(["generate", "--model", "stable-audio-open", "--weights"])
-                .arg(dir.join("model"))
-                .args(args)
-                .args(["x", "-o"])
-                .arg(dir.join("c.wav")),
-            needle,
-        );
+        generate_fails_with("stable-audio-open", &dir, "c.wav", args, needle);
     }
     std::fs::remove_dir_all(&dir).ok();
 }
@@ -814,15 +820,7 @@ fn generate_runs_a_wan_folder() {
             "--seconds applies to stable-audio-open",
         ),
     ] {
-        fails_with(
-            flashdiff()
-                .args(["generate", "--model", "wan2.1", "--weights"])
-                .arg(dir.join("model"))
-                .args(args)
-                .args(["x", "-o"])
-                .arg(dir.join("c.gif")),
-            needle,
-        );
+        generate_fails_with("wan2.1", &dir, "c.gif", args, needle);
     }
     let out = flashdiff()
         .args(["generate", "--frames", "9", "x"])
