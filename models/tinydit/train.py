@@ -40,8 +40,22 @@ def lr_at(args, step):
         return lr
     if b <= a:
         raise SystemExit("--anneal-to must be greater than --anneal-from")
+    if args.cycle is not None and step >= args.cycle[0]:
+        return cycle_lr(args, step)
     frac = min(1.0, (step - a) / (b - a))
     return args.lr_min + (lr - args.lr_min) * 0.5 * (1 + math.cos(math.pi * frac))
+
+
+def cycle_lr(args, step):
+    """A second cycle after the first decay (--cycle FROM TO PEAK): a linear climb from
+    --lr-min to PEAK over --warmup steps, then a cosine decay back to --lr-min at TO."""
+    start, end, peak = int(args.cycle[0]), int(args.cycle[1]), args.cycle[2]
+    if end <= start + args.warmup:
+        raise SystemExit("--cycle: TO must be more than --warmup steps after FROM")
+    if step < start + args.warmup:
+        return args.lr_min + (peak - args.lr_min) * (step - start + 1) / args.warmup
+    frac = min(1.0, (step - start - args.warmup) / (end - start - args.warmup))
+    return args.lr_min + (peak - args.lr_min) * 0.5 * (1 + math.cos(math.pi * frac))
 
 
 def main(task=ImageTask, patch=4):
@@ -61,6 +75,9 @@ def main(task=ImageTask, patch=4):
     ap.add_argument("--anneal-to", type=int, default=None,
                     help="step at which the decay reaches --lr-min (held afterwards)")
     ap.add_argument("--lr-min", type=float, default=6e-5)
+    ap.add_argument("--cycle", type=float, nargs=3, default=None, metavar=("FROM", "TO", "PEAK"),
+                    help="after the first decay, climb again to PEAK from step FROM and decay "
+                         "back to --lr-min at step TO (needs --anneal-from/--anneal-to)")
     ap.add_argument("--reset-ema", action="store_true",
                     help="on resume, restart the EMA from the current weights")
     ap.add_argument("--shift", type=float, default=1.0,
