@@ -7,6 +7,7 @@ use candle_core::{DType, Device, Module, Tensor};
 use candle_nn::LayerNorm;
 use flashdiff_kernels::ops::{self, AttnWants};
 
+use crate::joint_denoiser::Schedule;
 use crate::scene;
 use crate::weights::{Weights, WeightsError};
 use crate::{
@@ -205,6 +206,8 @@ pub struct TinyDit {
     /// Audio models: the decoder's constants.
     audio: Option<AudioSpec>,
     saliency_layers: Vec<usize>,
+    /// The sampling schedule's shift (the weights' `sample_shift`, 1 = uniform steps).
+    sample_shift: f32,
     tok_emb: Tensor,
     txt_pos: Tensor,
     text: Vec<TextLayer>,
@@ -227,6 +230,7 @@ impl std::fmt::Debug for TinyDit {
             .field("cfg", &self.cfg)
             .field("weights", &self.path)
             .field("device", &self.device)
+            .field("sample_shift", &self.sample_shift)
             .finish()
     }
 }
@@ -338,6 +342,18 @@ impl TinyDit {
         } else {
             Vec::new()
         };
+        // Files without the entry sample at uniform times, as every file did before it.
+        let sample_shift: f32 = if w.meta("sample_shift").is_ok() {
+            meta_json(&w, "sample_shift")?
+        } else {
+            1.0
+        };
+        if !(0.01..=100.0).contains(&sample_shift) {
+            return Err(WeightsError::Metadata(format!(
+                "sample_shift {sample_shift} must be in [0.01, 100]"
+            ))
+            .into());
+        }
         let audio = match cfg.kind {
             Kind::Audio => Some(parse_audio(&w, cfg.channels)?),
             _ => None,
@@ -404,6 +420,7 @@ impl TinyDit {
             function_words,
             audio,
             saliency_layers,
+            sample_shift,
         })
     }
 
@@ -784,6 +801,14 @@ impl Denoiser for TinyDit {
     /// seed 20000), warm-up 5 left 12 of 64 prompts under 30 dB SNR against full
     /// computation, 10 steps with at most 2 skips in a row 6, 12 steps 2, at 60% of the
     /// gated patch-steps skipped either way.
+    fn time(&self, n: u32, steps: u32) -> f32 {
+        if self.sample_shift == 1.0 {
+            1.0 - n.min(steps) as f32 * (1.0 / steps.max(1) as f32)
+        } else {
+            Schedule::Shift(self.sample_shift).time(n, steps, 0)
+        }
+    }
+
     fn default_warmup(&self) -> u32 {
         if self.cfg.kind == Kind::Audio {
             TINYAUDIO_WARMUP

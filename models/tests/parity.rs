@@ -365,3 +365,68 @@ fn video_weights_load_as_frames() {
         .collect();
     assert_eq!(salient, ["red", "circle", "top", "left", "right", "blue"]);
 }
+
+/// A copy of the shipped image model whose metadata entry `key` is `value` (`None`: removed).
+fn with_metadata(key: &str, value: Option<&str>, name: &str) -> PathBuf {
+    let bytes = std::fs::read(root().join("models/tinydit/tinydit.safetensors")).unwrap();
+    let n = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
+    let mut header: serde_json::Value = serde_json::from_slice(&bytes[8..8 + n]).unwrap();
+    let meta = header["__metadata__"].as_object_mut().unwrap();
+    match value {
+        Some(v) => meta.insert(key.into(), v.into()),
+        None => meta.remove(key),
+    };
+    let mut text = serde_json::to_vec(&header).unwrap();
+    while text.len() % 8 != 0 {
+        text.push(b' ');
+    }
+    let mut out = (text.len() as u64).to_le_bytes().to_vec();
+    out.extend_from_slice(&text);
+    out.extend_from_slice(&bytes[8 + n..]);
+    let dir = std::env::temp_dir().join(format!("flashdiff-shift-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join(name);
+    std::fs::write(&path, out).unwrap();
+    path
+}
+
+/// The sampling schedule is the weights' `sample_shift` (u -> s u / (1 + (s - 1) u)), uniform
+/// without it; a shift out of range is refused by name.
+#[test]
+fn the_sampling_schedule_is_the_weights_shift() {
+    use flashdiff_models::Denoiser;
+    let shifted = |s: f64, n: u32| {
+        let u = 1.0 - n as f64 / 50.0;
+        (s * u / (1.0 + (s - 1.0) * u)) as f32
+    };
+    let audio = TinyDit::load(
+        &root().join("models/tinyaudio/tinyaudio.safetensors"),
+        &Device::Cpu,
+    )
+    .unwrap();
+    let image = model();
+    let half = TinyDit::load(
+        &with_metadata("sample_shift", Some("0.5"), "half.st"),
+        &Device::Cpu,
+    )
+    .unwrap();
+    for n in [0, 1, 12, 25, 49, 50] {
+        let uniform = 1.0 - n as f32 / 50.0;
+        assert!((image.time(n, 50) - uniform).abs() < 1e-6, "image step {n}");
+        for m in [&audio, &half] {
+            let (got, want) = (m.time(n, 50), shifted(0.5, n));
+            assert!(
+                (got - want).abs() < 1e-6,
+                "{} step {n}: {got} vs {want}",
+                m.name()
+            );
+        }
+    }
+    // Halfway through the steps the shifted schedule is a third of the way from data.
+    assert!((half.time(25, 50) - 1.0 / 3.0).abs() < 1e-6);
+    for bad in ["0", "-1", "1000", "\"fast\""] {
+        let path = with_metadata("sample_shift", Some(bad), "bad.st");
+        let e = TinyDit::load(&path, &Device::Cpu).unwrap_err().to_string();
+        assert!(e.contains("sample_shift"), "{bad}: {e}");
+    }
+}

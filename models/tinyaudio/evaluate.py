@@ -1,5 +1,6 @@
-"""Quality of the built-in audio model, for its model card: full computation, 50 Euler steps,
-on prompts from a held-out seed (training uses seed 1; this uses 2026).
+"""Quality of the built-in audio model, for its model card: full computation, 50 Euler steps
+at the times the weights' sampling shift gives (as the Rust runtime takes them), on prompts
+from a held-out seed (training uses seed 1; this uses 2026).
 
     python3 models/tinyaudio/evaluate.py --weights models/tinyaudio/tinyaudio.safetensors --n 256
 
@@ -43,8 +44,9 @@ def main():
     ids = torch.tensor([sounds.tokenize(sounds.prompt_text(e)) for e in events])
     gen = torch.Generator().manual_seed(args.seed)
     x = torch.randn(args.n, model.cfg.tokens, model.cfg.patch_dim, generator=gen)
+    shift = json.loads(meta.get("sample_shift", "1.0"))
     x, warm, last, elapsed = sample_with_attention(model, x, ids, args.steps, args.warmup,
-                                                   layers)
+                                                   layers, shift=shift)
     specs = model.unpatchify(x).clamp(-1, 1).numpy()  # n x BANDS x FRAMES
     waves = [sounds.decode(s) for s in specs]
     verdicts = [sounds.check(waves[i], events[i]) for i in range(args.n)]
@@ -63,7 +65,7 @@ def main():
     keys = ("count", "kinds", "pitches", "all")
     report(args, {f"{k}_correct": float(np.mean([v[k] for v in verdicts])) for k in keys},
            ratios, "events_measured", layers, elapsed,
-           extra={"train_step": int(meta.get("train_step", -1))})
+           extra={"train_step": int(meta.get("train_step", -1)), "sample_shift": shift})
 
 
 if __name__ == "__main__":

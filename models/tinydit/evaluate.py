@@ -31,12 +31,19 @@ def object_tokens(img, colour, pos, grid=8, patch=4):
 
 
 @torch.no_grad()
-def sample_with_attention(model, x, ids, steps, warmup, layers, batch=64):
-    """Euler sampling of noise `x` (n x tokens x values) for prompts `ids`, in batches;
-    returns the final latents, the cross-attention (n x tokens x words, averaged over heads
-    and the saliency `layers`) averaged over the `warmup` first steps and at the last step,
-    and the seconds it took."""
-    h = 1.0 / steps
+def step_times(steps, shift=1.0):
+    """The times of steps 0..steps (1 = noise, 0 = data): uniform, or with the weights'
+    sampling shift s, u -> s u / (1 + (s - 1) u) (the Rust runtime's `Schedule::Shift`)."""
+    u = [1.0 - n / steps for n in range(steps + 1)]
+    return [shift * v / (1.0 + (shift - 1.0) * v) for v in u]
+
+
+def sample_with_attention(model, x, ids, steps, warmup, layers, batch=64, shift=1.0):
+    """Euler sampling of noise `x` (n x tokens x values) for prompts `ids`, in batches, at the
+    times `step_times(steps, shift)`; returns the final latents, the cross-attention (n x
+    tokens x words, averaged over heads and the saliency `layers`) averaged over the `warmup`
+    first steps and at the last step, and the seconds it took."""
+    times = step_times(steps, shift)
     outs, warms, lasts = [], [], []
     t0 = time.time()
     for b in range(0, x.shape[0], batch):
@@ -44,14 +51,14 @@ def sample_with_attention(model, x, ids, steps, warmup, layers, batch=64):
         warm = torch.zeros(xb.shape[0], xb.shape[1], ib.shape[1])
         last = None
         for n in range(steps):
-            t = torch.full((xb.shape[0],), 1.0 - n * h)
+            t = torch.full((xb.shape[0],), times[n])
             probs = []
             v = model(xb, t, ib, probs=probs)
             cross = torch.stack([probs[l][1].mean(1) for l in layers]).mean(0)
             if n < warmup:
                 warm += cross / warmup
             last = cross
-            xb = xb - h * v
+            xb = xb - (times[n] - times[n + 1]) * v
         outs.append(xb)
         warms.append(warm)
         lasts.append(last)
