@@ -72,13 +72,14 @@ def main():
     from safetensors import safe_open
     with safe_open(args.weights, "pt") as f:
         layers = json.loads(f.metadata()["saliency_layers"])
+        shift = json.loads(f.metadata().get("sample_shift", "1.0"))
     rng = np.random.default_rng(args.seed)
     scenes = [shapes.sample_scene(rng) for _ in range(args.n)]
     ids = torch.tensor([shapes.tokenize(shapes.prompt_text(*s)) for s in scenes])
     gen = torch.Generator().manual_seed(args.seed)
     x = torch.randn(args.n, 64, model.cfg.patch_dim, generator=gen)
     x, warm, last, elapsed = sample_with_attention(model, x, ids, args.steps, args.warmup,
-                                                   layers)
+                                                   layers, shift=shift)
     imgs = model.unpatchify(x).clamp(-1, 1).numpy()
     verdicts = [shapes.check(imgs[i], *scenes[i]) for i in range(args.n)]
     ratios = {"warmup": [], "last": []}

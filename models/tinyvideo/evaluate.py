@@ -42,8 +42,9 @@ def main():
     ids = torch.tensor([clips.tokenize(clips.prompt_text(*s)) for s in scenes])
     gen = torch.Generator().manual_seed(args.seed)
     x = torch.randn(args.n, model.cfg.tokens, model.cfg.patch_dim, generator=gen)
+    shift = json.loads(meta.get("sample_shift", "1.0"))
     x, warm, last, elapsed = sample_with_attention(model, x, ids, args.steps, args.warmup,
-                                                   layers)
+                                                   layers, shift=shift)
     vids = model.unpatchify(x).clamp(-1, 1).numpy()  # n x 3 x F x 32 x 32
     verdicts = [clips.check(vids[i], *scenes[i]) for i in range(args.n)]
     ratios = {"warmup": [], "last": []}
@@ -63,7 +64,7 @@ def main():
     keys = ("background", "present", "place", "shape", "motion", "all")
     report(args, {f"{k}_correct": float(np.mean([v[k] for v in verdicts])) for k in keys},
            ratios, "objects_measured", layers, elapsed,
-           extra={"train_step": int(meta.get("train_step", -1))})
+           extra={"train_step": int(meta.get("train_step", -1)), "sample_shift": shift})
 
 
 if __name__ == "__main__":
