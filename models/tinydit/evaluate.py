@@ -30,7 +30,6 @@ def object_tokens(img, colour, pos, grid=8, patch=4):
     return counts >= 4
 
 
-@torch.no_grad()
 def step_times(steps, shift=1.0):
     """The times of steps 0..steps (1 = noise, 0 = data): uniform, or with the weights'
     sampling shift s, u -> s u / (1 + (s - 1) u) (the Rust runtime's `Schedule::Shift`)."""
@@ -38,6 +37,7 @@ def step_times(steps, shift=1.0):
     return [shift * v / (1.0 + (shift - 1.0) * v) for v in u]
 
 
+@torch.no_grad()
 def sample_with_attention(model, x, ids, steps, warmup, layers, batch=64, shift=1.0):
     """Euler sampling of noise `x` (n x tokens x values) for prompts `ids`, in batches, at the
     times `step_times(steps, shift)`; returns the final latents, the cross-attention (n x
