@@ -88,6 +88,8 @@ def main(task=ImageTask, patch=4):
     ap.add_argument("--heads", type=int, default=4)
     ap.add_argument("--patch", type=int, default=patch)
     args = ap.parse_args()
+    if args.cycle is not None and (args.anneal_from is None or args.anneal_to is None):
+        raise SystemExit("--cycle comes after the first decay: give --anneal-from and --anneal-to")
 
     torch.set_num_threads(args.threads)
     torch.set_flush_denormal(True)  # adaLN-zero layers produce denormals: 3-15x slower without
