@@ -40,18 +40,17 @@ def lr_at(args, step):
         return lr
     if b <= a:
         raise SystemExit("--anneal-to must be greater than --anneal-from")
-    if args.cycle is not None and step >= args.cycle[0]:
-        return cycle_lr(args, step)
+    started = [c for c in args.cycle or [] if step >= c[0]]
+    if started:
+        return cycle_lr(args, started[-1], step)
     frac = min(1.0, (step - a) / (b - a))
     return args.lr_min + (lr - args.lr_min) * 0.5 * (1 + math.cos(math.pi * frac))
 
 
-def cycle_lr(args, step):
-    """A second cycle after the first decay (--cycle FROM TO PEAK): a linear climb from
+def cycle_lr(args, cycle, step):
+    """One more cycle after the first decay (--cycle FROM TO PEAK): a linear climb from
     --lr-min to PEAK over --warmup steps, then a cosine decay back to --lr-min at TO."""
-    start, end, peak = int(args.cycle[0]), int(args.cycle[1]), args.cycle[2]
-    if end <= start + args.warmup:
-        raise SystemExit("--cycle: TO must be more than --warmup steps after FROM")
+    start, end, peak = int(cycle[0]), int(cycle[1]), cycle[2]
     if step < start + args.warmup:
         return args.lr_min + (peak - args.lr_min) * (step - start + 1) / args.warmup
     frac = min(1.0, (step - start - args.warmup) / (end - start - args.warmup))
@@ -75,9 +74,16 @@ def main(task=ImageTask, patch=4):
     ap.add_argument("--anneal-to", type=int, default=None,
                     help="step at which the decay reaches --lr-min (held afterwards)")
     ap.add_argument("--lr-min", type=float, default=6e-5)
-    ap.add_argument("--cycle", type=float, nargs=3, default=None, metavar=("FROM", "TO", "PEAK"),
+    ap.add_argument("--cycle", type=float, nargs=3, action="append", default=None,
+                    metavar=("FROM", "TO", "PEAK"),
                     help="after the first decay, climb again to PEAK from step FROM and decay "
-                         "back to --lr-min at step TO (needs --anneal-from/--anneal-to)")
+                         "back to --lr-min at step TO (needs --anneal-from/--anneal-to); "
+                         "repeat it for further cycles, each starting where the last ended")
+    ap.add_argument("--unshifted", type=float, default=0.0,
+                    help="fraction of each batch whose times are drawn without --shift, so the "
+                         "low-noise end, where edges are drawn, is trained too")
+    ap.add_argument("--unshifted-from", type=int, default=0,
+                    help="first step that draws unshifted times (for a run that began without)")
     ap.add_argument("--reset-ema", action="store_true",
                     help="on resume, restart the EMA from the current weights")
     ap.add_argument("--shift", type=float, default=1.0,
@@ -90,6 +96,17 @@ def main(task=ImageTask, patch=4):
     args = ap.parse_args()
     if args.cycle is not None and (args.anneal_from is None or args.anneal_to is None):
         raise SystemExit("--cycle comes after the first decay: give --anneal-from and --anneal-to")
+    if not 0.0 <= args.unshifted <= 1.0:
+        raise SystemExit("--unshifted is a fraction in [0, 1]")
+    previous_end = args.anneal_to
+    for start, end, _ in args.cycle or []:
+        if start < previous_end:
+            raise SystemExit(f"--cycle {start:g}: starts before the previous decay ends "
+                             f"(step {previous_end:g})")
+        if end <= start + args.warmup:
+            raise SystemExit(f"--cycle {start:g} {end:g}: TO must be more than --warmup "
+                             f"({args.warmup}) steps after FROM")
+        previous_end = end
 
     torch.set_num_threads(args.threads)
     torch.set_flush_denormal(True)  # adaLN-zero layers produce denormals: 3-15x slower without
@@ -134,7 +151,12 @@ def main(task=ImageTask, patch=4):
         t = torch.sigmoid(torch.randn(args.batch))  # logit-normal timesteps (SD3)
         # SD3's resolution shift: more of the batch at high noise, where only the prompt
         # says what the sample shows (t -> s t / (1 + (s - 1) t); 1 leaves t as it is).
-        t = args.shift * t / (1 + (args.shift - 1) * t)
+        shifted = args.shift * t / (1 + (args.shift - 1) * t)
+        if args.unshifted > 0 and step >= args.unshifted_from:
+            t = torch.where(torch.arange(args.batch) < round(args.unshifted * args.batch), t,
+                            shifted)
+        else:
+            t = shifted
         noise = torch.randn_like(x0)
         xt = (1 - t)[:, None, None] * x0 + t[:, None, None] * noise
         loss = F.mse_loss(model(xt, t, ids), noise - x0)
