@@ -21,7 +21,8 @@ import torch
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "tinydit"))
 import sounds  # noqa: E402
-from evaluate import arguments, localisation, report, sample_with_attention  # noqa: E402
+from evaluate import (arguments, localisation, report, sample_shift,  # noqa: E402
+                      sample_with_attention)
 from export import load_weights  # noqa: E402
 
 
@@ -44,7 +45,7 @@ def main():
     ids = torch.tensor([sounds.tokenize(sounds.prompt_text(e)) for e in events])
     gen = torch.Generator().manual_seed(args.seed)
     x = torch.randn(args.n, model.cfg.tokens, model.cfg.patch_dim, generator=gen)
-    shift = json.loads(meta.get("sample_shift", "1.0"))
+    shift = sample_shift(meta)
     x, warm, last, elapsed = sample_with_attention(model, x, ids, args.steps, args.warmup,
                                                    layers, shift=shift)
     specs = model.unpatchify(x).clamp(-1, 1).numpy()  # n x BANDS x FRAMES

@@ -37,6 +37,12 @@ def step_times(steps, shift=1.0):
     return [shift * v / (1.0 + (shift - 1.0) * v) for v in u]
 
 
+def sample_shift(meta):
+    """The sampling schedule's shift in a weights file's metadata ("sample_shift"; a file
+    without it samples at uniform times, shift 1)."""
+    return json.loads(meta.get("sample_shift", "1.0"))
+
+
 @torch.no_grad()
 def sample_with_attention(model, x, ids, steps, warmup, layers, batch=64, shift=1.0):
     """Euler sampling of noise `x` (n x tokens x values) for prompts `ids`, in batches, at the
@@ -72,7 +78,7 @@ def main():
     from safetensors import safe_open
     with safe_open(args.weights, "pt") as f:
         layers = json.loads(f.metadata()["saliency_layers"])
-        shift = json.loads(f.metadata().get("sample_shift", "1.0"))
+        shift = sample_shift(f.metadata())
     rng = np.random.default_rng(args.seed)
     scenes = [shapes.sample_scene(rng) for _ in range(args.n)]
     ids = torch.tensor([shapes.tokenize(shapes.prompt_text(*s)) for s in scenes])

@@ -19,7 +19,8 @@ import torch
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "tinydit"))
 import clips  # noqa: E402
-from evaluate import arguments, localisation, report, sample_with_attention  # noqa: E402
+from evaluate import (arguments, localisation, report, sample_shift,  # noqa: E402
+                      sample_with_attention)
 from export import load_weights  # noqa: E402
 from shapes import nearest_colour  # noqa: E402
 
@@ -42,7 +43,7 @@ def main():
     ids = torch.tensor([clips.tokenize(clips.prompt_text(*s)) for s in scenes])
     gen = torch.Generator().manual_seed(args.seed)
     x = torch.randn(args.n, model.cfg.tokens, model.cfg.patch_dim, generator=gen)
-    shift = json.loads(meta.get("sample_shift", "1.0"))
+    shift = sample_shift(meta)
     x, warm, last, elapsed = sample_with_attention(model, x, ids, args.steps, args.warmup,
                                                    layers, shift=shift)
     vids = model.unpatchify(x).clamp(-1, 1).numpy()  # n x 3 x F x 32 x 32
