@@ -78,7 +78,7 @@ def main(task=ImageTask, patch=4):
                     metavar=("FROM", "TO", "PEAK"),
                     help="after the first decay, climb again to PEAK from step FROM and decay "
                          "back to --lr-min at step TO (needs --anneal-from/--anneal-to); "
-                         "repeat it for further cycles, each starting where the last ended")
+                         "repeat it for further cycles, each from the end of the last or later")
     ap.add_argument("--unshifted", type=float, default=0.0,
                     help="fraction of each batch whose times are drawn without --shift, so the "
                          "low-noise end, where edges are drawn, is trained too")
