@@ -208,10 +208,6 @@ pub struct TinyDit {
     saliency_layers: Vec<usize>,
     /// The sampling schedule's shift (the weights' `sample_shift`, 1 = uniform steps).
     sample_shift: f32,
-    /// `Some(floor)` when the final layer predicts the clean latent x0 (config `prediction`
-    /// "x0"): the velocity is then (x_t - x0) / max(t, floor), and the step conditioning
-    /// carries 1 / max(t, floor) as its last value. `None`: it predicts the velocity.
-    x0_floor: Option<f32>,
     tok_emb: Tensor,
     txt_pos: Tensor,
     text: Vec<TextLayer>,
@@ -235,7 +231,6 @@ impl std::fmt::Debug for TinyDit {
             .field("weights", &self.path)
             .field("device", &self.device)
             .field("sample_shift", &self.sample_shift)
-            .field("x0_floor", &self.x0_floor)
             .finish()
     }
 }
@@ -307,32 +302,6 @@ fn parse_audio(w: &Weights, bands: usize) -> Result<AudioSpec, WeightsError> {
     Ok(a)
 }
 
-/// The config's `prediction` ("velocity", the default, or "x0") and, for x0, its `t_floor`
-/// (default 0.02, the last time of a 50-step schedule): `Some(floor)` for x0.
-fn parse_prediction(w: &Weights) -> Result<Option<f32>, WeightsError> {
-    let bad = |m: String| WeightsError::Metadata(m);
-    let v: serde_json::Value = serde_json::from_str(w.meta("config")?)
-        .map_err(|e| bad(format!("config is not JSON: {e}")))?;
-    match v.get("prediction").map(|p| p.as_str()) {
-        None | Some(Some("velocity")) => Ok(None),
-        Some(Some("x0")) => {
-            let floor = match v.get("t_floor") {
-                None => 0.02,
-                Some(f) => f
-                    .as_f64()
-                    .ok_or_else(|| bad("config t_floor is not a number".into()))?,
-            };
-            if !(1e-4..=1.0).contains(&floor) {
-                return Err(bad(format!("config t_floor {floor} must be in [1e-4, 1]")));
-            }
-            Ok(Some(floor as f32))
-        }
-        Some(p) => Err(bad(format!(
-            "config prediction {p:?}: expected \"velocity\" or \"x0\""
-        ))),
-    }
-}
-
 fn meta_json<T: serde::de::DeserializeOwned>(w: &Weights, key: &str) -> Result<T, WeightsError> {
     serde_json::from_str(w.meta(key)?).map_err(|e| WeightsError::Metadata(format!("{key}: {e}")))
 }
@@ -350,7 +319,6 @@ impl TinyDit {
             .into());
         }
         let cfg = parse_config(&w)?;
-        let x0_floor = parse_prediction(&w)?;
         let vocab: Vec<String> = meta_json(&w, "vocab")?;
         if vocab.len() != cfg.vocab {
             return Err(WeightsError::Metadata(format!(
@@ -428,7 +396,7 @@ impl TinyDit {
             kv_dim: d,
             words: cfg.max_tokens,
             context_len: d + 2 * cfg.depth * cfg.max_tokens * d,
-            cond_len: cfg.depth * 6 * d + 2 * d + usize::from(x0_floor.is_some()),
+            cond_len: cfg.depth * 6 * d + 2 * d,
         };
         Ok(Self {
             tok_emb: l.t("tok_emb.weight", &[cfg.vocab, d])?,
@@ -453,7 +421,6 @@ impl TinyDit {
             audio,
             saliency_layers,
             sample_shift,
-            x0_floor,
         })
     }
 
@@ -634,17 +601,8 @@ impl TinyDit {
         }
         let fm = |j: usize| step.cond.narrow(0, (cfg.depth * 6 + j) * d, d);
         let x = ops::norm_modulate(&x, &fm(0)?, &fm(1)?, EPS)?;
-        let out = self.final_.forward(&x)?;
-        let velocity = match self.x0_floor {
-            None => out,
-            // x-prediction: v = (x_t - x0) / max(t, floor), each token from its own input.
-            Some(_) => {
-                let inv_t = step.cond.narrow(0, self.dims.cond_len - 1, 1)?;
-                (x_active - out)?.broadcast_mul(&inv_t)?
-            }
-        };
         Ok(Rows {
-            velocity,
+            velocity: self.final_.forward(&x)?,
             k: Tensor::stack(&fk, 0)?,
             v: Tensor::stack(&fv, 0)?,
             mass: match mass {
@@ -744,10 +702,6 @@ impl Denoiser for TinyDit {
             parts.push(b.ada.forward(&c)?);
         }
         parts.push(self.final_ada.forward(&c)?);
-        if let Some(floor) = self.x0_floor {
-            let inv: Vec<f32> = ts.iter().map(|&t| 1.0 / t.max(floor)).collect();
-            parts.push(Tensor::from_vec(inv, (ts.len(), 1), &self.device)?);
-        }
         Ok(Tensor::cat(&parts, 1)?)
     }
 

@@ -9,7 +9,6 @@ Kept deliberately plain so that runtime/src/model.rs can re-implement it op for 
           x += CrossAttn(LN(x), c_txt)
           x += g2 * MLP(LN(x) * (1 + sc2) + sh2)          (MLP: d -> 4d, GELU tanh, -> d)
   final:  (sh, sc) = adaLN_f(SiLU(c)); out = Linear(LN(x) * (1 + sc) + sh) -> velocity tokens
-          (prediction "x0": out is the clean latent, velocity = (x_t - out) / max(t, t_floor))
 LayerNorms in blocks and final have no affine parameters, eps 1e-6. Rectified flow:
 x_t = (1 - t) x_0 + t noise, velocity target noise - x_0, sampling from t = 1 down to 0.
 """
@@ -21,13 +20,8 @@ import torch.nn.functional as F
 
 class Config:
     def __init__(self, image=32, patch=4, channels=3, d=128, depth=6, heads=4, text_layers=2,
-                 vocab=22, max_tokens=16, mlp_ratio=4, prediction="velocity", t_floor=0.02):
-        if prediction not in ("velocity", "x0"):
-            raise ValueError(f"prediction must be velocity or x0, not {prediction!r}")
+                 vocab=22, max_tokens=16, mlp_ratio=4):
         self.image, self.patch, self.channels = image, patch, channels
-        # What the final layer predicts: the velocity itself, or the clean latent x0, from
-        # which the velocity is (x_t - x0) / max(t, t_floor) (see TinyDiT.forward).
-        self.prediction, self.t_floor = prediction, t_floor
         self.d, self.depth, self.heads = d, depth, heads
         self.text_layers, self.vocab, self.max_tokens = text_layers, vocab, max_tokens
         self.mlp_ratio = mlp_ratio
@@ -188,13 +182,7 @@ class TinyDiT(nn.Module):
         for blk in self.blocks:
             x = blk(x, c, ctx, probs)
         sh, sc = self.final_ada(F.silu(c))[:, None].chunk(2, -1)
-        out = self.final(ln(x) * (1 + sc) + sh)
-        if self.cfg.prediction == "x0":
-            # x-prediction: the network draws the clean latent, a smooth thing even when a
-            # token has as many values as the model's width, and the noise it must take away
-            # comes from the input itself (v = (x_t - x0) / t; t >= t_floor).
-            return (xt_tokens - out) / t.clamp(min=self.cfg.t_floor)[:, None, None]
-        return out
+        return self.final(ln(x) * (1 + sc) + sh)
 
 
 @torch.no_grad()

@@ -89,9 +89,6 @@ def main(task=ImageTask, patch=4):
     ap.add_argument("--shift", type=float, default=1.0,
                     help="timestep shift towards noise (SD3): large latents need > 1, because "
                          "their many redundant values give the layout away early")
-    ap.add_argument("--prediction", choices=("velocity", "x0"), default="velocity",
-                    help="what the final layer predicts (model.py); resuming a velocity run "
-                         "with x0 starts the final layer, its moments and the EMA afresh")
     ap.add_argument("--d", type=int, default=128)
     ap.add_argument("--depth", type=int, default=6)
     ap.add_argument("--heads", type=int, default=4)
@@ -117,7 +114,6 @@ def main(task=ImageTask, patch=4):
     ckpt_path = os.path.join(args.out, "ckpt.pt")
 
     cfg = task.config(args)
-    cfg.prediction = args.prediction
     torch.manual_seed(args.seed)
     model = task.Model(cfg)
     ema = copy.deepcopy(model).requires_grad_(False)
@@ -132,17 +128,6 @@ def main(task=ImageTask, patch=4):
         step = ck["step"]
         rng.bit_generator.state = ck["np_rng"]
         torch.set_rng_state(ck["torch_rng"])
-        was = ck["config"].get("prediction", "velocity")
-        if was != args.prediction:
-            # The final layer's output changes meaning: start it (zero, as a new model's)
-            # and its Adam moments afresh; the EMA follows the switched weights.
-            with torch.no_grad():
-                model.final.weight.zero_()
-                model.final.bias.zero_()
-            for p in (model.final.weight, model.final.bias):
-                opt.state.pop(p, None)
-            args.reset_ema = True
-            print(f"switched prediction {was} -> {args.prediction} at step {step}", flush=True)
         if args.reset_ema:
             ema.load_state_dict(model.state_dict())
         print(f"resumed at step {step}", flush=True)
@@ -174,12 +159,7 @@ def main(task=ImageTask, patch=4):
             t = shifted
         noise = torch.randn_like(x0)
         xt = (1 - t)[:, None, None] * x0 + t[:, None, None] * noise
-        err = (model(xt, t, ids) - (noise - x0)).pow(2).mean((1, 2))
-        if args.prediction == "x0":
-            # The velocity error is the x0 error over max(t, t_floor): weigh it as if the
-            # floor were 0.05, so the few nearly clean samples do not swamp the batch (JiT).
-            err = err * (t.clamp(min=cfg.t_floor) / t.clamp(min=0.05)).pow(2)
-        loss = err.mean()
+        loss = F.mse_loss(model(xt, t, ids), noise - x0)
         for g in opt.param_groups:
             g["lr"] = lr_at(args, step)
         opt.zero_grad(set_to_none=True)
