@@ -93,6 +93,8 @@ def main(task=ImageTask, patch=4):
     ap.add_argument("--depth", type=int, default=6)
     ap.add_argument("--heads", type=int, default=4)
     ap.add_argument("--patch", type=int, default=patch)
+    if hasattr(task, "add_args"):
+        task.add_args(ap)  # a task's own architecture flags
     args = ap.parse_args()
     if args.cycle is not None and (args.anneal_from is None or args.anneal_to is None):
         raise SystemExit("--cycle comes after the first decay: give --anneal-from and --anneal-to")

@@ -1,0 +1,115 @@
+"""TinyFLUX: the built-in FLUX. The transformer is diffusers' own `FluxTransformer2DModel`,
+unmodified, at a small config; the text encoder is a small one of ours for the built-in prompt
+language (the shapes data of ../tinydit/shapes.py).
+
+  text:    ids (16) -> tok_emb + txt_pos -> 2 pre-LN encoder layers -> LN    = states (16 x d_txt)
+           pooled = mean(states)                                (FLUX's `pooled_projections`)
+  latent:  patchify 32x32x3 (patch 4) -> 64 tokens x 48                       (FLUX's packed latent)
+  ids:     image token (r, c) -> (0, r, c); text tokens -> (0, 0, 0)           (FLUX's RoPE ids)
+  model:   FluxTransformer2DModel(hidden_states, encoder_hidden_states=states,
+           pooled_projections=pooled, timestep=t, img_ids, txt_ids) -> velocity tokens
+
+Rectified flow as TinyDiT: x_t = (1 - t) x_0 + t noise, velocity target noise - x_0; diffusers'
+FLUX scales the timestep by 1000 itself, so `t` goes in as it is.
+"""
+import os
+import sys
+
+import torch
+import torch.nn as nn
+from diffusers import FluxTransformer2DModel
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tinydit"))
+from model import TextLayer  # noqa: E402  (the text encoder layer TinyDiT uses)
+
+
+class FluxConfig:
+    def __init__(self, image=32, patch=4, channels=3, double=2, single=4, heads=4, head_dim=32,
+                 text_d=128, text_layers=2, vocab=22, max_tokens=16, rope=(8, 12, 12)):
+        self.image, self.patch, self.channels = image, patch, channels
+        self.double, self.single, self.heads, self.head_dim = double, single, heads, head_dim
+        self.text_d, self.text_layers = text_d, text_layers
+        self.vocab, self.max_tokens, self.rope = vocab, max_tokens, list(rope)
+
+    @property
+    def grid(self):
+        return self.image // self.patch
+
+    @property
+    def patch_dim(self):
+        return self.patch * self.patch * self.channels
+
+    def to_dict(self):
+        return dict(self.__dict__)
+
+    def transformer_config(self):
+        """Keyword arguments of `FluxTransformer2DModel` (saved as its config.json)."""
+        return dict(patch_size=1, in_channels=self.patch_dim, out_channels=self.patch_dim,
+                    num_layers=self.double, num_single_layers=self.single,
+                    attention_head_dim=self.head_dim, num_attention_heads=self.heads,
+                    joint_attention_dim=self.text_d, pooled_projection_dim=self.text_d,
+                    guidance_embeds=False, axes_dims_rope=tuple(self.rope))
+
+
+class TextEncoder(nn.Module):
+    """Word ids -> (states, pooled): TinyDiT's text tower, with the mean as the pooled vector."""
+
+    def __init__(self, cfg: FluxConfig):
+        super().__init__()
+        d = cfg.text_d
+        self.tok_emb = nn.Embedding(cfg.vocab, d)
+        self.txt_pos = nn.Parameter(torch.randn(cfg.max_tokens, d) * 0.02)
+        self.layers = nn.ModuleList([TextLayer(d, 4, 4 * d) for _ in range(cfg.text_layers)])
+        self.ln = nn.LayerNorm(d, eps=1e-6)
+
+    def forward(self, ids):
+        x = self.tok_emb(ids) + self.txt_pos[None]
+        for layer in self.layers:
+            x = layer(x)
+        x = self.ln(x)
+        return x, x.mean(1)
+
+
+def image_ids(grid):
+    r = torch.arange(grid, dtype=torch.float32).repeat_interleave(grid)
+    c = torch.arange(grid, dtype=torch.float32).repeat(grid)
+    return torch.stack([torch.zeros_like(r), r, c], 1)
+
+
+class TinyFlux(nn.Module):
+    def __init__(self, cfg: FluxConfig):
+        super().__init__()
+        self.cfg = cfg
+        self.text = TextEncoder(cfg)
+        self.transformer = FluxTransformer2DModel(**cfg.transformer_config())
+        self.register_buffer("img_ids", image_ids(cfg.grid), persistent=False)
+        self.register_buffer("txt_ids", torch.zeros(cfg.max_tokens, 3), persistent=False)
+
+    def patchify(self, img):
+        b, c, hh, ww = img.shape
+        p, g = self.cfg.patch, self.cfg.grid
+        x = img.reshape(b, c, g, p, g, p).permute(0, 2, 4, 3, 5, 1)
+        return x.reshape(b, g * g, p * p * c)
+
+    def unpatchify(self, x):
+        b = x.shape[0]
+        p, g, c = self.cfg.patch, self.cfg.grid, self.cfg.channels
+        x = x.reshape(b, g, g, p, p, c).permute(0, 5, 1, 3, 2, 4)
+        return x.reshape(b, c, g * p, g * p)
+
+    def forward(self, xt_tokens, t, ids):
+        states, pooled = self.text(ids)
+        return self.transformer(hidden_states=xt_tokens, encoder_hidden_states=states,
+                                pooled_projections=pooled, timestep=t, img_ids=self.img_ids,
+                                txt_ids=self.txt_ids, return_dict=False)[0]
+
+
+@torch.no_grad()
+def sample(model, ids, noise_tokens, steps=50):
+    """Euler rectified-flow sampler, t from 1 to 0 in `steps` uniform steps."""
+    x = noise_tokens.clone()
+    h = 1.0 / steps
+    for n in range(steps):
+        t = torch.full((x.shape[0],), 1.0 - n * h)
+        x = x - h * model(x, t, ids)
+    return x
