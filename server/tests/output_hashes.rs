@@ -1,0 +1,341 @@
+//! The outputs of a fixed set of requests, pinned by hash: every execution mode on every
+//! built-in model, in process, on worker threads and in worker processes, and the FLUX
+//! structure (random weights of a small config) through the engine. A change that is meant
+//! to move code without changing behaviour must leave every hash as it is.
+//!
+//! A hash covers the final latent, the decoded sample and the count of active patches per
+//! step, bit for bit (FNV-1a over the f32 bits). When a change is meant to alter outputs,
+//! run with `FLASHDIFF_PRINT_HASHES=1 -- --nocapture` and replace the table.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use flashdiff_runtime::engine::{builtin_weights, Engine, LayoutKind, Mode, Output, RequestConfig};
+use flashdiff_runtime::models::flux::{EncodedPrompt, FluxCheckpoint, FluxDenoiser, PromptEncoder};
+use flashdiff_runtime::models::{Denoiser, Device, ModelError, Tensor};
+
+/// (model, case) -> hash, recorded from the engine as built at commit 62e48ee.
+const PINNED: &[(&str, &str, u64)] = &[
+    ("flux", "flashdiff w1", 0xa37b840f20d58275),
+    ("flux", "flashdiff w2", 0xa37b840f20d58275),
+    ("flux", "flashdiff-3-monotasks w1", 0x85b041a0cb77e0f4),
+    ("flux", "flashdiff-3-monotasks w2", 0x85b041a0cb77e0f4),
+    ("flux", "flashdiff-adaptive-eps w1", 0xa37b840f20d58275),
+    ("flux", "flashdiff-adaptive-eps w2", 0x190fd5ee208d6329),
+    ("flux", "flashdiff-adaptive-r w1", 0x56cc0d96cdad0e50),
+    ("flux", "flashdiff-adaptive-r w2", 0x56cc0d96cdad0e50),
+    ("flux", "flashdiff-stale w1", 0x9da2b2312925a81a),
+    ("flux", "flashdiff-stale w2", 0x9da2b2312925a81a),
+    ("flux", "flashdiff-uniform w1", 0xa37b840f20d58275),
+    ("flux", "flashdiff-uniform w2", 0xa37b840f20d58275),
+    ("flux", "full w1", 0xd38f19d18b3b0ce0),
+    ("flux", "full w2", 0xd38f19d18b3b0ce0),
+    ("flux", "naive-patch w1", 0xd118161118952c49),
+    ("flux", "naive-patch w2", 0xd118161118952c49),
+    ("flux", "no-skip w1", 0x14538c8133457dae),
+    ("flux", "no-skip w2", 0x14538c8133457dae),
+    ("flux", "ras w1", 0xb6a7d408e72d7702),
+    ("flux", "ras w2", 0xb6a7d408e72d7702),
+    ("flux", "teacache w1", 0xd38f19d18b3b0ce0),
+    ("flux", "teacache w2", 0xd38f19d18b3b0ce0),
+    ("tinyaudio", "flashdiff", 0xf52f9c3e8ea3660f),
+    ("tinyaudio", "flashdiff-3-monotasks", 0x6229b9736a161f3f),
+    ("tinyaudio", "flashdiff-adaptive-eps", 0xf52f9c3e8ea3660f),
+    ("tinyaudio", "flashdiff-adaptive-r", 0x0d96b6bd6843c614),
+    ("tinyaudio", "flashdiff-stale", 0xd8bc0646de9f6294),
+    ("tinyaudio", "flashdiff-uniform", 0x10f3e0000e9f744d),
+    ("tinyaudio", "full", 0x2ccd2c09fd7b44b0),
+    ("tinyaudio", "naive-patch", 0x8cc0c0ad24782838),
+    ("tinyaudio", "no-skip", 0x349fff5f8efb779f),
+    ("tinyaudio", "ras", 0x4e3777b5ad3493f9),
+    ("tinyaudio", "teacache", 0x80efc1e3b8eabce7),
+    ("tinydit", "flashdiff", 0x0bcaf14e484260d6),
+    ("tinydit", "flashdiff-3-monotasks", 0x6cc3d1dd14b2f002),
+    ("tinydit", "flashdiff-adaptive-eps", 0x0bcaf14e484260d6),
+    ("tinydit", "flashdiff-adaptive-r", 0xca7a107a7a29cade),
+    ("tinydit", "flashdiff-stale", 0x8c0f8984c66935ff),
+    ("tinydit", "flashdiff-uniform", 0x58824234a71d0772),
+    ("tinydit", "full", 0x9002d1c79c29bacb),
+    ("tinydit", "naive-patch", 0x1b9f23a18eab5090),
+    ("tinydit", "no-skip", 0x928969735e6a6636),
+    ("tinydit", "ras", 0x2f5ee5fca7379f35),
+    ("tinydit", "teacache", 0x5fa1c8c833b21d08),
+    ("tinyvideo", "flashdiff", 0x0efbce7881f57d1a),
+    ("tinyvideo", "flashdiff-3-monotasks", 0xdba1dda2765458f4),
+    ("tinyvideo", "flashdiff-adaptive-eps", 0x0efbce7881f57d1a),
+    ("tinyvideo", "flashdiff-adaptive-r", 0xe4aa403e0cf19444),
+    ("tinyvideo", "flashdiff-stale", 0xeda69efb1822262c),
+    ("tinyvideo", "flashdiff-uniform", 0x0efbce7881f57d1a),
+    ("tinyvideo", "full", 0x8f84026698a45c46),
+    ("tinyvideo", "naive-patch", 0xa3c89eb5fb59a929),
+    ("tinyvideo", "no-skip", 0x59e3aa1c215d50ca),
+    ("tinyvideo", "ras", 0x8ede1d7b85d3e631),
+    ("tinyvideo", "teacache", 0x54fafc775270b125),
+];
+
+struct Fnv(u64);
+
+impl Fnv {
+    fn new() -> Self {
+        Self(0xcbf2_9ce4_8422_2325)
+    }
+    fn bytes(&mut self, b: &[u8]) {
+        for &x in b {
+            self.0 = (self.0 ^ x as u64).wrapping_mul(0x100_0000_01b3);
+        }
+    }
+    fn floats(&mut self, v: &[f32]) {
+        self.bytes(&(v.len() as u64).to_le_bytes());
+        for x in v {
+            self.bytes(&x.to_bits().to_le_bytes());
+        }
+    }
+}
+
+fn hash(o: &Output) -> u64 {
+    let mut h = Fnv::new();
+    h.floats(&o.latent);
+    h.floats(&o.sample.rgb);
+    h.floats(&o.sample.audio);
+    for a in &o.report.active_per_step {
+        h.bytes(&a.to_le_bytes());
+    }
+    h.0
+}
+
+fn prompt(model: &str) -> &'static str {
+    match model {
+        "tinydit" => "a red circle top left and a blue square bottom right on a white background",
+        "tinyvideo" => "a red circle top left moving right on a blue background",
+        "tinyaudio" => "a high beep then a low hum",
+        _ => "a red dishwasher on the left of a blue table",
+    }
+}
+
+fn base() -> RequestConfig {
+    RequestConfig {
+        steps: 12,
+        warmup: 3,
+        patches: Some(6),
+        epsilon: 0.15,
+        max_skip: 2,
+        seed: 7,
+        monotasks: Some(1),
+        ..Default::default()
+    }
+}
+
+/// Every mode and the reuse and packing variants the engine has.
+fn cases() -> Vec<(&'static str, RequestConfig)> {
+    let b = base;
+    vec![
+        ("flashdiff", b()),
+        (
+            "flashdiff-stale",
+            RequestConfig {
+                extrapolate: false,
+                ..b()
+            },
+        ),
+        (
+            "flashdiff-3-monotasks",
+            RequestConfig {
+                monotasks: Some(3),
+                ..b()
+            },
+        ),
+        (
+            "flashdiff-adaptive-r",
+            RequestConfig {
+                patches: None,
+                ..b()
+            },
+        ),
+        (
+            "flashdiff-adaptive-eps",
+            RequestConfig {
+                adaptive_epsilon: true,
+                ..b()
+            },
+        ),
+        (
+            "flashdiff-uniform",
+            RequestConfig {
+                layout: LayoutKind::Uniform,
+                ..b()
+            },
+        ),
+        (
+            "no-skip",
+            RequestConfig {
+                mode: Mode::NoSkip,
+                monotasks: Some(6),
+                ..b()
+            },
+        ),
+        (
+            "full",
+            RequestConfig {
+                mode: Mode::Full,
+                ..b()
+            },
+        ),
+        (
+            "naive-patch",
+            RequestConfig {
+                mode: Mode::NaivePatch,
+                ..b()
+            },
+        ),
+        (
+            "teacache",
+            RequestConfig {
+                mode: Mode::TeaCache,
+                cache_threshold: 0.3,
+                ..b()
+            },
+        ),
+        (
+            "ras",
+            RequestConfig {
+                mode: Mode::Ras,
+                ..b()
+            },
+        ),
+    ]
+}
+
+fn exe() -> PathBuf {
+    PathBuf::from(env!("CARGO_BIN_EXE_flashdiff"))
+}
+
+fn run(e: &mut Engine, model: &str, cfg: RequestConfig) -> u64 {
+    let o = e
+        .generate(prompt(model), cfg, &mut |_, _, _| {})
+        .unwrap_or_else(|err| panic!("{model}: {err}"));
+    hash(&o)
+}
+
+/// Checks `got` against the table, or prints it when asked to.
+fn check(got: Vec<(String, String, u64)>) {
+    if std::env::var_os("FLASHDIFF_PRINT_HASHES").is_some() {
+        for (m, c, h) in &got {
+            println!("    ({m:?}, {c:?}, {h:#018x}),");
+        }
+    }
+    let mut wrong = Vec::new();
+    for (m, c, h) in &got {
+        match PINNED.iter().find(|(pm, pc, _)| pm == m && pc == c) {
+            Some((_, _, want)) if want == h => {}
+            Some((_, _, want)) => wrong.push(format!("{m} {c}: {h:#018x}, pinned {want:#018x}")),
+            None => wrong.push(format!("{m} {c}: {h:#018x} is not pinned")),
+        }
+    }
+    assert!(wrong.is_empty(), "outputs changed:\n{}", wrong.join("\n"));
+}
+
+#[test]
+fn every_mode_of_every_built_in_model_keeps_its_output() {
+    let mut got = Vec::new();
+    for model in ["tinydit", "tinyvideo", "tinyaudio"] {
+        let weights = builtin_weights(model).unwrap();
+        let mut here = Engine::new(&weights, 1).unwrap();
+        for (case, cfg) in cases() {
+            got.push((
+                model.to_string(),
+                case.to_string(),
+                run(&mut here, model, cfg),
+            ));
+        }
+    }
+    check(got);
+}
+
+/// Threads and processes give the in-process output (the same pinned hash).
+#[test]
+fn worker_threads_and_processes_keep_the_output() {
+    let mut got = Vec::new();
+    for model in ["tinydit", "tinyvideo", "tinyaudio"] {
+        let weights = builtin_weights(model).unwrap();
+        let spread = RequestConfig {
+            monotasks: Some(3),
+            ..base()
+        };
+        let mut threads = Engine::new(&weights, 2).unwrap();
+        got.push((
+            model.into(),
+            "flashdiff-3-monotasks".into(),
+            run(&mut threads, model, spread.clone()),
+        ));
+        let mut procs = Engine::with_processes(&weights, 2, &exe(), &std::env::temp_dir()).unwrap();
+        got.push((
+            model.into(),
+            "flashdiff-3-monotasks".into(),
+            run(&mut procs, model, spread),
+        ));
+        got.push((
+            model.into(),
+            "flashdiff".into(),
+            run(&mut procs, model, base()),
+        ));
+    }
+    check(got);
+}
+
+/// Piece states and pooled vector as fixed pseudo-random functions of the text.
+#[derive(Debug)]
+struct HashText;
+
+fn text_value(s: &str, i: usize) -> f32 {
+    let mut h = Fnv(0xcbf2_9ce4_8422_2325 ^ i as u64);
+    h.bytes(s.as_bytes());
+    ((h.0 >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
+}
+
+impl PromptEncoder for HashText {
+    fn encode(&self, prompt: &str) -> Result<EncodedPrompt, ModelError> {
+        let mut pieces: Vec<String> = prompt.split_whitespace().map(|w| format!("▁{w}")).collect();
+        pieces.resize(self.tokens(), "<pad>".into());
+        let states: Vec<f32> = pieces
+            .iter()
+            .flat_map(|p| (0..16).map(move |i| text_value(p, i)))
+            .collect();
+        let pooled: Vec<f32> = (0..12).map(|i| text_value(prompt, 100 + i)).collect();
+        Ok(EncodedPrompt {
+            states: Tensor::from_vec(states, (self.tokens(), 16), &Device::Cpu)?,
+            pooled: Tensor::from_vec(pooled, 12, &Device::Cpu)?,
+            pieces,
+        })
+    }
+
+    fn tokens(&self) -> usize {
+        10
+    }
+}
+
+#[test]
+fn the_flux_structure_keeps_its_output() {
+    let golden = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../models/reference/flux_golden.safetensors");
+    let flux = FluxCheckpoint::open(&golden)
+        .unwrap()
+        .load(Some([4, 6, 6]), &Device::Cpu)
+        .unwrap();
+    let m: Arc<dyn Denoiser> =
+        Arc::new(FluxDenoiser::new(flux, Box::new(HashText), (6, 8), 3.5, Device::Cpu).unwrap());
+    let mut got = Vec::new();
+    for workers in [1, 2] {
+        let mut e = Engine::with_model(m.clone(), workers, None).unwrap();
+        for (case, cfg) in cases() {
+            let cfg = RequestConfig {
+                patches: cfg.patches.map(|_| 4),
+                epsilon: 0.3,
+                ..cfg
+            };
+            // The load-adaptive ε follows requests per worker, so the key names the workers.
+            let key = format!("{case} w{workers}");
+            got.push(("flux".to_string(), key, run(&mut e, "flux", cfg)));
+        }
+    }
+    check(got);
+}
