@@ -385,7 +385,7 @@ fn sweeps(
             seed: cfg.seed + i,
             ..base.clone()
         };
-        let o = engine.generate(&scene::prompt_text(&scene), c, &mut |_, _, _| {})?;
+        let o = engine.generate(&scene::prompt_text(&scene), c, &mut |_| {})?;
         full_ms += o.report.latency.as_secs_f64() * 1e3 / sweep_prompts as f64;
         refs.push((scene.clone(), o.sample.rgb));
     }
@@ -399,7 +399,7 @@ fn sweeps(
                     seed: cfg.seed + i as u64,
                     ..c.clone()
                 },
-                &mut |_, _, _| {},
+                &mut |_| {},
             )?;
             w += work(&o, cfg.steps);
             let p = image::psnr(&o.sample.rgb, full).min(99.0);
@@ -492,7 +492,7 @@ fn per_prompt_rows(
                 seed,
                 ..(m.cfg)(base)
             };
-            let o = engine.generate(&prompt, c, &mut |_, _, _| {})?;
+            let o = engine.generate(&prompt, c, &mut |_| {})?;
             results.push((m.name.to_string(), o));
         }
         // Fewer uniform steps at FlashDiff's measured compute.
@@ -507,7 +507,7 @@ fn per_prompt_rows(
         };
         results.push((
             "fewer-steps".to_string(),
-            engine.generate(&prompt, c, &mut |_, _, _| {})?,
+            engine.generate(&prompt, c, &mut |_| {})?,
         ));
         let full_rgb = results[0].1.sample.rgb.clone();
         let full_v = scene::check(&full_rgb, &scene);

@@ -136,10 +136,7 @@ pub fn run(
                 seed,
                 ..(m.cfg)(&base)
             };
-            results.push((
-                name.to_string(),
-                engine.generate(&prompt, c, &mut |_, _, _| {})?,
-            ));
+            results.push((name.to_string(), engine.generate(&prompt, c, &mut |_| {})?));
         }
         let steps = ((cfg.steps as f64 * work(&results[1].1, cfg.steps)).round() as u32).max(2);
         let c = RequestConfig {
@@ -149,7 +146,7 @@ pub fn run(
             mode: Mode::Full,
             ..base.clone()
         };
-        let fewer = engine.generate(&prompt, c, &mut |_, _, _| {})?;
+        let fewer = engine.generate(&prompt, c, &mut |_| {})?;
         results.push(("fewer-steps".to_string(), fewer));
         let full = &results[0].1;
         for (name, o) in &results {

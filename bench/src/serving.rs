@@ -381,7 +381,7 @@ fn serve_shaped(
             engine.submit(id_base + i as u64, &scene::prompt_text(&scene), c)?;
         }
         if engine.in_flight() > 0 {
-            engine.poll(&mut |_, _, _| {}, Duration::from_millis(5));
+            engine.poll(&mut |_| {}, Duration::from_millis(5));
         } else if next < n {
             std::thread::sleep(Duration::from_secs_f64(
                 (arrivals[next] - now).clamp(0.0, 0.05),

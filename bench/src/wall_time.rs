@@ -58,15 +58,11 @@ pub(crate) fn section(
                     seed,
                     ..full.clone()
                 },
-                &mut |_, _, _| {},
+                &mut |_| {},
             )?;
             bf = bf.min(o.report.latency.as_secs_f64());
             of = Some(o);
-            let o = engine.generate(
-                &prompt,
-                RequestConfig { seed, ..fd.clone() },
-                &mut |_, _, _| {},
-            )?;
+            let o = engine.generate(&prompt, RequestConfig { seed, ..fd.clone() }, &mut |_| {})?;
             bd = bd.min(o.report.latency.as_secs_f64());
             od = Some(o);
         }

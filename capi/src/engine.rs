@@ -162,7 +162,11 @@ fn from_engine(e: EngineError) -> Fail {
         EngineError::Weights(_) => fd_status::FD_ERR_CONFIG,
         EngineError::Prompt(_) => fd_status::FD_ERR_VALUE,
         EngineError::Model(_) => fd_status::FD_ERR_VALUE,
-        EngineError::Config(_) => fd_status::FD_ERR_CONFIG,
+        EngineError::Config(_)
+        | EngineError::Invalid { .. }
+        | EngineError::Cancelled(_)
+        | EngineError::WorkerLost(_)
+        | EngineError::Internal(_) => fd_status::FD_ERR_CONFIG,
         EngineError::Scheduler(flashdiff_scheduler::SchedError::Full { .. }) => {
             fd_status::FD_ERR_FULL
         }
@@ -463,7 +467,7 @@ pub unsafe extern "C" fn fd_engine_run(e: *const fd_engine) -> fd_status {
 fn round(e: &fd_engine, timeout: Duration) -> Result<usize, Fail> {
     let mut st = e.lock()?;
     if st.inner.in_flight() > 0 {
-        st.inner.poll(&mut |_, _, _| {}, timeout);
+        st.inner.poll(&mut |_| {}, timeout);
     }
     st.collect();
     Ok(st.inner.in_flight())

@@ -29,6 +29,7 @@ pub mod joint_denoiser;
 pub mod mmdit;
 pub mod pieces;
 pub mod pipeline;
+pub mod registry;
 pub mod sao;
 pub mod scene;
 pub mod sounds;

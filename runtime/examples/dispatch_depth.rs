@@ -68,7 +68,7 @@ fn main() {
             }
             let (t0, c0) = (Instant::now(), cpu_seconds());
             let mut outs: Vec<_> = e
-                .run(&mut |_, _, _| {})
+                .run(&mut |_| {})
                 .into_iter()
                 .map(|r| r.expect("request"))
                 .collect();

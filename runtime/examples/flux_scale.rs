@@ -90,7 +90,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let out = engine.generate(
         "a red fox in the snow next to a blue door",
         req,
-        &mut |_, _, _| {},
+        &mut |_| {},
     )?;
     let r = &out.report;
     let t = r.time;

@@ -19,7 +19,8 @@ use std::sync::Arc;
 
 use crate::exec::{self, Task};
 use crate::state::{Layout, SharedState};
-use flashdiff_models::{Denoiser, Device, TinyDit};
+use flashdiff_models::registry::ModelSpec;
+use flashdiff_models::{Denoiser, Device};
 use flashdiff_scheduler::HandOff;
 use rkyv::rancor::Error as RkyvError;
 
@@ -225,11 +226,12 @@ fn injected_abort() -> Option<(u64, u32)> {
     Some((request, step))
 }
 
-/// The worker process's main loop (`flashdiff worker --weights PATH`).
-pub fn worker_main(weights: &Path) -> Result<(), String> {
+/// The worker process's main loop (`flashdiff worker`, with the model's description as
+/// [`ModelSpec::worker_args`] writes it).
+pub fn worker_main(spec: &ModelSpec) -> Result<(), String> {
     let abort_on = injected_abort();
     flashdiff_kernels::flush_denormals_to_zero();
-    let model = TinyDit::load(weights, &Device::Cpu).map_err(|e| e.to_string())?;
+    let model = spec.load(&Device::Cpu).map_err(|e| e.to_string())?;
     let layout = Layout::new(model.dims());
     let stdin = std::io::stdin();
     let mut input = BufReader::new(stdin.lock());
@@ -245,7 +247,7 @@ pub fn worker_main(weights: &Path) -> Result<(), String> {
                 std::process::abort();
             }
         }
-        if let Some(report) = handle(&model, &layout, &mut states, order) {
+        if let Some(report) = handle(&*model, &layout, &mut states, order) {
             write_frame(&mut out, &encode_report(&report))
                 .map_err(|e| format!("writing report: {e}"))?;
         }
@@ -313,8 +315,8 @@ enum Slot {
 
 /// What the pool's workers are.
 enum Kind {
-    /// Child processes running `exe worker --weights weights`.
-    Processes { exe: PathBuf, weights: PathBuf },
+    /// Child processes running `exe worker` with the model's description.
+    Processes { exe: PathBuf, spec: ModelSpec },
     /// Threads of this process sharing one model.
     Threads {
         model: Arc<dyn Denoiser>,
@@ -361,12 +363,12 @@ fn block_sigpipe_in_this_thread() {
 }
 
 impl Pool {
-    /// Starts `n` workers running `exe worker --weights weights`.
-    pub fn new(exe: &Path, weights: &Path, n: u32) -> Result<Self, String> {
+    /// Starts `n` workers running `exe worker`, each loading the model `spec` describes.
+    pub fn new(exe: &Path, spec: &ModelSpec, n: u32) -> Result<Self, String> {
         Self::start(
             Kind::Processes {
                 exe: exe.into(),
-                weights: weights.into(),
+                spec: spec.clone(),
             },
             n,
         )
@@ -407,11 +409,10 @@ impl Pool {
                 orders.set_consumer(t.thread().clone());
                 Slot::Thread { orders }
             }
-            Kind::Processes { exe, weights } => {
+            Kind::Processes { exe, spec } => {
                 let mut child = Command::new(exe)
                     .arg("worker")
-                    .arg("--weights")
-                    .arg(weights)
+                    .args(spec.worker_args())
                     .stdin(Stdio::piped())
                     .stdout(Stdio::piped())
                     .stderr(Stdio::piped())

@@ -29,7 +29,7 @@ fn output_is_bit_identical_for_any_number_of_workers() {
     for workers in [1u32, 2, 3] {
         let mut e = Engine::new(&default_weights(), workers).unwrap();
         let o = e
-            .generate(PROMPT, cfg(Mode::FlashDiff), &mut |_, _, _| {})
+            .generate(PROMPT, cfg(Mode::FlashDiff), &mut |_| {})
             .unwrap();
         assert!(
             o.report.computed < o.report.patch_steps,
@@ -61,11 +61,7 @@ fn worker_threads_under_concurrent_load_change_nothing() {
     };
     let mut alone = Engine::new(&default_weights(), 1).unwrap();
     let want: Vec<_> = (0..12u64)
-        .map(|i| {
-            alone
-                .generate(PROMPT, config(i), &mut |_, _, _| {})
-                .unwrap()
-        })
+        .map(|i| alone.generate(PROMPT, config(i), &mut |_| {}).unwrap())
         .collect();
     for depth in [1, 2, 4] {
         let mut threaded = Engine::new(&default_weights(), 3).unwrap();
@@ -74,7 +70,7 @@ fn worker_threads_under_concurrent_load_change_nothing() {
             threaded.submit(i, PROMPT, config(i)).unwrap();
         }
         let mut got: Vec<_> = threaded
-            .run(&mut |_, _, _| {})
+            .run(&mut |_| {})
             .into_iter()
             .map(|r| r.unwrap())
             .collect();
@@ -99,7 +95,7 @@ fn the_dispatch_depth_is_checked() {
     e.submit(1, PROMPT, cfg(Mode::FlashDiff)).unwrap();
     let err = e.set_dispatch_depth(3).unwrap_err().to_string();
     assert!(err.contains("no request is in flight"), "{err}");
-    assert_eq!(e.run(&mut |_, _, _| {}).len(), 1);
+    assert_eq!(e.run(&mut |_| {}).len(), 1);
     e.set_dispatch_depth(3).unwrap();
 }
 
@@ -111,12 +107,8 @@ fn by_default_the_output_does_not_depend_on_the_workers() {
     };
     let mut one = Engine::new(&default_weights(), 1).unwrap();
     let mut two = Engine::new(&default_weights(), 2).unwrap();
-    let want = one
-        .generate(PROMPT, defaults.clone(), &mut |_, _, _| {})
-        .unwrap();
-    let got = two
-        .generate(PROMPT, defaults.clone(), &mut |_, _, _| {})
-        .unwrap();
+    let want = one.generate(PROMPT, defaults.clone(), &mut |_| {}).unwrap();
+    let got = two.generate(PROMPT, defaults.clone(), &mut |_| {}).unwrap();
     assert_eq!(got.latent, want.latent, "default output depends on workers");
     // `None` spreads a step over every worker: two monotasks on two workers.
     let spread = two
@@ -126,7 +118,7 @@ fn by_default_the_output_does_not_depend_on_the_workers() {
                 monotasks: None,
                 ..defaults.clone()
             },
-            &mut |_, _, _| {},
+            &mut |_| {},
         )
         .unwrap();
     let as_two = one
@@ -136,7 +128,7 @@ fn by_default_the_output_does_not_depend_on_the_workers() {
                 monotasks: Some(2),
                 ..defaults.clone()
             },
-            &mut |_, _, _| {},
+            &mut |_| {},
         )
         .unwrap();
     assert_eq!(spread.latent, as_two.latent, "None is not the worker count");
@@ -151,9 +143,7 @@ fn one_monotask_per_step_without_skipping_is_full_computation() {
     // Patches in one forward see each other's fresh K/V: with one monotask per step and no
     // skipping, nothing is displaced and the result is ordinary sampling, bit for bit.
     let mut e = Engine::new(&default_weights(), 1).unwrap();
-    let full = e
-        .generate(PROMPT, cfg(Mode::Full), &mut |_, _, _| {})
-        .unwrap();
+    let full = e.generate(PROMPT, cfg(Mode::Full), &mut |_| {}).unwrap();
     let packed = e
         .generate(
             PROMPT,
@@ -161,7 +151,7 @@ fn one_monotask_per_step_without_skipping_is_full_computation() {
                 monotasks: Some(1),
                 ..cfg(Mode::NoSkip)
             },
-            &mut |_, _, _| {},
+            &mut |_| {},
         )
         .unwrap();
     assert_eq!(packed.report.patches, 6);
@@ -173,7 +163,7 @@ fn one_monotask_per_step_without_skipping_is_full_computation() {
                 monotasks: Some(6),
                 ..cfg(Mode::NoSkip)
             },
-            &mut |_, _, _| {},
+            &mut |_| {},
         )
         .unwrap();
     assert_ne!(
@@ -186,7 +176,7 @@ fn one_monotask_per_step_without_skipping_is_full_computation() {
 fn concurrent_requests_do_not_change_each_others_output() {
     let mut alone = Engine::new(&default_weights(), 2).unwrap();
     let solo = alone
-        .generate(PROMPT, cfg(Mode::FlashDiff), &mut |_, _, _| {})
+        .generate(PROMPT, cfg(Mode::FlashDiff), &mut |_| {})
         .unwrap();
     let mut e = Engine::new(&default_weights(), 2).unwrap();
     e.submit(
@@ -205,7 +195,7 @@ fn concurrent_requests_do_not_change_each_others_output() {
         cfg(Mode::Full),
     )
     .unwrap();
-    let results = e.run(&mut |_, _, _| {});
+    let results = e.run(&mut |_| {});
     assert_eq!(results.len(), 3);
     let two = results
         .iter()
@@ -219,7 +209,7 @@ fn concurrent_requests_do_not_change_each_others_output() {
 fn full_mode_is_ordinary_sampling() {
     let mut e = Engine::new(&default_weights(), 1).unwrap();
     let c = cfg(Mode::Full);
-    let o = e.generate(PROMPT, c.clone(), &mut |_, _, _| {}).unwrap();
+    let o = e.generate(PROMPT, c.clone(), &mut |_| {}).unwrap();
     assert_eq!(o.report.patches, 1);
     assert_eq!(o.report.computed, o.report.patch_steps);
     // Plain Euler sampling with the model directly, on its times.
@@ -255,12 +245,10 @@ fn full_mode_is_ordinary_sampling() {
 #[test]
 fn no_skip_runs_every_patch_and_flashdiff_skips() {
     let mut e = Engine::new(&default_weights(), 1).unwrap();
-    let ns = e
-        .generate(PROMPT, cfg(Mode::NoSkip), &mut |_, _, _| {})
-        .unwrap();
+    let ns = e.generate(PROMPT, cfg(Mode::NoSkip), &mut |_| {}).unwrap();
     assert_eq!(ns.report.computed, ns.report.patch_steps);
     let fd = e
-        .generate(PROMPT, cfg(Mode::FlashDiff), &mut |_, _, _| {})
+        .generate(PROMPT, cfg(Mode::FlashDiff), &mut |_| {})
         .unwrap();
     assert!(fd.report.computed < fd.report.patch_steps);
     // The last step is always computed in full.
@@ -341,7 +329,7 @@ fn bad_requests_fail_alone_with_clear_errors() {
     );
     // A good request still runs after the bad ones.
     e.submit(2, PROMPT, cfg(Mode::FlashDiff)).unwrap();
-    let r = e.run(&mut |_, _, _| {});
+    let r = e.run(&mut |_| {});
     assert!(r.len() == 1 && r[0].is_ok());
     assert!(
         Engine::new(std::path::Path::new("/nonexistent/w.safetensors"), 1)
@@ -360,7 +348,7 @@ fn baselines_run_and_behave_as_named() {
     let mut e = Engine::new(&default_weights(), 1).unwrap();
     // NaivePatch: uniform patches, no skipping, patches blind to each other.
     let naive = e
-        .generate(PROMPT, cfg(Mode::NaivePatch), &mut |_, _, _| {})
+        .generate(PROMPT, cfg(Mode::NaivePatch), &mut |_| {})
         .unwrap();
     assert_eq!(naive.report.computed, naive.report.patch_steps);
     let ds = e
@@ -370,7 +358,7 @@ fn baselines_run_and_behave_as_named() {
                 layout: flashdiff_runtime::engine::LayoutKind::Uniform,
                 ..cfg(Mode::NoSkip)
             },
-            &mut |_, _, _| {},
+            &mut |_| {},
         )
         .unwrap();
     assert_eq!(
@@ -389,7 +377,7 @@ fn baselines_run_and_behave_as_named() {
                 cache_threshold: 0.0,
                 ..cfg(Mode::TeaCache)
             },
-            &mut |_, _, _| {},
+            &mut |_| {},
         )
         .unwrap();
     assert!(all.report.active_per_step.iter().all(|&a| a == 1));
@@ -400,7 +388,7 @@ fn baselines_run_and_behave_as_named() {
                 cache_threshold: 1e9,
                 ..cfg(Mode::TeaCache)
             },
-            &mut |_, _, _| {},
+            &mut |_| {},
         )
         .unwrap();
     let skipped = lazy
@@ -426,7 +414,7 @@ fn ras_recomputes_half_the_regions_and_dense_steps_in_full() {
         warmup: 3,
         ..cfg(Mode::Ras)
     };
-    let o = e.generate(PROMPT, c, &mut |_, _, _| {}).unwrap();
+    let o = e.generate(PROMPT, c, &mut |_| {}).unwrap();
     assert_eq!(o.report.patches, 2);
     // Steps 3..19; dense at round(0.45*20) = 9, round(0.8*20) = 16 and the last step.
     let dense: Vec<usize> = o
@@ -451,7 +439,7 @@ fn load_adaptive_epsilon_follows_the_requests_in_flight() {
         adaptive_epsilon: true,
         ..cfg(Mode::FlashDiff)
     };
-    let alone = e.generate(PROMPT, c.clone(), &mut |_, _, _| {}).unwrap();
+    let alone = e.generate(PROMPT, c.clone(), &mut |_| {}).unwrap();
     let eps = alone.report.mean_epsilon().expect("ε was chosen per step");
     assert!((eps - 0.15).abs() < 1e-6, "lone request at load 1: ε {eps}");
     for i in 0..4u64 {
@@ -466,7 +454,7 @@ fn load_adaptive_epsilon_follows_the_requests_in_flight() {
         .unwrap();
     }
     let busy: Vec<f64> = e
-        .run(&mut |_, _, _| {})
+        .run(&mut |_| {})
         .into_iter()
         .map(|r| r.unwrap().report.mean_epsilon().unwrap())
         .collect();
@@ -476,7 +464,7 @@ fn load_adaptive_epsilon_follows_the_requests_in_flight() {
         "ε did not rise under load: {busy:?}"
     );
     let off = e
-        .generate(PROMPT, cfg(Mode::FlashDiff), &mut |_, _, _| {})
+        .generate(PROMPT, cfg(Mode::FlashDiff), &mut |_| {})
         .unwrap();
     assert_eq!(off.report.mean_epsilon(), None);
 }
@@ -486,12 +474,10 @@ fn load_adaptive_epsilon_follows_the_requests_in_flight() {
 #[test]
 fn reuse_error_is_measured_when_skipped_patches_resume() {
     let mut e = Engine::new(&default_weights(), 1).unwrap();
-    let ns = e
-        .generate(PROMPT, cfg(Mode::NoSkip), &mut |_, _, _| {})
-        .unwrap();
+    let ns = e.generate(PROMPT, cfg(Mode::NoSkip), &mut |_| {}).unwrap();
     assert_eq!(ns.report.reuse_error(), 0.0);
     let fd = e
-        .generate(PROMPT, cfg(Mode::FlashDiff), &mut |_, _, _| {})
+        .generate(PROMPT, cfg(Mode::FlashDiff), &mut |_| {})
         .unwrap();
     let err = fd.report.reuse_error();
     assert!(err > 0.0 && err < 1.0, "reuse error {err}");
@@ -503,7 +489,7 @@ fn reuse_error_is_measured_when_skipped_patches_resume() {
 fn a_lone_request_spends_almost_no_time_queued() {
     let mut e = Engine::new(&default_weights(), 1).unwrap();
     let o = e
-        .generate(PROMPT, cfg(Mode::FlashDiff), &mut |_, _, _| {})
+        .generate(PROMPT, cfg(Mode::FlashDiff), &mut |_| {})
         .unwrap();
     let t = o.report.time;
     assert!(
@@ -539,7 +525,8 @@ fn a_request_resumed_from_any_checkpoint_ends_bit_identical() {
         let file = checkpoint::path(&dir, 5);
         let mut saved = Vec::new();
         a.submit(5, PROMPT, c.clone()).unwrap();
-        let out = a.run(&mut |_, step, _| {
+        let out = a.run(&mut |ev| {
+            let step = ev.step;
             // The file holds the previous step boundary's checkpoint here.
             if let Ok(b) = std::fs::read(&file) {
                 saved.push((step, b));
@@ -559,7 +546,7 @@ fn a_request_resumed_from_any_checkpoint_ends_bit_identical() {
             let ck = checkpoint::decode(bytes).unwrap();
             let mut b = Engine::new(&default_weights(), 1).unwrap();
             b.resume(ck).unwrap();
-            let got = b.run(&mut |_, _, _| {});
+            let got = b.run(&mut |_| {});
             let got = got[0].as_ref().unwrap();
             assert_eq!(
                 got.latent, want.latent,
@@ -582,7 +569,8 @@ fn a_damaged_or_foreign_checkpoint_is_refused() {
     let file = checkpoint::path(&dir, 9);
     let mut bytes = None;
     a.submit(9, PROMPT, cfg(Mode::FlashDiff)).unwrap();
-    a.run(&mut |_, step, _| {
+    a.run(&mut |ev| {
+        let step = ev.step;
         if step == 6 {
             bytes = std::fs::read(&file).ok();
         }
@@ -613,7 +601,7 @@ fn a_damaged_or_foreign_checkpoint_is_refused() {
     assert!(b.resume(wrong).unwrap_err().to_string().contains("step"));
     // The real one still resumes after all those refusals.
     b.resume(ck).unwrap();
-    assert!(b.run(&mut |_, _, _| {})[0].is_ok());
+    assert!(b.run(&mut |_| {})[0].is_ok());
     let _ = std::fs::remove_dir_all(&dir);
 }
 
@@ -633,7 +621,7 @@ fn video_runs_on_its_3d_grid_and_is_identical_for_any_worker_count() {
         let g = e.model().dims().grid;
         assert_eq!((g.frames, g.height, g.width), (8, 4, 4));
         outs.push(
-            e.generate(prompt, cfg(Mode::FlashDiff), &mut |_, _, _| {})
+            e.generate(prompt, cfg(Mode::FlashDiff), &mut |_| {})
                 .unwrap(),
         );
     }

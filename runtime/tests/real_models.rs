@@ -82,7 +82,7 @@ fn flux_runs_through_the_engine_skips_and_is_deterministic() {
     assert_eq!(c.salient.iter().filter(|&&s| s).count(), 5, "{:?}", c.words);
     let mut one = Engine::with_model(m.clone(), 1, None).unwrap();
     let fd = one
-        .generate(PROMPT, cfg(Mode::FlashDiff), &mut |_, _, _| {})
+        .generate(PROMPT, cfg(Mode::FlashDiff), &mut |_| {})
         .unwrap();
     assert!(
         fd.report.computed < fd.report.patch_steps,
@@ -95,12 +95,12 @@ fn flux_runs_through_the_engine_skips_and_is_deterministic() {
         "latent preview: 2 px per token side"
     );
     let again = one
-        .generate(PROMPT, cfg(Mode::FlashDiff), &mut |_, _, _| {})
+        .generate(PROMPT, cfg(Mode::FlashDiff), &mut |_| {})
         .unwrap();
     assert_eq!(again.latent, fd.latent, "same request, same latent");
     let mut two = Engine::with_model(m.clone(), 2, None).unwrap();
     let w2 = two
-        .generate(PROMPT, cfg(Mode::FlashDiff), &mut |_, _, _| {})
+        .generate(PROMPT, cfg(Mode::FlashDiff), &mut |_| {})
         .unwrap();
     assert_eq!(w2.latent, fd.latent, "two workers change nothing");
     // With no skipping and one forward per step, the patch-steps are full computation (the
@@ -108,7 +108,7 @@ fn flux_runs_through_the_engine_skips_and_is_deterministic() {
     // each sees the other's tokens through last step's K/V, and the latent moves.
     let full = no_skip_is_full_computation(&mut one, cfg);
     let displaced = one
-        .generate(PROMPT, cfg(Mode::NoSkip), &mut |_, _, _| {})
+        .generate(PROMPT, cfg(Mode::NoSkip), &mut |_| {})
         .unwrap();
     assert_ne!(
         displaced.latent, full.latent,
@@ -159,7 +159,7 @@ fn sd35_runs_through_the_engine_skips_and_is_deterministic() {
     assert_eq!(m.dims().kv_layers, 4);
     let mut e = Engine::with_model(m.clone(), 1, None).unwrap();
     let fd = e
-        .generate(PROMPT, cfg(Mode::FlashDiff), &mut |_, _, _| {})
+        .generate(PROMPT, cfg(Mode::FlashDiff), &mut |_| {})
         .unwrap();
     assert!(
         fd.report.computed < fd.report.patch_steps,
@@ -167,13 +167,13 @@ fn sd35_runs_through_the_engine_skips_and_is_deterministic() {
     );
     assert_eq!((fd.sample.width, fd.sample.height), (12, 8));
     let again = e
-        .generate(PROMPT, cfg(Mode::FlashDiff), &mut |_, _, _| {})
+        .generate(PROMPT, cfg(Mode::FlashDiff), &mut |_| {})
         .unwrap();
     assert_eq!(again.latent, fd.latent);
     let full = no_skip_is_full_computation(&mut e, cfg);
     // Whole-step caching watches the first block's input: it runs too.
     let tc = e
-        .generate(PROMPT, cfg(Mode::TeaCache), &mut |_, _, _| {})
+        .generate(PROMPT, cfg(Mode::TeaCache), &mut |_| {})
         .unwrap();
     assert_eq!(tc.latent.len(), full.latent.len());
     // With classifier-free guidance (two passes, two K/V caches side by side): skipping,
@@ -190,7 +190,7 @@ fn sd35_runs_through_the_engine_skips_and_is_deterministic() {
     );
     let mut e = Engine::with_model(guided, 1, None).unwrap();
     let fd = e
-        .generate(PROMPT, cfg(Mode::FlashDiff), &mut |_, _, _| {})
+        .generate(PROMPT, cfg(Mode::FlashDiff), &mut |_| {})
         .unwrap();
     assert!(fd.report.computed < fd.report.patch_steps);
     let guided_full = no_skip_is_full_computation(&mut e, cfg);
@@ -225,7 +225,7 @@ fn wan_runs_through_the_engine_on_a_video_grid() {
     assert_eq!(m.kind(), Kind::Video);
     let mut e = Engine::with_model(m.clone(), 1, None).unwrap();
     let fd = e
-        .generate(PROMPT, cfg_for(Mode::FlashDiff), &mut |_, _, _| {})
+        .generate(PROMPT, cfg_for(Mode::FlashDiff), &mut |_| {})
         .unwrap();
     assert!(
         fd.report.computed < fd.report.patch_steps,
@@ -236,7 +236,7 @@ fn wan_runs_through_the_engine_on_a_video_grid() {
         (3, 6, 4)
     );
     let again = e
-        .generate(PROMPT, cfg_for(Mode::FlashDiff), &mut |_, _, _| {})
+        .generate(PROMPT, cfg_for(Mode::FlashDiff), &mut |_| {})
         .unwrap();
     assert_eq!(again.latent, fd.latent);
     no_skip_is_full_computation(&mut e, cfg_for);
@@ -253,11 +253,9 @@ fn no_skip_is_full_computation(
         monotasks: Some(1),
         ..cfg(mode)
     };
-    let full = e
-        .generate(PROMPT, single(Mode::Full), &mut |_, _, _| {})
-        .unwrap();
+    let full = e.generate(PROMPT, single(Mode::Full), &mut |_| {}).unwrap();
     let ns = e
-        .generate(PROMPT, single(Mode::NoSkip), &mut |_, _, _| {})
+        .generate(PROMPT, single(Mode::NoSkip), &mut |_| {})
         .unwrap();
     let worst = full
         .latent
@@ -312,7 +310,7 @@ fn the_engine_steps_on_the_models_schedule() {
                     seed: 9,
                     ..Default::default()
                 },
-                &mut |_, _, _| {},
+                &mut |_| {},
             )
             .unwrap()
             .latent

@@ -39,7 +39,7 @@ use tokio::sync::{broadcast, watch};
 use flashdiff_runtime::checkpoint;
 use flashdiff_runtime::engine::{
     check_request, from_config_record, to_config_record, Engine, EngineError, Mode, Output,
-    RequestConfig,
+    RequestConfig, StepEvent,
 };
 
 use crate::journal::{Entry, JobRecord, Store};
@@ -418,8 +418,6 @@ fn router(hub: Shared) -> Router {
 /// records steps and results in the job table.
 fn drive(mut engine: Engine, rx: mpsc::Receiver<Cmd>, hub: Shared) {
     let mut open = true;
-    // Requests cancelled through the API: their engine error is a cancellation.
-    let mut cancelled = std::collections::HashSet::new();
     let g = engine.model().dims().grid;
     let grid = [g.frames, g.height, g.width];
     loop {
@@ -457,34 +455,25 @@ fn drive(mut engine: Engine, rx: mpsc::Receiver<Cmd>, hub: Shared) {
                 }
                 Cmd::Cancel(id) => {
                     // Not in flight (finished meanwhile): nothing to do.
-                    if engine.cancel(id).is_ok() {
-                        cancelled.insert(id);
-                    }
+                    let _ = engine.cancel(id);
                 }
                 Cmd::Resume { id, prompt, cfg } => resume_job(&mut engine, &hub, id, &prompt, cfg),
             }
         }
         if engine.in_flight() > 0 {
-            let mut steps: Vec<(u64, u32, u32)> = Vec::new();
             engine.poll(
-                &mut |id, step, total| steps.push((id, step, total)),
+                &mut |ev| step_event(&hub, ev, grid),
                 Duration::from_millis(5),
             );
-            for (id, step, total) in steps {
-                let active = engine.active_patches(id).map(<[bool]>::to_vec);
-                let patch_of = engine.patch_of(id).map(<[u32]>::to_vec);
-                step_event(&hub, id, step, total, active, patch_of, grid);
-            }
         }
         // Also after a cancel that emptied the engine: its result is waiting here.
         for r in engine.take_finished() {
             match r {
                 Ok(o) => finish_ok(&hub, o),
                 Err((id, e)) => {
-                    let phase = if cancelled.remove(&id) {
-                        Phase::Cancelled
-                    } else {
-                        Phase::Failed
+                    let phase = match e {
+                        EngineError::Cancelled(_) => Phase::Cancelled,
+                        _ => Phase::Failed,
                     };
                     finish_err(&hub, id, phase, e.to_string());
                 }
@@ -531,15 +520,8 @@ fn journal(hub: &Hub, f: impl FnOnce(&mut Store) -> Result<(), String>) -> Resul
     }
 }
 
-fn step_event(
-    hub: &Hub,
-    id: u64,
-    step: u32,
-    total: u32,
-    active: Option<Vec<bool>>,
-    patch_of: Option<Vec<u32>>,
-    grid: [usize; 3],
-) {
+fn step_event(hub: &Hub, ev: &StepEvent, grid: [usize; 3]) {
+    let (id, step, total) = (ev.id, ev.step, ev.steps);
     let Ok(mut jobs) = hub.jobs.lock() else {
         return;
     };
@@ -568,8 +550,8 @@ fn step_event(
             "type": "step",
             "step": step,
             "steps": total,
-            "active": active,
-            "patch_of": patch_of,
+            "active": ev.active,
+            "patch_of": ev.patch_of,
             "grid": grid,
         });
         if let Some(events) = &j.events {

@@ -9,10 +9,11 @@ use std::process::ExitCode;
 
 use clap::{Args, Parser, Subcommand};
 use flashdiff_runtime::engine::{
-    builtin_weights, default_weights, Engine, LayoutKind, Mode, Output, RequestConfig,
+    builtin_weights, default_weights, Engine, LayoutKind, Mode, Output, RequestConfig, StepEvent,
     BUILTIN_MODELS, DEFAULT_CACHE_THRESHOLD, DEFAULT_PATCHES, DEFAULT_STEPS, DEFAULT_WARMUP,
     ENGINE_DEFAULT_EPSILON, ENGINE_DEFAULT_MAX_SKIP,
 };
+use flashdiff_runtime::models::registry::ModelSpec;
 use flashdiff_runtime::models::scene::{self, Verdict};
 use flashdiff_runtime::models::{clips, sounds};
 use flashdiff_runtime::models::{Kind, Sample};
@@ -42,9 +43,10 @@ enum Cmd {
     /// A worker process (started by the engine, not by hand).
     #[command(hide = true)]
     Worker {
-        /// Model file.
-        #[arg(long)]
-        weights: PathBuf,
+        /// The model's description, as the engine writes it (`--model NAME --weights PATH
+        /// [--options ...]`).
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        spec: Vec<String>,
     },
 }
 
@@ -372,13 +374,6 @@ fn check_run_args(o: &RunArgs, model_given: bool) -> Result<(), String> {
             }
         ));
     }
-    if pipeline && o.processes {
-        return Err(format!(
-            "--processes: worker processes load the built-in models' files only; run {} on \
-             worker threads (drop --processes)",
-            o.model
-        ));
-    }
     Ok(())
 }
 
@@ -522,7 +517,8 @@ fn main() -> ExitCode {
             quiet_on_closed_stdout();
             bench(a)
         }
-        Cmd::Worker { weights } => flashdiff_runtime::proc::worker_main(&weights),
+        Cmd::Worker { spec } => ModelSpec::from_worker_args(&spec)
+            .and_then(|spec| flashdiff_runtime::proc::worker_main(&spec)),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -597,9 +593,10 @@ fn ok(b: bool) -> &'static str {
     }
 }
 
-fn progress_bar() -> impl FnMut(u64, u32, u32) {
+fn progress_bar() -> impl FnMut(&StepEvent) {
     let tty = std::io::stderr().is_terminal();
-    move |_, step, steps| {
+    move |ev| {
+        let (step, steps) = (ev.step, ev.steps);
         let width = 30;
         let filled = (step as usize * width) / steps.max(1) as usize;
         if tty {
@@ -830,7 +827,7 @@ fn generate(a: GenerateArgs) -> Result<(), String> {
             ..cfg.clone()
         };
         let full = engine
-            .generate(&prompt, full_cfg, &mut |_, _, _| {})
+            .generate(&prompt, full_cfg, &mut |_| {})
             .map_err(|e| e.to_string())?;
         println!(
             "vs full computation: {}; full took {:.0} ms ({:.2}x); full checker: {}",
@@ -1018,7 +1015,7 @@ fn serve_lines(o: ServeArgs, base: RequestConfig) -> Result<(), String> {
         }
         for m in engines.iter_mut().filter(|m| m.engine.in_flight() > 0) {
             m.engine
-                .poll(&mut |_, _, _| {}, std::time::Duration::from_millis(5));
+                .poll(&mut |_| {}, std::time::Duration::from_millis(5));
             for r in m.engine.take_finished() {
                 served += r.is_ok() as u32;
                 let line = result_line(r, &mut prompts, o.out_dir.as_deref(), m.kind)?;
@@ -1314,40 +1311,55 @@ fn weights_path(o: &RunArgs) -> PathBuf {
 
 fn make_engine(o: &RunArgs, default_workers: u32) -> Result<Engine, String> {
     check_run_args(o, o.model_given)?;
-    let weights = weights_path(o);
+    let spec = model_spec(o)?;
     let workers = o.workers.unwrap_or(default_workers);
     let cuda = o.device == "cuda";
     let device = flashdiff_runtime::models::device(cuda)
         .map_err(|e| format!("--device {}: {e}", o.device))?;
-    if is_pipeline(&o.model) {
-        return pipeline_engine(o, &weights, workers, &device);
-    }
-    if !o.processes {
-        return Engine::new_on(&weights, workers, &device).map_err(|e| e.to_string());
-    }
-    if cuda {
+    if cuda && o.processes {
         return Err(
             "--device cuda with --processes: worker processes run on the CPU only for now".into(),
         );
     }
-    let exe = std::env::current_exe()
-        .map_err(|e| format!("cannot find the flashdiff executable: {e}"))?;
-    Engine::with_processes(
-        &weights,
-        workers,
-        &exe,
-        &flashdiff_runtime::engine::state_dir(),
-    )
-    .map_err(|e| e.to_string())
+    let t0 = std::time::Instant::now();
+    if spec.is_pipeline() {
+        eprintln!("loading {} from {} ...", o.model, spec.weights.display());
+    }
+    let engine = if o.processes {
+        let exe = std::env::current_exe()
+            .map_err(|e| format!("cannot find the flashdiff executable: {e}"))?;
+        Engine::with_processes(
+            &spec,
+            workers,
+            &exe,
+            &flashdiff_runtime::engine::state_dir(),
+        )
+    } else {
+        Engine::load(&spec, workers, &device)
+    };
+    let engine = engine.map_err(|e| match spec.is_pipeline() {
+        true => format!(
+            "--model {} --weights {}: {e}",
+            o.model,
+            spec.weights.display()
+        ),
+        false => e.to_string(),
+    })?;
+    if spec.is_pipeline() {
+        eprintln!("loaded in {:.1} s", t0.elapsed().as_secs_f64());
+    }
+    Ok(engine)
 }
 
-/// An engine over a pipeline read from the folder `dir` (worker threads, not processes).
-fn pipeline_engine(
-    o: &RunArgs,
-    dir: &std::path::Path,
-    workers: u32,
-    device: &flashdiff_runtime::models::Device,
-) -> Result<Engine, String> {
+/// What `--model`, `--weights` and a pipeline's flags describe.
+fn model_spec(o: &RunArgs) -> Result<ModelSpec, String> {
+    let weights = weights_path(o);
+    if !is_pipeline(&o.model) {
+        return Ok(ModelSpec {
+            name: o.model.clone(),
+            ..ModelSpec::file(&weights)
+        });
+    }
     use flashdiff_runtime::models::pipeline;
     let opts = pipeline::PipelineOptions {
         // Wan2.1's default is its 480p (832x480); the image models' 1024x1024.
@@ -1362,18 +1374,7 @@ fn pipeline_engine(
         seconds: o.seconds,
         frames: o.frames,
     };
-    eprintln!("loading {} from {} ...", o.model, dir.display());
-    let t0 = std::time::Instant::now();
-    let model = pipeline::load(&o.model, dir, &opts, device)
-        .map_err(|e| format!("--model {} --weights {}: {e}", o.model, dir.display()))?;
-    eprintln!("loaded in {:.1} s", t0.elapsed().as_secs_f64());
-    let model: std::sync::Arc<dyn flashdiff_runtime::models::Denoiser> = model.into();
-    let e = if workers <= 1 {
-        Engine::with_model(model, workers, None)
-    } else {
-        Engine::with_threads(model, workers, &flashdiff_runtime::engine::state_dir())
-    };
-    e.map_err(|e| e.to_string())
+    Ok(ModelSpec::pipeline(&o.model, &weights, opts))
 }
 
 /// `flashdiff bench`.

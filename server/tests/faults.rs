@@ -46,7 +46,7 @@ fn script(dir: &Path, body: &str) -> PathBuf {
 #[test]
 fn a_monotask_that_kills_its_workers_fails_its_request_and_the_others_finish() {
     let mut here = Engine::new(&default_weights(), 1).unwrap();
-    let want = here.generate(OTHER, cfg(), &mut |_, _, _| {}).unwrap();
+    let want = here.generate(OTHER, cfg(), &mut |_| {}).unwrap();
     let dir = scratch("poison");
     // Every worker aborts when handed a monotask of request 1's step 6.
     let exe = script(
@@ -60,7 +60,7 @@ fn a_monotask_that_kills_its_workers_fails_its_request_and_the_others_finish() {
     e.submit(1, PROMPT, cfg()).unwrap();
     e.submit(2, OTHER, cfg()).unwrap();
     let t0 = Instant::now();
-    let results = e.run(&mut |_, _, _| {});
+    let results = e.run(&mut |_| {});
     assert!(
         t0.elapsed() < Duration::from_secs(60),
         "took {:?}",
@@ -92,7 +92,7 @@ fn a_monotask_that_kills_its_workers_fails_its_request_and_the_others_finish() {
     );
     // The engine still serves.
     e.submit(3, OTHER, cfg()).unwrap();
-    let again = e.run(&mut |_, _, _| {});
+    let again = e.run(&mut |_| {});
     assert_eq!(again[0].as_ref().unwrap().latent, want.latent);
 }
 
@@ -103,7 +103,7 @@ fn a_worker_that_exits_at_once_is_an_error_not_a_respawn_storm() {
     let mut e = Engine::with_processes(&default_weights(), 2, &exe, &dir).unwrap();
     e.submit(1, PROMPT, cfg()).unwrap();
     let t0 = Instant::now();
-    let results = e.run(&mut |_, _, _| {});
+    let results = e.run(&mut |_| {});
     assert!(
         t0.elapsed() < Duration::from_secs(30),
         "took {:?}",
@@ -118,7 +118,7 @@ fn a_worker_that_exits_at_once_is_an_error_not_a_respawn_storm() {
     assert!(e.replacements() <= 4, "{} replacements", e.replacements());
     // A later request gets a fresh, bounded try.
     e.submit(2, PROMPT, cfg()).unwrap();
-    let results = e.run(&mut |_, _, _| {});
+    let results = e.run(&mut |_| {});
     assert!(results[0].is_err());
     assert!(e.replacements() <= 10, "{} replacements", e.replacements());
 }
@@ -136,9 +136,7 @@ fn a_worker_executable_that_cannot_start_is_an_error() {
 fn a_hung_worker_is_killed_and_its_monotask_runs_again() {
     let mut here = Engine::new(&default_weights(), 1).unwrap();
     let long = RequestConfig { steps: 30, ..cfg() };
-    let want = here
-        .generate(PROMPT, long.clone(), &mut |_, _, _| {})
-        .unwrap();
+    let want = here.generate(PROMPT, long.clone(), &mut |_| {}).unwrap();
     let dir = scratch("hang");
     let mut e = Engine::with_processes(&default_weights(), 2, &exe(), &dir).unwrap();
     e.set_hang_policy(HangPolicy {
@@ -171,7 +169,8 @@ fn a_hung_worker_is_killed_and_its_monotask_runs_again() {
     e.submit(1, PROMPT, long).unwrap();
     let mut stopped = false;
     let t0 = Instant::now();
-    let results = e.run(&mut |_, step, _| {
+    let results = e.run(&mut |ev| {
+        let step = ev.step;
         if step == 8 && !stopped {
             // SAFETY: kill(2) with a pid we started and have not reaped; SIGSTOP freezes it
             // (a hang: alive, pipes open, silent).

@@ -211,7 +211,7 @@ fn exe() -> PathBuf {
 
 fn run(e: &mut Engine, model: &str, cfg: RequestConfig) -> u64 {
     let o = e
-        .generate(prompt(model), cfg, &mut |_, _, _| {})
+        .generate(prompt(model), cfg, &mut |_| {})
         .unwrap_or_else(|err| panic!("{model}: {err}"));
     hash(&o)
 }

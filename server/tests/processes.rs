@@ -29,13 +29,13 @@ fn exe() -> std::path::PathBuf {
 fn worker_processes_give_the_same_output() {
     let mut here = Engine::new(&default_weights(), 1).unwrap();
     let want = here
-        .generate(PROMPT, cfg(Mode::FlashDiff), &mut |_, _, _| {})
+        .generate(PROMPT, cfg(Mode::FlashDiff), &mut |_| {})
         .unwrap();
     let shm = std::env::temp_dir();
     let mut e = Engine::with_processes(&default_weights(), 2, &exe(), &shm).unwrap();
     assert_eq!(e.worker_pids().len(), 2);
     let got = e
-        .generate(PROMPT, cfg(Mode::FlashDiff), &mut |_, _, _| {})
+        .generate(PROMPT, cfg(Mode::FlashDiff), &mut |_| {})
         .unwrap();
     assert_eq!(
         got.latent, want.latent,
@@ -52,9 +52,7 @@ fn a_killed_worker_loses_nothing_and_changes_nothing() {
         ..cfg(Mode::FlashDiff)
     };
     let mut here = Engine::new(&default_weights(), 1).unwrap();
-    let want = here
-        .generate(PROMPT, long.clone(), &mut |_, _, _| {})
-        .unwrap();
+    let want = here.generate(PROMPT, long.clone(), &mut |_| {}).unwrap();
     let mut e =
         Engine::with_processes(&default_weights(), 2, &exe(), &std::env::temp_dir()).unwrap();
     let victim = e.worker_pids()[1].expect("worker 1 running");
@@ -66,7 +64,8 @@ fn a_killed_worker_loses_nothing_and_changes_nothing() {
     )
     .unwrap();
     let mut killed = false;
-    let results = e.run(&mut |_, step, _| {
+    let results = e.run(&mut |ev| {
+        let step = ev.step;
         if step == 10 && !killed {
             // SAFETY: kill(2) with a pid we started and have not reaped; SIGKILL ends it.
             let rc = unsafe { libc::kill(victim as libc::pid_t, libc::SIGKILL) };
@@ -88,4 +87,49 @@ fn a_killed_worker_loses_nothing_and_changes_nothing() {
         2,
         "pool not back to 2 workers"
     );
+}
+
+/// Worker processes build their model from the engine's description of it, so a pipeline
+/// read from a diffusers folder (the small random FLUX.1 dev) runs in them as it runs on
+/// worker threads: the same latent, bit for bit. A built-in video model likewise.
+#[test]
+fn worker_processes_serve_a_pipeline_and_any_built_in_model() {
+    use flashdiff_runtime::models::pipeline::{tiny, PipelineOptions};
+    use flashdiff_runtime::models::registry::ModelSpec;
+    let dir = std::env::temp_dir().join(format!("flashdiff-proc-flux-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    tiny::write_flux(&dir, true).unwrap();
+    let flux = ModelSpec::pipeline("flux-dev", &dir, PipelineOptions::new((64, 48)));
+    let video = ModelSpec::builtin("tinyvideo").unwrap();
+    let cases = [
+        (flux, "a red dishwasher on the left of a blue table"),
+        (
+            video,
+            "a red circle top left moving right on a blue background",
+        ),
+    ];
+    for (spec, prompt) in cases {
+        let c = RequestConfig {
+            patches: Some(4),
+            ..cfg(Mode::FlashDiff)
+        };
+        let device = flashdiff_runtime::models::Device::Cpu;
+        let mut threads = Engine::load(&spec, 2, &device).unwrap();
+        let want = threads.generate(prompt, c.clone(), &mut |_| {}).unwrap();
+        let mut procs = Engine::with_processes(&spec, 2, &exe(), &std::env::temp_dir()).unwrap();
+        assert!(procs.worker_pids().iter().all(|p| p.is_some()));
+        let got = procs.generate(prompt, c, &mut |_| {}).unwrap();
+        assert_eq!(
+            got.latent, want.latent,
+            "{}: processes changed the output",
+            spec.name
+        );
+        assert_eq!(got.report.active_per_step, want.report.active_per_step);
+        assert!(
+            got.report.computed < got.report.patch_steps,
+            "{}: nothing skipped",
+            spec.name
+        );
+    }
+    let _ = std::fs::remove_dir_all(&dir);
 }

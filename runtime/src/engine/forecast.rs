@@ -1,0 +1,245 @@
+//! Forecasting the values a step reuses instead of computing: every token's K/V and a skipped
+//! token's velocity, extrapolated along their per-step slopes from committed state alone.
+
+use flashdiff_models::Dims;
+use flashdiff_partitioner::PatchLayout;
+
+use crate::state::{Region, SharedState};
+
+/// Weight of the newest measurement in a token's K/V slope (an exponential average with the
+/// previous slope) when a step runs in more than one monotask: raw one-step differences then
+/// carry the displaced-K/V error of the step they came from, and extrapolating them would
+/// double it. With one monotask per step nothing is displaced and the raw slope (weight 1) is
+/// used. Velocities always follow their raw last slope. The measurements behind both are in
+/// docs/benchmarks.md, "Defaults".
+pub const KV_SLOPE_SMOOTHING: f32 = 0.5;
+
+/// Per token: the last computed K, V (every block) and velocity, their per-step slopes, and
+/// the step the token was last computed at.
+pub(super) struct Track {
+    /// Weight of the newest K/V slope measurement ([`KV_SLOPE_SMOOTHING`] or 1).
+    pub(super) kv_weight: f32,
+    pub(super) kv_base: [Vec<f32>; 2],
+    pub(super) kv_slope: [Vec<f32>; 2],
+    pub(super) v_base: Vec<f32>,
+    pub(super) v_slope: Vec<f32>,
+    pub(super) last: Vec<u32>,
+}
+
+impl Track {
+    /// Starts tracking from the state the warm-up left: every token computed at `at`.
+    pub(super) fn start(state: &SharedState, at: u32, cfg: &Dims, kv_weight: f32) -> Self {
+        let kv = cfg.kv_layers * cfg.grid.tokens() * cfg.kv_dim;
+        let vel = cfg.grid.tokens() * cfg.channels;
+        Self {
+            kv_weight,
+            kv_base: [
+                state.get(Region::CacheK).to_vec(),
+                state.get(Region::CacheV).to_vec(),
+            ],
+            kv_slope: [vec![0.0; kv], vec![0.0; kv]],
+            v_base: state.get(Region::V).to_vec(),
+            v_slope: vec![0.0; vel],
+            last: vec![at; cfg.grid.tokens()],
+        }
+    }
+}
+
+/// After step `n`'s commit (fresh rows already copied into `V`): updates the slopes of every
+/// token computed in it and advances every skipped token's velocity along its slope to step
+/// `n` (`V = base + (n - last) * slope`, before the Euler update). The K/V the next step
+/// reads are written by [`write_cache`] once its monotasks are known. Runs on the
+/// coordinator from committed state only, so the result stays independent of the packing.
+/// Returns, over the tokens that resumed after a skip, the squared error of the velocity
+/// extrapolation had predicted for them and the squared norm of the computed velocity.
+pub(super) fn extrapolate(
+    state: &mut SharedState,
+    tr: &mut Track,
+    layout: &PatchLayout,
+    active: &[bool],
+    n: u32,
+    cfg: &Dims,
+) -> (f64, f64) {
+    let (mut err2, mut norm2) = (0.0f64, 0.0f64);
+    let (tokens, d, depth, pd) = (cfg.grid.tokens(), cfg.kv_dim, cfg.kv_layers, cfg.channels);
+    let fresh = [state.get(Region::FreshK), state.get(Region::FreshV)];
+    let fresh_vel = state.get(Region::FreshVel);
+    for p in (0..layout.patches()).filter(|&p| active[p as usize]) {
+        for &t in layout.patch_tokens(p) {
+            let t = t as usize;
+            let gap = n.saturating_sub(tr.last[t]).max(1) as f32;
+            // One division per token, not per value (a vector divide per 4 values was most
+            // of this loop's time).
+            let (inv_gap, w) = (1.0 / gap, tr.kv_weight);
+            for kv in 0..2 {
+                for l in 0..depth {
+                    let at = (l * tokens + t) * d;
+                    let (base, slope) = (
+                        &mut tr.kv_base[kv][at..at + d],
+                        &mut tr.kv_slope[kv][at..at + d],
+                    );
+                    for ((b, sl), &f) in base.iter_mut().zip(slope).zip(&fresh[kv][at..at + d]) {
+                        let measured = (f - *b) * inv_gap;
+                        *sl += w * (measured - *sl);
+                        *b = f;
+                    }
+                }
+            }
+            let r = t * pd..(t + 1) * pd;
+            let (base, slope) = (&mut tr.v_base[r.clone()], &mut tr.v_slope[r.clone()]);
+            let resumed = gap > 1.0;
+            for ((b, sl), &f) in base.iter_mut().zip(slope).zip(&fresh_vel[r]) {
+                if resumed {
+                    let predicted = *b + gap * *sl;
+                    err2 += ((f - predicted) as f64).powi(2);
+                    norm2 += (f as f64).powi(2);
+                }
+                *sl = (f - *b) * inv_gap;
+                *b = f;
+            }
+            tr.last[t] = n;
+        }
+    }
+    let v = state.get_mut(Region::V);
+    for (t, &last) in tr.last.iter().enumerate().filter(|(_, &l)| l < n) {
+        let ahead = (n - last) as f32;
+        let r = t * pd..(t + 1) * pd;
+        for ((o, &b), &sl) in v[r.clone()]
+            .iter_mut()
+            .zip(&tr.v_base[r.clone()])
+            .zip(&tr.v_slope[r])
+        {
+            *o = b + ahead * sl;
+        }
+    }
+    (err2, norm2)
+}
+
+/// Writes into the K/V cache what the monotasks of step `n` read: the K/V of every token
+/// with `read[t]`, extrapolated to step `n` (`base + (n - last) slope`). Rows no monotask
+/// reads (the tokens of the only monotask of a step) are left as they are. From committed
+/// state only, like [`extrapolate`].
+pub(super) fn write_cache(state: &mut SharedState, tr: &Track, n: u32, read: &[bool], cfg: &Dims) {
+    let (tokens, d) = (cfg.grid.tokens(), cfg.kv_dim);
+    for (kv, region) in [Region::CacheK, Region::CacheV].into_iter().enumerate() {
+        let dst = state.get_mut(region);
+        for l in 0..cfg.kv_layers {
+            for (t, &last) in tr.last.iter().enumerate().filter(|&(t, _)| read[t]) {
+                let ahead = n.saturating_sub(last) as f32;
+                let at = (l * tokens + t) * d;
+                let (base, slope) = (&tr.kv_base[kv][at..at + d], &tr.kv_slope[kv][at..at + d]);
+                for ((o, &b), &sl) in dst[at..at + d].iter_mut().zip(base).zip(slope) {
+                    *o = b + ahead * sl;
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn tiny() -> Dims {
+        // A 2x2 grid of 12-value tokens, one layer of width 2, two words.
+        Dims {
+            grid: flashdiff_models::LatentGrid {
+                frames: 1,
+                height: 2,
+                width: 2,
+            },
+            channels: 12,
+            kv_layers: 1,
+            kv_dim: 2,
+            words: 2,
+            context_len: 2 + 2 * 2 * 2,
+            cond_len: 6 * 2 + 2 * 2,
+        }
+    }
+
+    /// K/V and velocities moving linearly with the step: the cache follows the smoothed slope
+    /// and a skipped token's velocity its last slope, for tokens computed every step and for
+    /// tokens skipped for a while.
+    #[test]
+    fn extrapolation_follows_a_linear_trajectory_through_skips() {
+        // Averaged slopes (several monotasks per step) and raw ones (one monotask).
+        for weight in [KV_SLOPE_SMOOTHING, 1.0] {
+            linear_trajectory(weight);
+        }
+    }
+
+    fn linear_trajectory(weight: f32) {
+        let cfg = tiny();
+        let (tokens, d, pd) = (cfg.grid.tokens(), cfg.kv_dim, cfg.channels);
+        let layout = flashdiff_partitioner::partition_uniform(
+            flashdiff_partitioner::Grid::image(2, 2).unwrap(),
+            2,
+        )
+        .unwrap();
+        let mut st = SharedState::create(crate::state::Layout::new(&cfg), None, 0).unwrap();
+        // value(t, i, step) = 10 t + i + 0.5 step; the warm-up ended at step 0.
+        let value = |t: usize, i: usize, step: u32| (10 * t + i) as f32 + 0.5 * step as f32;
+        let fill =
+            |st: &mut SharedState, region: Region, width: usize, step: u32, only: &[bool]| {
+                let dst = st.get_mut(region);
+                for t in (0..tokens).filter(|&t| only[t]) {
+                    for i in 0..width {
+                        dst[t * width + i] = value(t, i, step);
+                    }
+                }
+            };
+        let everyone = vec![true; tokens];
+        fill(&mut st, Region::CacheK, d, 0, &everyone);
+        fill(&mut st, Region::CacheV, d, 0, &everyone);
+        fill(&mut st, Region::V, pd, 0, &everyone);
+        let mut track = Track::start(&st, 0, &cfg, weight);
+        // Patch 0 runs every step; patch 1 runs at steps 1 and 5 and is skipped in between.
+        // Every measured slope is 0.5 (also across a gap); the averaged K/V slope after m
+        // measurements is 0.5 (1 - (1 - weight)^m); the cache holds base + (n + 1 - last)
+        // slope. A skipped token's velocity is base + (n - last) 0.5 once one slope was
+        // measured.
+        let smoothed = |m: i32| 0.5 * (1.0 - (1.0 - weight).powi(m));
+        for n in 1..=5u32 {
+            let active = [true, n == 1 || n == 5];
+            let computed: Vec<bool> = layout
+                .patch_of()
+                .iter()
+                .map(|&p| active[p as usize])
+                .collect();
+            fill(&mut st, Region::FreshK, d, n, &everyone);
+            fill(&mut st, Region::FreshV, d, n, &everyone);
+            fill(&mut st, Region::FreshVel, pd, n, &everyone);
+            fill(&mut st, Region::V, pd, n, &computed); // the commit's copy of fresh rows
+            extrapolate(&mut st, &mut track, &layout, &active, n, &cfg);
+            write_cache(&mut st, &track, n + 1, &everyone, &cfg);
+            for p in 0..2u32 {
+                let (last, m) = match (p, n) {
+                    (0, _) => (n, n as i32),
+                    (_, 1..=4) => (1, 1),
+                    _ => (5, 2),
+                };
+                for &t in layout.patch_tokens(p) {
+                    let t = t as usize;
+                    for region in [Region::CacheK, Region::CacheV] {
+                        for i in 0..d {
+                            let want = value(t, i, last) + (n + 1 - last) as f32 * smoothed(m);
+                            let got = st.get(region)[t * d + i];
+                            assert!(
+                                (got - want).abs() < 1e-5,
+                                "weight {weight} step {n} token {t}: {got} vs {want}"
+                            );
+                        }
+                    }
+                    for i in 0..pd {
+                        // Linear: the extrapolated velocity is the true one at step n.
+                        let got = st.get(Region::V)[t * pd + i];
+                        assert!(
+                            (got - value(t, i, n)).abs() < 1e-4,
+                            "velocity step {n} token {t}: {got}"
+                        );
+                    }
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,124 @@
+//! What a finished request returns: its output and a report of where its work and time went.
+
+use std::time::Duration;
+
+use flashdiff_models::Sample;
+use flashdiff_partitioner::PatchLayout;
+
+/// Where the time of a request went.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct TimeSplit {
+    /// Warm-up steps (model time).
+    pub warmup: Duration,
+    /// Salient words, saliency map, partition.
+    pub partition: Duration,
+    /// Gate decisions and importance bookkeeping.
+    pub gate: Duration,
+    /// Patch-step forwards and commits.
+    pub compute: Duration,
+    /// Scheduler calls made for this request (placement, dispatch, completion).
+    pub schedule: Duration,
+    /// Encoding the prompt and the initial noise at submission, decoding the final latent.
+    pub io: Duration,
+    /// Waiting for a worker (behind other requests' monotasks), handing monotasks to worker
+    /// threads or processes, and everything not counted above.
+    pub queue: Duration,
+}
+
+/// What happened to a request.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Report {
+    /// Request id.
+    pub id: u64,
+    /// Total steps.
+    pub steps: u32,
+    /// Warm-up steps.
+    pub warmup: u32,
+    /// Patches after the warm-up.
+    pub patches: u32,
+    /// Patch-steps after the warm-up if nothing were skipped.
+    pub patch_steps: u64,
+    /// Patch-steps computed.
+    pub computed: u64,
+    /// Latent tokens computed after the warm-up (sum over computed patch-steps of their size).
+    pub computed_tokens: u64,
+    /// Active patches per step after the warm-up.
+    pub active_per_step: Vec<u32>,
+    /// Time split.
+    pub time: TimeSplit,
+    /// Submit to completion.
+    pub latency: Duration,
+    /// Share of model work skipped, weighting patch-steps by their tokens (warm-up included
+    /// as computed).
+    pub work_skipped: f64,
+    /// With [`RequestConfig::adaptive_epsilon`]: the sum of the ε the gate used over the
+    /// steps it chose one for, and how many steps that was (mean: [`Report::mean_epsilon`]).
+    pub epsilon_sum: f64,
+    /// See [`Report::epsilon_sum`].
+    pub epsilon_steps: u32,
+    /// Reuse error: over every patch-step that resumed a skipped patch, the squared
+    /// distance between the velocity extrapolation predicted for it and the one computed,
+    /// summed, and the squared norm of the computed ones (see [`Report::reuse_error`]).
+    pub reuse_err2: f64,
+    /// See [`Report::reuse_err2`].
+    pub reuse_norm2: f64,
+    /// With [`RequestConfig::deadline`]: whether it finished in time.
+    pub deadline_met: Option<bool>,
+}
+
+impl Report {
+    /// Relative RMS error of extrapolated velocities, measured when skipped patches resume
+    /// (0 when nothing resumed): how far the skipped steps' stand-ins were from what the
+    /// model computed. The adaptive R controller's quality signal.
+    pub fn reuse_error(&self) -> f64 {
+        if self.reuse_norm2 > 0.0 {
+            (self.reuse_err2 / self.reuse_norm2).sqrt()
+        } else {
+            0.0
+        }
+    }
+
+    /// Mean load-adaptive ε over the steps after the warm-up; `None` without
+    /// [`RequestConfig::adaptive_epsilon`].
+    pub fn mean_epsilon(&self) -> Option<f64> {
+        (self.epsilon_steps > 0).then(|| self.epsilon_sum / self.epsilon_steps as f64)
+    }
+
+    /// Patch-steps skipped, as a share of all patch-steps after the warm-up.
+    pub fn skipped_share(&self) -> f64 {
+        if self.patch_steps == 0 {
+            0.0
+        } else {
+            1.0 - self.computed as f64 / self.patch_steps as f64
+        }
+    }
+}
+
+/// A finished request.
+#[derive(Debug, Clone)]
+pub struct Output {
+    /// Final latent (`tokens x patch_dim`, model space).
+    pub latent: Vec<f32>,
+    /// The decoded sample: an image, a video's frames or a sound.
+    pub sample: Sample,
+    /// The report.
+    pub report: Report,
+    /// The patch layout used.
+    pub layout: PatchLayout,
+}
+
+/// A request moved: its warm-up ended (`step == warmup`, no patches yet) or one of its steps
+/// was committed. What [`super::Engine::poll`] reports as it goes.
+#[derive(Debug, Clone, Copy)]
+pub struct StepEvent<'a> {
+    /// The request.
+    pub id: u64,
+    /// Steps done.
+    pub step: u32,
+    /// Total steps.
+    pub steps: u32,
+    /// Which patches the step just done computed (empty before the first patch-wise step).
+    pub active: &'a [bool],
+    /// The patch of every latent token, once the warm-up has partitioned the latent.
+    pub patch_of: Option<&'a [u32]>,
+}

@@ -1,0 +1,263 @@
+//! A request's settings, their defaults and the one range check every interface goes through.
+
+use std::time::Duration;
+
+use flashdiff_gate::LoadAdaptiveEpsilon;
+use flashdiff_models::Denoiser;
+
+use super::EngineError;
+
+/// Default total steps (N = 50, the design's default).
+pub const DEFAULT_STEPS: u32 = 50;
+/// Default warm-up steps (the paper's §4.1: the first five steps).
+pub const DEFAULT_WARMUP: u32 = 5;
+/// Steps at the end that run every patch whatever the gate says: the velocity changes most
+/// in the last step (about 20x the median step on the built-in image model), so a reused one
+/// would be far off; forcing more than one final step did not raise PSNR (docs/benchmarks.md,
+/// "Defaults").
+pub const FINAL_FULL_STEPS: u32 = 1;
+
+/// Default whole-step caching threshold (TeaCache's published range is 0.1-0.3).
+pub const DEFAULT_CACHE_THRESHOLD: f32 = 0.1;
+
+/// Default gate threshold of the engine (the gate crate's own default, 0.05, is the paper's).
+/// 0.1 keeps the image checker's verdict equal to full computation's on at least 95% of the
+/// bench's held-out prompts; 0.2 does not (docs/benchmarks.md, "Defaults").
+pub const ENGINE_DEFAULT_EPSILON: f32 = 0.1;
+
+/// Weight of the adaptive R controller's quality term: a request's cost is its own time x
+/// (1 + QUALITY_WEIGHT x reuse error in percent) ([`super::Report::reuse_error`],
+/// `flashdiff_partitioner::objective`), so 1% relative error in the forecast stand-ins of
+/// skipped steps costs as much as 2% more time.
+pub const QUALITY_WEIGHT: f64 = 0.02;
+
+/// Patch count R of a lone request (`flashdiff generate`), which the adaptive controller
+/// cannot search: with one request per process it would run its first probe every time.
+/// `flashdiff serve` starts from `auto`.
+pub const DEFAULT_PATCHES: u32 = 16;
+
+/// Default monotasks per step ([`RequestConfig::monotasks`]): one forward over a step's active
+/// patches, which then see each other's fresh K/V, and an output that is the same for any
+/// worker count. One monotask per patch (each reading the others' displaced K/V) loses about
+/// 15 dB on the built-in image model (docs/benchmarks.md, "Defaults"). Concurrent requests
+/// still spread over the workers, one request-step per monotask.
+pub const DEFAULT_MONOTASKS: u32 = 1;
+
+/// Monotasks a worker thread or process holds at once: the one it runs and one dispatched
+/// ahead, which it starts the moment the first is done instead of idling while its report
+/// travels to the coordinator and the next order back. More than 2 would only commit work
+/// to a worker earlier, when another may become free first.
+pub const DISPATCH_DEPTH: u32 = 2;
+
+/// Default longest run of skips per patch K (the design's range is 3-5; the gate crate's
+/// default is 4): K = 3 keeps the checker's agreement with full computation at the bar where
+/// K = 4 and 5 skip a little more at lower PSNR (docs/benchmarks.md, "Defaults").
+pub const ENGINE_DEFAULT_MAX_SKIP: u32 = 3;
+
+/// How a request is executed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mode {
+    /// Saliency patches, gated skipping, displaced K/V.
+    FlashDiff,
+    /// Saliency patches, no skipping, displaced K/V.
+    NoSkip,
+    /// One patch, every step: ordinary sampling.
+    Full,
+    /// Uniform patches denoised independently (attention inside the patch only) and stitched
+    /// each step, no skipping: the NaivePatch baseline.
+    NaivePatch,
+    /// Whole-step caching (TeaCache / first-block-cache style): the whole step is skipped,
+    /// reusing the last velocity, while the accumulated relative L1 change of block 0's
+    /// modulated input stays under `cache_threshold`.
+    TeaCache,
+    /// Region-adaptive sampling (RAS-style): each step recomputes the `ras_ratio` share of 2x2
+    /// token regions whose velocity changed most, the rest reuse their cached velocity and
+    /// stale K/V; dense steps at about 45% and 80% of the steps and at the end.
+    Ras,
+}
+
+impl Mode {
+    /// Every mode, in the order the help texts list them.
+    pub const ALL: [Mode; 6] = [
+        Mode::FlashDiff,
+        Mode::NoSkip,
+        Mode::Full,
+        Mode::NaivePatch,
+        Mode::TeaCache,
+        Mode::Ras,
+    ];
+
+    /// The mode's name on every interface (`--mode`, the `mode` field, checkpoints).
+    pub fn name(self) -> &'static str {
+        match self {
+            Mode::FlashDiff => "flashdiff",
+            Mode::NoSkip => "no-skip",
+            Mode::Full => "full",
+            Mode::NaivePatch => "naive-patch",
+            Mode::TeaCache => "teacache",
+            Mode::Ras => "ras",
+        }
+    }
+}
+
+impl std::str::FromStr for Mode {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        Mode::ALL
+            .into_iter()
+            .find(|m| m.name() == s)
+            .ok_or_else(|| {
+                format!(
+                    "mode {s:?}: expected flashdiff, no-skip, full, naive-patch, teacache or ras"
+                )
+            })
+    }
+}
+
+/// How the latent is cut after the warm-up.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LayoutKind {
+    /// Cross-attention saliency, recursive Otsu, load-aware (§4.1).
+    Saliency,
+    /// Balanced recursive bisection of the grid (NaivePatch / DistriFusion layout).
+    Uniform,
+}
+
+/// Per-request settings.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RequestConfig {
+    /// Total Euler steps N.
+    pub steps: u32,
+    /// Warm-up steps T_w (>= 1, < steps).
+    pub warmup: u32,
+    /// Patch count R; `None`: the engine's adaptive controller picks it.
+    pub patches: Option<u32>,
+    /// Gate threshold ε.
+    pub epsilon: f32,
+    /// Load-adaptive ε (§4.3): before each step the gate's ε follows the engine's load
+    /// (requests in flight per worker; 1 = every worker has one) through
+    /// [`LoadAdaptiveEpsilon`] with `epsilon` at load 1, `epsilon / 2` at load 0.5 and below
+    /// (quality first when there is slack) and `min(2 epsilon, 1)` at load 1.5 and above
+    /// (throughput first). Off by default: a lone request then runs at `epsilon / 2`.
+    pub adaptive_epsilon: bool,
+    /// Longest run of skips K.
+    pub max_skip: u32,
+    /// Noise seed.
+    pub seed: u64,
+    /// Execution mode.
+    pub mode: Mode,
+    /// Scheduling priority (0..8, higher first).
+    pub priority: u8,
+    /// Patch layout (saliency by default; NaivePatch always uses uniform).
+    pub layout: LayoutKind,
+    /// Threshold of [`Mode::TeaCache`] on the accumulated relative L1 change.
+    pub cache_threshold: f32,
+    /// Share of 2x2 regions [`Mode::Ras`] recomputes each step (RAS's sample ratio, 0.5).
+    pub ras_ratio: f32,
+    /// Values reused instead of recomputed ([`Mode::FlashDiff`], [`Mode::NoSkip`]): `true`
+    /// extrapolates them along their per-step slope: the displaced K/V monotasks read (raw
+    /// slope with one monotask per step, else averaged, [`super::KV_SLOPE_SMOOTHING`]) and a skipped
+    /// patch's velocity (slope of its last two computations); `false` reuses them as last computed (the paper's rule; with
+    /// no skipping, DistriFusion's).
+    pub extrapolate: bool,
+    /// Monotasks per step: the step's active patches are packed, in patch order and balanced
+    /// by tokens, into at most this many monotasks; the patches of one monotask run in one
+    /// forward and see each other's fresh K/V, patches in different monotasks see each
+    /// other's cached (displaced) K/V. The default, [`DEFAULT_MONOTASKS`] = 1, runs a step
+    /// as one forward over its active tokens. `None`: the engine's worker count (a single
+    /// request's step spread over every worker). A count of at least the patch count gives
+    /// every patch its own monotask (DistriFusion's displaced patches). The output depends
+    /// on this count, never on the worker count, timing or which worker ran what.
+    /// [`Mode::NaivePatch`] always runs one patch per monotask.
+    pub monotasks: Option<u32>,
+    /// Time after submission by which the request should be done. Under the deadline order
+    /// ([`super::Engine::set_queue_order`]) it orders the request within its priority level
+    /// (earliest first, at step boundaries); the report says whether it was met.
+    pub deadline: Option<Duration>,
+}
+
+impl Default for RequestConfig {
+    fn default() -> Self {
+        Self {
+            steps: DEFAULT_STEPS,
+            warmup: DEFAULT_WARMUP,
+            patches: None,
+            epsilon: ENGINE_DEFAULT_EPSILON,
+            adaptive_epsilon: false,
+            max_skip: ENGINE_DEFAULT_MAX_SKIP,
+            seed: 0,
+            mode: Mode::FlashDiff,
+            priority: 0,
+            layout: LayoutKind::Saliency,
+            cache_threshold: DEFAULT_CACHE_THRESHOLD,
+            ras_ratio: 0.5,
+            extrapolate: true,
+            monotasks: Some(DEFAULT_MONOTASKS),
+            deadline: None,
+        }
+    }
+}
+
+/// Checks a request's settings against `model`; the error names the setting (as the
+/// request's field: `"max_skip"` is the CLI's `--max-skip`) and its valid range. What
+/// [`super::Engine::validate`] and [`super::Engine::submit`] do, for callers without an engine.
+pub fn check_request(model: &dyn Denoiser, cfg: &RequestConfig) -> Result<(), EngineError> {
+    let bad = |field: &'static str, reason: String| Err(EngineError::Invalid { field, reason });
+    if !(2..=1000).contains(&cfg.steps) {
+        return bad("steps", format!("{}: must be in 2..=1000", cfg.steps));
+    }
+    if cfg.warmup < 1 || cfg.warmup >= cfg.steps {
+        let most = cfg.steps.max(2) - 1;
+        return bad(
+            "warmup",
+            format!("{}: must be in 1..={most} (below \"steps\")", cfg.warmup),
+        );
+    }
+    let tokens = model.dims().grid.tokens() as u32;
+    if let Some(r) = cfg.patches {
+        if r == 0 || r > tokens {
+            return bad(
+                "patches",
+                format!("{r}: must be in 1..={tokens} (tokens in the latent)"),
+            );
+        }
+    }
+    if !(cfg.epsilon.is_finite() && (0.0..=1.0).contains(&cfg.epsilon)) {
+        return bad("epsilon", format!("{}: must be in [0, 1]", cfg.epsilon));
+    }
+    if !(cfg.ras_ratio > 0.0 && cfg.ras_ratio < 1.0) {
+        return bad("ras_ratio", format!("{}: must be in (0, 1)", cfg.ras_ratio));
+    }
+    if !(cfg.cache_threshold.is_finite() && cfg.cache_threshold >= 0.0) {
+        return bad(
+            "cache_threshold",
+            format!("{}: must be finite and >= 0", cfg.cache_threshold),
+        );
+    }
+    if cfg.monotasks == Some(0) {
+        return bad("monotasks", "0: must be at least 1".into());
+    }
+    if cfg.max_skip > 1000 {
+        return bad("max_skip", format!("{}: must be in 0..=1000", cfg.max_skip));
+    }
+    if cfg.priority as usize >= flashdiff_scheduler::PRIORITY_LEVELS {
+        let levels = flashdiff_scheduler::PRIORITY_LEVELS;
+        return bad(
+            "priority",
+            format!("{}: must be in 0..{levels}", cfg.priority),
+        );
+    }
+    Ok(())
+}
+
+/// The load-adaptive ε policy of a request whose ε at full load is `base`
+/// ([`RequestConfig::adaptive_epsilon`]).
+pub fn adaptive_epsilon(base: f32) -> LoadAdaptiveEpsilon {
+    LoadAdaptiveEpsilon {
+        eps_min: base / 2.0,
+        eps_base: base,
+        eps_max: (2.0 * base).min(1.0),
+        low: 0.5,
+        high: 1.5,
+    }
+}
