@@ -1,6 +1,6 @@
 """Golden verdicts of the Python checkers (the evaluations' ground truth), for the Rust ports
-to agree with: models/src/clips.rs against models/tinyvideo/clips.py, models/src/sounds.rs
-against models/tinyaudio/sounds.py.
+to agree with: models/src/scene.rs against models/tinydit/shapes.py, models/src/clips.rs
+against models/tinyvideo/clips.py, models/src/sounds.rs against models/tinyaudio/sounds.py.
 
     python3 models/checkers/golden.py --out models/checkers/golden.safetensors \
         --decode-out models/checkers/decode_golden.safetensors
@@ -27,6 +27,7 @@ sys.path.insert(0, os.path.join(HERE, "..", "tinydit"))
 sys.path.insert(0, os.path.join(HERE, "..", "tinyvideo"))
 sys.path.insert(0, os.path.join(HERE, "..", "tinyaudio"))
 import clips  # noqa: E402
+import shapes  # noqa: E402
 import sounds  # noqa: E402
 
 
@@ -61,6 +62,38 @@ def video(rng, n):
         prompts.append(clips.prompt_text(bg, objects))
         verdicts.append({k: bool(v[k]) for k in ("background", "present", "place", "shape",
                                                    "motion", "all")})
+    return np.stack(xs), prompts, verdicts
+
+
+def changed_image_scene(rng, bg, objects):
+    """The scene with one thing changed: background, or one object's colour, shape or place."""
+    what = rng.integers(4)
+    objects = [list(o) for o in objects]
+    o = objects[rng.integers(len(objects))]
+    used = [bg] + [x[0] for x in objects]
+    if what == 0:
+        bg = [c for c in shapes.COLOUR_NAMES if c not in used][0]
+    elif what == 1:
+        o[0] = [c for c in shapes.COLOUR_NAMES if c not in used][rng.integers(2)]
+    elif what == 2:
+        o[1] = [s for s in shapes.SHAPES if s != o[1]][rng.integers(3)]
+    else:
+        taken = [x[2] for x in objects]
+        free = [p for p in shapes.POSITION_NAMES if p not in taken]
+        o[2] = free[rng.integers(len(free))]
+    return bg, [tuple(x) for x in objects]
+
+
+def image(rng, n):
+    xs, prompts, verdicts = [], [], []
+    for i in range(n):
+        bg, objects = shapes.sample_scene(rng)
+        drawn = changed_image_scene(rng, bg, objects) if i % 2 else (bg, objects)
+        img = shapes.render(*drawn, rng).astype(np.float16).astype(np.float32)
+        v = shapes.check(img * 2.0 - 1.0, bg, objects)
+        xs.append(img)
+        prompts.append(shapes.prompt_text(bg, objects))
+        verdicts.append({k: bool(v[k]) for k in ("background", "present", "shape", "all")})
     return np.stack(xs), prompts, verdicts
 
 
@@ -110,17 +143,22 @@ def main():
     rng = np.random.default_rng(args.seed)
     vx, vp, vv = video(rng, args.n)
     ax, ap_, av = audio(rng, args.n)
+    # Drawn after the others, so that their samples stay those of the files already made.
+    ix, ip, iv = image(rng, args.n)
     save_file(
-        {"video": torch.from_numpy(vx).half(), "audio": torch.from_numpy(ax).half()},
+        {"video": torch.from_numpy(vx).half(), "audio": torch.from_numpy(ax).half(),
+         "image": torch.from_numpy(ix).half()},
         args.out,
         metadata={
             "video_prompts": json.dumps(vp),
             "video_verdicts": json.dumps(vv),
             "audio_prompts": json.dumps(ap_),
             "audio_verdicts": json.dumps(av),
+            "image_prompts": json.dumps(ip),
+            "image_verdicts": json.dumps(iv),
         },
     )
-    for name, vs in (("video", vv), ("audio", av)):
+    for name, vs in (("image", iv), ("video", vv), ("audio", av)):
         print(f"{name}: {sum(v['all'] for v in vs)} of {len(vs)} all correct")
 
 

@@ -1,11 +1,11 @@
-//! The Rust checkers agree with the Python ones (the evaluations' ground truth) on every
+//! The Rust checkers (image, video, sound) agree with the Python ones (the evaluations' ground truth) on every
 //! sample of `models/checkers/golden.safetensors` (`models/checkers/golden.py`): training
 //! renders with the data's jitter, half of them drawn from a changed scene.
 
 use std::collections::HashMap;
 use std::path::PathBuf;
 
-use flashdiff_models::{clips, sounds, Weights};
+use flashdiff_models::{clips, scene, sounds, Weights};
 
 fn golden() -> Weights {
     let p = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("checkers/golden.safetensors");
@@ -39,6 +39,19 @@ fn agrees(key: &str, n: usize, check: &dyn Fn(&str, &[f32]) -> Parts) {
         wrong > 0 && wrong < prompts.len(),
         "both verdicts must occur"
     );
+}
+
+#[test]
+fn the_image_checker_agrees_with_shapes_py() {
+    agrees("image", 32 * 32 * 3, &|p, img| {
+        let v = scene::check(img, &scene::parse(p).unwrap());
+        vec![
+            ("background", v.background),
+            ("present", v.present),
+            ("shape", v.shape),
+            ("all", v.all()),
+        ]
+    });
 }
 
 #[test]

@@ -62,6 +62,31 @@ pub fn check_layout(layout: &PatchLayout, r: u32) -> Result<(), String> {
     Ok(())
 }
 
+/// The tokens sharing a face with `t` (frame, row or column one apart), from the raster
+/// order `t = (f * height + y) * width + x` alone: the checker does not trust the grid's own
+/// neighbour walk, which the partitioner uses.
+fn face_neighbours(grid: Grid, t: u32, out: &mut Vec<u32>) {
+    let (h, w) = (grid.height(), grid.width());
+    let (f, y, x) = (t / (h * w), (t / w) % h, t % w);
+    let at = |f: u32, y: u32, x: u32| (f * h + y) * w + x;
+    out.clear();
+    for (ok, u) in [(f > 0, f.wrapping_sub(1)), (f + 1 < grid.frames(), f + 1)] {
+        if ok {
+            out.push(at(u, y, x));
+        }
+    }
+    for (ok, u) in [(y > 0, y.wrapping_sub(1)), (y + 1 < h, y + 1)] {
+        if ok {
+            out.push(at(f, u, x));
+        }
+    }
+    for (ok, u) in [(x > 0, x.wrapping_sub(1)), (x + 1 < w, x + 1)] {
+        if ok {
+            out.push(at(f, y, u));
+        }
+    }
+}
+
 /// Number of face-connected components of patch `p` (flood fill over the grid).
 pub fn components(layout: &PatchLayout, p: u32) -> usize {
     let grid: Grid = layout.grid();
@@ -78,7 +103,7 @@ pub fn components(layout: &PatchLayout, p: u32) -> usize {
         seen[start as usize] = true;
         stack.push(start);
         while let Some(t) = stack.pop() {
-            grid.neighbours(t, &mut nb);
+            face_neighbours(grid, t, &mut nb);
             for &u in &nb {
                 if map[u as usize] == p && !seen[u as usize] {
                     seen[u as usize] = true;
@@ -88,4 +113,27 @@ pub fn components(layout: &PatchLayout, p: u32) -> usize {
         }
     }
     count
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Tokens two apart in a row are not face neighbours, whatever the grid's own walk says:
+    /// a patch of the first and third tokens of a row is in two pieces.
+    #[test]
+    fn components_count_face_connectivity_only() {
+        let grid = Grid::new(2, 1, 3).unwrap();
+        let layout = PatchLayout::from_assignment(grid, vec![0, 1, 0, 1, 1, 1], 2).unwrap();
+        assert_eq!(components(&layout, 0), 2);
+        assert_eq!(components(&layout, 1), 1);
+        let mut nb = Vec::new();
+        face_neighbours(grid, 4, &mut nb);
+        nb.sort_unstable();
+        assert_eq!(
+            nb,
+            [1, 3, 5],
+            "token (1, 0, 1): the frame before, its row's two ends"
+        );
+    }
 }

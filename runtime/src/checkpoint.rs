@@ -182,7 +182,8 @@ pub fn path(dir: &Path, id: u64) -> PathBuf {
 }
 
 /// Writes `bytes` to `path` atomically (temporary file in the same directory, mode 0600,
-/// then rename): a reader sees the old file or the new one, never a partial one.
+/// then rename): a reader sees the old file or the new one, never a partial one. With `sync`
+/// the data and then the directory entry are on disk before it returns.
 pub fn write_atomic(path: &Path, bytes: &[u8], sync: bool) -> std::io::Result<()> {
     use std::os::unix::fs::OpenOptionsExt;
     let tmp = path.with_extension("tmp");
@@ -197,7 +198,13 @@ pub fn write_atomic(path: &Path, bytes: &[u8], sync: bool) -> std::io::Result<()
         f.sync_data()?;
     }
     drop(f);
-    std::fs::rename(&tmp, path)
+    std::fs::rename(&tmp, path)?;
+    if sync {
+        // The rename itself is durable only once the directory entry is.
+        let dir = path.parent().filter(|d| !d.as_os_str().is_empty());
+        std::fs::File::open(dir.unwrap_or(Path::new(".")))?.sync_all()?;
+    }
+    Ok(())
 }
 
 /// Maps and decodes a checkpoint file.

@@ -33,6 +33,8 @@ struct ReqView {
     completions: HashMap<Tag, u32>,
     arrival: u64,
     deadline: Option<f64>,
+    /// The priority the request was admitted with: every monotask of it queues at this one.
+    priority: u8,
     holders: HashSet<WorkerId>,
 }
 
@@ -435,8 +437,14 @@ impl SchedChecker {
         if g >= self.workers.len() {
             return Err(format!("worker {worker} does not exist"));
         }
-        if !self.requests.contains_key(&tag.request) {
+        let Some(admitted) = self.requests.get(&tag.request).map(|r| r.priority) else {
             return Err(format!("{tag} queued for a request not admitted"));
+        };
+        // The queue position follows the admitted request's priority, not what the log says.
+        if priority != admitted {
+            return Err(format!(
+                "{tag} queued at priority {priority}, its request was admitted at {admitted}"
+            ));
         }
         if self.held_live(tag)
             || self
@@ -570,7 +578,7 @@ impl SchedChecker {
         match *e {
             Event::Admitted {
                 request,
-                priority: _,
+                priority,
                 deadline,
             } => {
                 if self.requests.contains_key(&request) {
@@ -581,6 +589,7 @@ impl SchedChecker {
                     ReqView {
                         arrival: self.admitted,
                         deadline,
+                        priority,
                         ..Default::default()
                     },
                 );

@@ -162,6 +162,40 @@ fn highest_priority_first_fifo_within_a_level() {
     checker.check_all(&s.take_events()).unwrap();
 }
 
+/// The checker orders queues by the priority each request was admitted with: a log whose
+/// monotasks carry another priority (as a scheduler that mixed up requests would write) is
+/// refused even though it is consistent with itself.
+#[test]
+fn the_checker_takes_priorities_from_the_admitted_requests() {
+    let mut s = Scheduler::new(cfg(1)).unwrap();
+    s.submit(1, 1, 1.0).unwrap();
+    s.submit(2, 6, 1.0).unwrap();
+    warmups_in_order(&mut s, 2);
+    let events = s.take_events();
+    SchedChecker::new(s.config()).check_all(&events).unwrap();
+    let relabelled: Vec<Event> = events
+        .iter()
+        .map(|e| match *e {
+            Event::Ready {
+                tag,
+                priority,
+                worker,
+                cost,
+            } if tag.request == 1 => Event::Ready {
+                tag,
+                priority: priority + 6,
+                worker,
+                cost,
+            },
+            ref e => e.clone(),
+        })
+        .collect();
+    let err = SchedChecker::new(s.config())
+        .check_all(&relabelled)
+        .unwrap_err();
+    assert!(err.contains("admitted at 1"), "{err}");
+}
+
 #[test]
 fn switch_cost_rule_keeps_own_work_when_moving_costs_more() {
     let mut c = cfg(2);
@@ -511,9 +545,15 @@ fn checker_catches_violations() {
 
     let inversion = [
         admit(1),
-        open(1, 1, 2),
+        open(1, 1, 1),
         ready(t(1, 0), 1, 0),
-        ready(t(1, 1), 5, 0),
+        Event::Admitted {
+            request: 2,
+            priority: 5,
+            deadline: None,
+        },
+        open(2, 1, 1),
+        ready(t(2, 0), 5, 0),
         disp(0, t(1, 0), 1, Pick::Own),
     ];
     assert!(check(&one, &inversion)

@@ -423,21 +423,22 @@ fn a_burst_of_1000_requests_is_answered_200_or_429_with_bounded_memory() {
     assert!(ok > 0 && busy > 0, "{ok} accepted, {busy} refused");
     let mut lat: Vec<f64> = results.iter().filter(|r| r.0 == 200).map(|r| r.1).collect();
     lat.sort_by(f64::total_cmp);
-    let rss_kib: u64 = std::fs::read_to_string(format!("/proc/{}/status", s.child.id()))
-        .ok()
-        .and_then(|st| {
-            st.lines()
-                .find(|l| l.starts_with("VmHWM:"))
-                .and_then(|l| l.split_whitespace().nth(1)?.parse().ok())
-        })
-        .unwrap_or(0);
+    let status = std::fs::read_to_string(format!("/proc/{}/status", s.child.id()))
+        .expect("the server's /proc status is readable");
+    let rss_kib: u64 = status
+        .lines()
+        .find(|l| l.starts_with("VmHWM:"))
+        .and_then(|l| l.split_whitespace().nth(1)?.parse().ok())
+        .expect("/proc status has VmHWM");
     println!(
         "burst: {ok} accepted, {busy} refused (429) in {wall:.1} s; accepted p50 {:.3} s, p99 {:.3} s; server peak RSS {} MiB",
         lat[lat.len() / 2],
         lat[((lat.len() as f64 * 0.99) as usize).min(lat.len() - 1)],
         rss_kib / 1024
     );
-    assert!(rss_kib < 1024 * 1024, "peak RSS {rss_kib} KiB");
+    // The model and the engine take about 60 MiB; a burst the queue bound refuses must not
+    // grow that by much.
+    assert!(rss_kib < 256 * 1024, "peak RSS {rss_kib} KiB");
     let (_, m, _) = s.call("GET", "/metrics", None);
     let m = m.as_str().unwrap().to_string();
     assert!(
