@@ -15,12 +15,8 @@ use std::fmt;
 
 use candle_core::{Device, Tensor};
 
-use crate::flux::Flux;
 use crate::joint::{JointOutput, Rows};
-use crate::mmdit::Mmdit;
 use crate::pieces::words_from_pieces;
-use crate::sao::{Sao, SaoContext};
-use crate::wan::Wan;
 use crate::{
     Conditioning, Denoiser, Dims, FullOutput, Kind, KvCache, LatentGrid, ModelError, Patches,
     Sample, StepInput, SubsetOutput,
@@ -56,7 +52,25 @@ pub trait PromptEncoder: Send + Sync + fmt::Debug {
 /// side `p` and the latent channels `c`: `(k, dy, dx, p, c) -> index`.
 pub type PixelIndex = fn(usize, usize, usize, usize, usize) -> usize;
 
-/// A joint-attention transformer the engine can run: FLUX or SD3's MMDiT.
+/// A latent decoder (a VAE): what turns the denoised latent into pixels or sound. The
+/// pipelines implement it for their decoders; this module names none of them.
+pub trait LatentDecoder: Send + Sync + fmt::Debug {
+    /// Decodes a latent: `channels x height x width` for an image, `channels x frames x
+    /// height x width` for a video, `channels x frames` for a sound (which comes back as
+    /// `audio channels x samples`).
+    fn decode(&self, z: &Tensor) -> Result<Tensor, ModelError>;
+    /// Pixels per latent pixel side (images).
+    fn scale(&self) -> usize {
+        1
+    }
+    /// Samples per second (sound).
+    fn sampling_rate(&self) -> u32 {
+        0
+    }
+}
+
+/// A joint-attention transformer the engine can run: FLUX, SD3's MMDiT, Wan2.1 or Stable
+/// Audio's DiT (each implements it beside its own definition).
 pub trait JointModel: Send + Sync + fmt::Debug {
     /// Report name ("flux-dev").
     fn name(&self) -> &str;
@@ -92,105 +106,6 @@ pub trait JointModel: Send + Sync + fmt::Debug {
     /// Latent pixels per token side, and where latent channel `k` of pixel (dy, dx) is in
     /// a token's values.
     fn packing(&self) -> (usize, PixelIndex);
-}
-
-impl JointModel for Flux {
-    fn name(&self) -> &str {
-        if self.config().guidance_embed {
-            "flux-dev"
-        } else {
-            "flux-schnell"
-        }
-    }
-    fn token_values(&self) -> usize {
-        self.config().in_channels
-    }
-    fn kv_layers(&self) -> usize {
-        self.config().kv_layers()
-    }
-    fn hidden(&self) -> usize {
-        self.config().hidden
-    }
-    fn cond_rows(&self) -> usize {
-        self.config().cond_rows()
-    }
-    fn text_widths(&self) -> (usize, usize) {
-        (self.config().context_in_dim, self.config().vec_in_dim)
-    }
-    fn context(&self, txt: &Tensor, pooled: &Tensor) -> Result<Tensor, ModelError> {
-        Flux::context(self, txt, pooled)
-    }
-    fn step_cond(&self, context: &Tensor, t: f32, guidance: f32) -> Result<Tensor, ModelError> {
-        Flux::step_cond(self, context, t, guidance)
-    }
-    fn forward(
-        &self,
-        rows: Rows<'_>,
-        _frames: usize,
-        context: &Tensor,
-        cond: &Tensor,
-    ) -> Result<JointOutput, ModelError> {
-        Flux::forward(self, rows, context, cond)
-    }
-    fn first_block_input(&self, x: &Tensor, _: usize, cond: &Tensor) -> Result<Tensor, ModelError> {
-        Flux::first_block_input(self, x, cond)
-    }
-    fn packing(&self) -> (usize, PixelIndex) {
-        // FLUX packs 2 x 2 latent pixels as (channel, dy, dx), the channel slowest.
-        (2, |k, dy, dx, p, _| (k * p + dy) * p + dx)
-    }
-}
-
-impl JointModel for Mmdit {
-    fn name(&self) -> &str {
-        if self.config().qk_norm {
-            "sd3.5"
-        } else {
-            "sd3"
-        }
-    }
-    fn token_values(&self) -> usize {
-        self.config().token_in()
-    }
-    fn kv_layers(&self) -> usize {
-        self.config().kv_layers()
-    }
-    fn hidden(&self) -> usize {
-        self.config().hidden
-    }
-    fn cond_rows(&self) -> usize {
-        self.config().cond_rows()
-    }
-    fn text_widths(&self) -> (usize, usize) {
-        (self.config().context_in_dim, self.config().pooled_dim)
-    }
-    fn context(&self, txt: &Tensor, pooled: &Tensor) -> Result<Tensor, ModelError> {
-        Mmdit::context(self, txt, pooled)
-    }
-    fn step_cond(&self, context: &Tensor, t: f32, _: f32) -> Result<Tensor, ModelError> {
-        Mmdit::step_cond(self, context, t)
-    }
-    fn forward(
-        &self,
-        rows: Rows<'_>,
-        _frames: usize,
-        context: &Tensor,
-        cond: &Tensor,
-    ) -> Result<JointOutput, ModelError> {
-        Mmdit::forward(self, rows, context, cond)
-    }
-    fn first_block_input(
-        &self,
-        x: &Tensor,
-        width: usize,
-        cond: &Tensor,
-    ) -> Result<Tensor, ModelError> {
-        Mmdit::first_block_input(self, x, width, cond)
-    }
-    fn packing(&self) -> (usize, PixelIndex) {
-        // A token holds its patch as (row, column, channel), the channel fastest.
-        (self.config().patch, |k, dy, dx, p, c| (dy * p + dx) * c + k)
-    }
 }
 
 /// How a model spaces its steps' times ([`Denoiser::time`]), as its released scheduler
@@ -251,18 +166,19 @@ impl Schedule {
 /// A joint-attention transformer with its text side, on a fixed latent grid.
 #[derive(Debug)]
 pub struct JointDenoiser<M: JointModel> {
-    flux: M,
+    model: M,
     text: Box<dyn PromptEncoder>,
     dims: Dims,
     device: Device,
     guidance: f32,
     name: String,
     schedule: Schedule,
-    vae: Option<crate::pipeline::Vae>,
+    /// An image's decoder.
+    vae: Option<Box<dyn LatentDecoder>>,
     /// A sound's decoder and how many samples a sound keeps (Stable Audio Open).
-    audio: Option<(crate::pipeline::oobleck::Oobleck, usize)>,
+    audio: Option<(Box<dyn LatentDecoder>, usize)>,
     /// A video's decoder (Wan2.1).
-    video: Option<crate::pipeline::wan_vae::WanVae>,
+    video: Option<Box<dyn LatentDecoder>>,
     /// Classifier-free guidance scale (SD3): a second pass on the empty prompt.
     cfg: Option<f32>,
     /// The empty prompt's context rows, encoded once (with guidance).
@@ -279,151 +195,8 @@ struct Parts {
     word_of: Vec<f32>,
 }
 
-impl JointModel for Wan {
-    fn name(&self) -> &str {
-        "wan2.1"
-    }
-    fn token_values(&self) -> usize {
-        self.config().token_in()
-    }
-    fn kv_layers(&self) -> usize {
-        self.config().depth
-    }
-    fn hidden(&self) -> usize {
-        self.config().hidden()
-    }
-    fn cond_rows(&self) -> usize {
-        7
-    }
-    /// Wan reads no pooled vector: its width is 0 and the context's pooled row is zeros.
-    fn text_widths(&self) -> (usize, usize) {
-        (self.config().text_dim, 0)
-    }
-    fn context(&self, txt: &Tensor, _pooled: &Tensor) -> Result<Tensor, ModelError> {
-        let t = Wan::context(self, txt)?;
-        let zero = Tensor::zeros((1, self.hidden()), t.dtype(), t.device())?;
-        Ok(Tensor::cat(&[t, zero], 0)?)
-    }
-    /// Wan's time runs 0-1000.
-    fn step_cond(&self, context: &Tensor, t: f32, _: f32) -> Result<Tensor, ModelError> {
-        Wan::step_cond(self, t * 1000.0, context.device())
-    }
-    fn forward(
-        &self,
-        rows: Rows<'_>,
-        frames: usize,
-        context: &Tensor,
-        cond: &Tensor,
-    ) -> Result<JointOutput, ModelError> {
-        let nt = context
-            .dim(0)?
-            .checked_sub(1)
-            .ok_or_else(|| ModelError::Input("Wan context without its pooled row".into()))?;
-        Wan::forward(self, rows, frames, &context.narrow(0, 0, nt)?, cond)
-    }
-    fn first_block_input(&self, x: &Tensor, _: usize, cond: &Tensor) -> Result<Tensor, ModelError> {
-        Wan::first_block_input(self, x, cond)
-    }
-    /// A token's (row, column) latent pixels of its first latent frame (Wan2.1 patches one
-    /// latent frame per token).
-    fn packing(&self) -> (usize, PixelIndex) {
-        (self.config().patch[1], |k, dy, dx, p, c| {
-            (dy * p + dx) * c + k
-        })
-    }
-}
-
-/// Wan2.1 behind the `Denoiser` contract.
-pub type WanDenoiser = JointDenoiser<Wan>;
-
-/// Stable Audio Open's DiT as a joint model on a 1-D grid of latent frames. Its context
-/// rows are the projected text states (zero-padded from `cross_dim` to `hidden`) and the
-/// projected global vector; its step conditioning is the global token.
-///
-/// It predicts `v = cos(phi) eps - sin(phi) x0` of the latent `x = cos(phi) x0 + sin(phi)
-/// eps` at `phi = t pi / 2` (diffusers passes `t = atan(sigma) 2 / pi` and scales the
-/// sample by `1 / sqrt(1 + sigma^2)`, which is this `x`). Then `dx/dt = (pi / 2) v`: the
-/// velocity the engine's Euler step takes is `pi / 2` times the model's output.
-impl JointModel for Sao {
-    fn name(&self) -> &str {
-        "stable-audio-open"
-    }
-    fn token_values(&self) -> usize {
-        self.config().in_channels
-    }
-    fn kv_layers(&self) -> usize {
-        self.config().depth
-    }
-    fn hidden(&self) -> usize {
-        self.config().hidden()
-    }
-    fn cond_rows(&self) -> usize {
-        1
-    }
-    fn text_widths(&self) -> (usize, usize) {
-        (self.config().cross_in, self.config().global_in)
-    }
-    fn context(&self, txt: &Tensor, pooled: &Tensor) -> Result<Tensor, ModelError> {
-        let c = Sao::context(self, txt, pooled)?;
-        let (h, w) = (self.hidden(), c.cross.dim(1)?);
-        if w > h {
-            return Err(ModelError::Input(format!(
-                "Stable Audio DiT: cross-attention width {w} is wider than the transformer's \
-                 {h}; its context rows cannot hold it"
-            )));
-        }
-        Ok(Tensor::cat(
-            &[c.cross.pad_with_zeros(1, 0, h - w)?, c.global],
-            0,
-        )?)
-    }
-    fn step_cond(&self, context: &Tensor, t: f32, _: f32) -> Result<Tensor, ModelError> {
-        Sao::step_cond(self, &sao_context(self, context)?, t)
-    }
-    fn forward(
-        &self,
-        rows: Rows<'_>,
-        _frames: usize,
-        context: &Tensor,
-        cond: &Tensor,
-    ) -> Result<JointOutput, ModelError> {
-        let mut out = Sao::forward(self, rows, &sao_context(self, context)?, cond)?;
-        out.velocity = (out.velocity * std::f64::consts::FRAC_PI_2)?;
-        Ok(out)
-    }
-    fn first_block_input(&self, x: &Tensor, _: usize, _: &Tensor) -> Result<Tensor, ModelError> {
-        Sao::first_block_input(self, x)
-    }
-    /// One latent frame a token, its channels in order.
-    fn packing(&self) -> (usize, PixelIndex) {
-        (1, |k, _, _, _, _| k)
-    }
-}
-
-/// The [`SaoContext`] inside context rows made by [`JointModel::context`] for [`Sao`].
-fn sao_context(m: &Sao, context: &Tensor) -> Result<SaoContext, ModelError> {
-    let nt = context
-        .dim(0)?
-        .checked_sub(1)
-        .ok_or_else(|| ModelError::Input("Stable Audio context without its global row".into()))?;
-    Ok(SaoContext {
-        cross: context
-            .narrow(0, 0, nt)?
-            .narrow(1, 0, m.config().cross_dim)?,
-        global: context.narrow(0, nt, 1)?,
-    })
-}
-
-/// Stable Audio Open behind the `Denoiser` contract.
-pub type SaoDenoiser = JointDenoiser<Sao>;
-
 /// Most latent tokens a [`JointDenoiser`] takes (2^18).
 pub const MAX_TOKENS: usize = 1 << 18;
-
-/// FLUX behind the `Denoiser` contract.
-pub type FluxDenoiser = JointDenoiser<Flux>;
-/// SD3 / SD3.5 behind the `Denoiser` contract.
-pub type Sd3Denoiser = JointDenoiser<Mmdit>;
 
 impl<M: JointModel> JointDenoiser<M> {
     /// The model on a `height x width` grid of image tokens (16 x that in pixels for FLUX
@@ -479,7 +252,7 @@ impl<M: JointModel> JointDenoiser<M> {
         };
         let name = flux.name().to_string();
         Ok(Self {
-            flux,
+            model: flux,
             text,
             dims,
             device,
@@ -506,7 +279,7 @@ impl<M: JointModel> JointDenoiser<M> {
             )));
         }
         if self.cfg.is_none() {
-            let (h, nt) = (self.flux.hidden(), self.text.tokens());
+            let (h, nt) = (self.model.hidden(), self.text.tokens());
             self.dims.context_len += (nt + 1) * h;
             self.dims.cond_len *= 2;
             self.dims.kv_dim *= 2;
@@ -523,30 +296,30 @@ impl<M: JointModel> JointDenoiser<M> {
 
     /// The same model decoding its latents to images with `vae` (default: the latent
     /// preview). A VAE decodes single frames: a video grid keeps the preview.
-    pub fn with_vae(mut self, vae: crate::pipeline::Vae) -> Self {
-        self.vae = Some(vae);
+    pub fn with_vae(mut self, vae: impl LatentDecoder + 'static) -> Self {
+        self.vae = Some(Box::new(vae));
         self
     }
 
     /// The same model, a 1-D grid of latent frames, decoding them to sound with `vae` and
     /// keeping the first `samples` samples of each channel (Stable Audio Open generates its
     /// whole window and cuts the asked duration).
-    pub fn with_audio(mut self, vae: crate::pipeline::oobleck::Oobleck, samples: usize) -> Self {
-        self.audio = Some((vae, samples));
+    pub fn with_audio(mut self, vae: impl LatentDecoder + 'static, samples: usize) -> Self {
+        self.audio = Some((Box::new(vae), samples));
         self
     }
 
     /// The same model decoding its video latents with Wan's VAE (default: the latent
     /// preview).
-    pub fn with_video_vae(mut self, vae: crate::pipeline::wan_vae::WanVae) -> Self {
-        self.video = Some(vae);
+    pub fn with_video_vae(mut self, vae: impl LatentDecoder + 'static) -> Self {
+        self.video = Some(Box::new(vae));
         self
     }
 
     /// The request context's parts: the prompt's `(text_tokens + 1) x hidden` rows, the
     /// word of each text token, then (with guidance) the empty prompt's rows.
     fn context_parts(&self, context: &Tensor) -> Result<Parts, ModelError> {
-        let (nt, h) = (self.text.tokens(), self.flux.hidden());
+        let (nt, h) = (self.text.tokens(), self.model.hidden());
         if context.elem_count() != self.dims.context_len {
             return Err(ModelError::Input(format!(
                 "context of {} values, {} takes {}",
@@ -584,16 +357,16 @@ impl<M: JointModel> JointDenoiser<M> {
     fn run(&self, rows: Rows<'_>, parts: &Parts, cond: &Tensor) -> Result<JointOutput, ModelError> {
         let frames = self.dims.grid.frames;
         let (Some(g), Some(uctx)) = (self.cfg, &parts.uncond) else {
-            return self.flux.forward(rows, frames, &parts.ctx, cond);
+            return self.model.forward(rows, frames, &parts.ctx, cond);
         };
-        let (n, h) = (self.flux.cond_rows(), self.flux.hidden());
+        let (n, h) = (self.model.cond_rows(), self.model.hidden());
         let half = |t: &Tensor, i: usize| t.narrow(2, i * h, h);
         let caches = match rows.cache {
             Some((k, v)) => Some([(half(k, 0)?, half(v, 0)?), (half(k, 1)?, half(v, 1)?)]),
             None => None,
         };
         let cache = |i: usize| caches.as_ref().map(|c| (&c[i].0, &c[i].1));
-        let c = self.flux.forward(
+        let c = self.model.forward(
             Rows {
                 cache: cache(0),
                 ..rows
@@ -602,7 +375,7 @@ impl<M: JointModel> JointDenoiser<M> {
             &parts.ctx,
             &cond.narrow(0, 0, n)?,
         )?;
-        let u = self.flux.forward(
+        let u = self.model.forward(
             Rows {
                 cache: cache(1),
                 saliency: false,
@@ -637,8 +410,8 @@ impl<M: JointModel> JointDenoiser<M> {
                 self.dims.cond_len
             )));
         }
-        let n = self.flux.cond_rows() * if self.cfg.is_some() { 2 } else { 1 };
-        Ok(step.cond.reshape((n, self.flux.hidden()))?)
+        let n = self.model.cond_rows() * if self.cfg.is_some() { 2 } else { 1 };
+        Ok(step.cond.reshape((n, self.model.hidden()))?)
     }
 }
 
@@ -657,7 +430,7 @@ impl<M: JointModel> Denoiser for JointDenoiser<M> {
 
     fn condition(&self, prompt: &str) -> Result<Conditioning, ModelError> {
         let e = self.text.encode(prompt)?;
-        let (nt, (width, _)) = (self.text.tokens(), self.flux.text_widths());
+        let (nt, (width, _)) = (self.text.tokens(), self.model.text_widths());
         if e.pieces.len() != nt || e.states.dims() != [nt, width] {
             return Err(ModelError::Input(format!(
                 "the text encoder gave {} pieces and states {:?}; {} takes {nt} and [{nt}, {width}]",
@@ -670,7 +443,7 @@ impl<M: JointModel> Denoiser for JointDenoiser<M> {
         if pw.words.is_empty() {
             return Err(ModelError::Input(format!("prompt {prompt:?} has no words")));
         }
-        let ctx = self.flux.context(&e.states, &e.pooled)?;
+        let ctx = self.model.context(&e.states, &e.pooled)?;
         let mut context = ctx.flatten_all()?.to_vec1::<f32>()?;
         context.extend(pw.word_of.iter().map(|w| w.map_or(-1.0, |w| w as f32)));
         if self.cfg.is_some() {
@@ -681,7 +454,7 @@ impl<M: JointModel> Denoiser for JointDenoiser<M> {
                         Some(u) => u,
                         None => self.text.encode("")?,
                     };
-                    let uctx = self.flux.context(&u.states, &u.pooled)?;
+                    let uctx = self.model.context(&u.states, &u.pooled)?;
                     let rows = uctx.flatten_all()?.to_vec1::<f32>()?;
                     self.empty.get_or_init(|| rows)
                 }
@@ -704,9 +477,9 @@ impl<M: JointModel> Denoiser for JointDenoiser<M> {
             return Err(ModelError::Input(format!("step time {t} is not finite")));
         }
         let parts = self.context_parts(context)?;
-        let c = self.flux.step_cond(&parts.ctx, t, self.guidance)?;
+        let c = self.model.step_cond(&parts.ctx, t, self.guidance)?;
         let c = match &parts.uncond {
-            Some(u) => Tensor::cat(&[c, self.flux.step_cond(u, t, self.guidance)?], 0)?,
+            Some(u) => Tensor::cat(&[c, self.model.step_cond(u, t, self.guidance)?], 0)?,
             None => c,
         };
         Ok(c.flatten_all()?)
@@ -791,12 +564,12 @@ impl<M: JointModel> Denoiser for JointDenoiser<M> {
 
     fn first_block_input(&self, x: &Tensor, step: StepInput<'_>) -> Result<Tensor, ModelError> {
         // With guidance, the prompt's pass: the signal whole-step caching watches.
-        let cond = self.cond(&step)?.narrow(0, 0, self.flux.cond_rows())?;
-        self.flux.first_block_input(x, self.dims.grid.width, &cond)
+        let cond = self.cond(&step)?.narrow(0, 0, self.model.cond_rows())?;
+        self.model.first_block_input(x, self.dims.grid.width, &cond)
     }
 
     fn image_size(&self) -> Option<(usize, usize)> {
-        let (p, _) = self.flux.packing();
+        let (p, _) = self.model.packing();
         let (g, vae) = (&self.dims.grid, self.vae.as_ref()?);
         (g.frames == 1).then(|| (vae.scale() * p * g.width, vae.scale() * p * g.height))
     }
@@ -822,7 +595,7 @@ impl<M: JointModel> Denoiser for JointDenoiser<M> {
             self.dims.grid.width,
             self.dims.channels,
         );
-        let (p, at) = self.flux.packing();
+        let (p, at) = self.model.packing();
         if let (Some((vae, keep)), true) = (&self.audio, latent.len() == f * h * w * c) {
             // Frames x channels -> channels x frames -> audio channels x samples.
             let z = Tensor::from_slice(latent, (f * h * w, c), &self.device)?.t()?;
@@ -830,7 +603,7 @@ impl<M: JointModel> Denoiser for JointDenoiser<M> {
             let (channels, n) = a.dims2()?;
             let a = a.narrow(1, 0, n.min(*keep))?.t()?;
             let interleaved = a.flatten_all()?.to_device(&Device::Cpu)?.to_vec1::<f32>()?;
-            let rate = vae.config().sampling_rate;
+            let rate = vae.sampling_rate();
             return Ok(Sample::audio_channels(interleaved, rate, channels));
         }
         if latent.len() != f * h * w * c || c % (p * p) != 0 {
@@ -842,10 +615,10 @@ impl<M: JointModel> Denoiser for JointDenoiser<M> {
         }
         let ch = (c / (p * p)).min(c);
         if let (Some(vae), 1) = (&self.vae, f) {
-            return self.vae_decode(vae, latent, (h, w, c, p, ch), at);
+            return self.vae_decode(&**vae, latent, (h, w, c, p, ch), at);
         }
         if let Some(vae) = &self.video {
-            return self.video_decode(vae, latent, (f, h, w, c, p, ch), at);
+            return self.video_decode(&**vae, latent, (f, h, w, c, p, ch), at);
         }
         let (pw, ph) = (p * w, p * h);
         let mut rgb = vec![0f32; f * ph * pw * 3];
@@ -861,7 +634,7 @@ impl<M: JointModel> JointDenoiser<M> {
     /// decoded by the VAE to an RGB image of 8 pixels per latent pixel.
     fn vae_decode(
         &self,
-        vae: &crate::pipeline::Vae,
+        vae: &dyn LatentDecoder,
         latent: &[f32],
         (h, w, c, p, ch): (usize, usize, usize, usize, usize),
         at: PixelIndex,
@@ -896,7 +669,7 @@ impl<M: JointModel> JointDenoiser<M> {
     /// per latent pixel.
     fn video_decode(
         &self,
-        vae: &crate::pipeline::wan_vae::WanVae,
+        vae: &dyn LatentDecoder,
         latent: &[f32],
         (f, h, w, c, p, ch): (usize, usize, usize, usize, usize, usize),
         at: PixelIndex,

@@ -23,7 +23,7 @@ use crate::joint::{
     Lin, Pass,
 };
 pub use crate::joint::{JointOutput, Rows, TensorSource};
-pub use crate::joint_denoiser::Sd3Denoiser;
+use crate::joint_denoiser::{JointDenoiser, JointModel, PixelIndex};
 use crate::ModelError;
 
 /// The architecture's sizes (diffusers' `SD3Transformer2DModel` config).
@@ -792,3 +792,58 @@ fn stability_source(name: &str, prefix: &str, depth: usize) -> Source {
         _ => one(name.into()),
     }
 }
+
+impl JointModel for Mmdit {
+    fn name(&self) -> &str {
+        if self.config().qk_norm {
+            "sd3.5"
+        } else {
+            "sd3"
+        }
+    }
+    fn token_values(&self) -> usize {
+        self.config().token_in()
+    }
+    fn kv_layers(&self) -> usize {
+        self.config().kv_layers()
+    }
+    fn hidden(&self) -> usize {
+        self.config().hidden
+    }
+    fn cond_rows(&self) -> usize {
+        self.config().cond_rows()
+    }
+    fn text_widths(&self) -> (usize, usize) {
+        (self.config().context_in_dim, self.config().pooled_dim)
+    }
+    fn context(&self, txt: &Tensor, pooled: &Tensor) -> Result<Tensor, ModelError> {
+        Mmdit::context(self, txt, pooled)
+    }
+    fn step_cond(&self, context: &Tensor, t: f32, _: f32) -> Result<Tensor, ModelError> {
+        Mmdit::step_cond(self, context, t)
+    }
+    fn forward(
+        &self,
+        rows: Rows<'_>,
+        _frames: usize,
+        context: &Tensor,
+        cond: &Tensor,
+    ) -> Result<JointOutput, ModelError> {
+        Mmdit::forward(self, rows, context, cond)
+    }
+    fn first_block_input(
+        &self,
+        x: &Tensor,
+        width: usize,
+        cond: &Tensor,
+    ) -> Result<Tensor, ModelError> {
+        Mmdit::first_block_input(self, x, width, cond)
+    }
+    fn packing(&self) -> (usize, PixelIndex) {
+        // A token holds its patch as (row, column, channel), the channel fastest.
+        (self.config().patch, |k, dy, dx, p, c| (dy * p + dx) * c + k)
+    }
+}
+
+/// SD3 / SD3.5 behind the `Denoiser` contract.
+pub type Sd3Denoiser = JointDenoiser<Mmdit>;

@@ -14,6 +14,7 @@ use candle_core::{Tensor, D};
 
 use crate::joint::{check_rows, lin, Attention, Lin, Pass};
 pub use crate::joint::{JointOutput, Rows, TensorSource};
+use crate::joint_denoiser::{JointDenoiser, JointModel, PixelIndex};
 use crate::ModelError;
 
 /// The architecture's sizes (diffusers' `StableAudioDiTModel` config).
@@ -579,3 +580,84 @@ fn official_source(name: &str) -> crate::checkpoint::Source {
         },
     }
 }
+
+/// Stable Audio Open's DiT as a joint model on a 1-D grid of latent frames. Its context
+/// rows are the projected text states (zero-padded from `cross_dim` to `hidden`) and the
+/// projected global vector; its step conditioning is the global token.
+///
+/// It predicts `v = cos(phi) eps - sin(phi) x0` of the latent `x = cos(phi) x0 + sin(phi)
+/// eps` at `phi = t pi / 2` (diffusers passes `t = atan(sigma) 2 / pi` and scales the
+/// sample by `1 / sqrt(1 + sigma^2)`, which is this `x`). Then `dx/dt = (pi / 2) v`: the
+/// velocity the engine's Euler step takes is `pi / 2` times the model's output.
+impl JointModel for Sao {
+    fn name(&self) -> &str {
+        "stable-audio-open"
+    }
+    fn token_values(&self) -> usize {
+        self.config().in_channels
+    }
+    fn kv_layers(&self) -> usize {
+        self.config().depth
+    }
+    fn hidden(&self) -> usize {
+        self.config().hidden()
+    }
+    fn cond_rows(&self) -> usize {
+        1
+    }
+    fn text_widths(&self) -> (usize, usize) {
+        (self.config().cross_in, self.config().global_in)
+    }
+    fn context(&self, txt: &Tensor, pooled: &Tensor) -> Result<Tensor, ModelError> {
+        let c = Sao::context(self, txt, pooled)?;
+        let (h, w) = (self.hidden(), c.cross.dim(1)?);
+        if w > h {
+            return Err(ModelError::Input(format!(
+                "Stable Audio DiT: cross-attention width {w} is wider than the transformer's \
+                 {h}; its context rows cannot hold it"
+            )));
+        }
+        Ok(Tensor::cat(
+            &[c.cross.pad_with_zeros(1, 0, h - w)?, c.global],
+            0,
+        )?)
+    }
+    fn step_cond(&self, context: &Tensor, t: f32, _: f32) -> Result<Tensor, ModelError> {
+        Sao::step_cond(self, &sao_context(self, context)?, t)
+    }
+    fn forward(
+        &self,
+        rows: Rows<'_>,
+        _frames: usize,
+        context: &Tensor,
+        cond: &Tensor,
+    ) -> Result<JointOutput, ModelError> {
+        let mut out = Sao::forward(self, rows, &sao_context(self, context)?, cond)?;
+        out.velocity = (out.velocity * std::f64::consts::FRAC_PI_2)?;
+        Ok(out)
+    }
+    fn first_block_input(&self, x: &Tensor, _: usize, _: &Tensor) -> Result<Tensor, ModelError> {
+        Sao::first_block_input(self, x)
+    }
+    /// One latent frame a token, its channels in order.
+    fn packing(&self) -> (usize, PixelIndex) {
+        (1, |k, _, _, _, _| k)
+    }
+}
+
+/// The [`SaoContext`] inside context rows made by [`JointModel::context`] for [`Sao`].
+fn sao_context(m: &Sao, context: &Tensor) -> Result<SaoContext, ModelError> {
+    let nt = context
+        .dim(0)?
+        .checked_sub(1)
+        .ok_or_else(|| ModelError::Input("Stable Audio context without its global row".into()))?;
+    Ok(SaoContext {
+        cross: context
+            .narrow(0, 0, nt)?
+            .narrow(1, 0, m.config().cross_dim)?,
+        global: context.narrow(0, nt, 1)?,
+    })
+}
+
+/// Stable Audio Open behind the `Denoiser` contract.
+pub type SaoDenoiser = JointDenoiser<Sao>;

@@ -15,7 +15,7 @@ use candle_core::{IndexOp, Tensor};
 use crate::checkpoint::{Shards, Source};
 use crate::joint::{affine, check_rows, layer_norm, lin, rope, rope_table, Attention, Lin, Pass};
 pub use crate::joint::{JointOutput, Rows, TensorSource};
-pub use crate::joint_denoiser::WanDenoiser;
+use crate::joint_denoiser::{JointDenoiser, JointModel, PixelIndex};
 use crate::ModelError;
 
 /// The architecture's sizes (diffusers' `WanTransformer3DModel` config).
@@ -532,3 +532,60 @@ fn official_name(name: &str) -> String {
         .iter()
         .fold(name.to_string(), |n, (a, b)| n.replace(a, b))
 }
+
+impl JointModel for Wan {
+    fn name(&self) -> &str {
+        "wan2.1"
+    }
+    fn token_values(&self) -> usize {
+        self.config().token_in()
+    }
+    fn kv_layers(&self) -> usize {
+        self.config().depth
+    }
+    fn hidden(&self) -> usize {
+        self.config().hidden()
+    }
+    fn cond_rows(&self) -> usize {
+        7
+    }
+    /// Wan reads no pooled vector: its width is 0 and the context's pooled row is zeros.
+    fn text_widths(&self) -> (usize, usize) {
+        (self.config().text_dim, 0)
+    }
+    fn context(&self, txt: &Tensor, _pooled: &Tensor) -> Result<Tensor, ModelError> {
+        let t = Wan::context(self, txt)?;
+        let zero = Tensor::zeros((1, self.hidden()), t.dtype(), t.device())?;
+        Ok(Tensor::cat(&[t, zero], 0)?)
+    }
+    /// Wan's time runs 0-1000.
+    fn step_cond(&self, context: &Tensor, t: f32, _: f32) -> Result<Tensor, ModelError> {
+        Wan::step_cond(self, t * 1000.0, context.device())
+    }
+    fn forward(
+        &self,
+        rows: Rows<'_>,
+        frames: usize,
+        context: &Tensor,
+        cond: &Tensor,
+    ) -> Result<JointOutput, ModelError> {
+        let nt = context
+            .dim(0)?
+            .checked_sub(1)
+            .ok_or_else(|| ModelError::Input("Wan context without its pooled row".into()))?;
+        Wan::forward(self, rows, frames, &context.narrow(0, 0, nt)?, cond)
+    }
+    fn first_block_input(&self, x: &Tensor, _: usize, cond: &Tensor) -> Result<Tensor, ModelError> {
+        Wan::first_block_input(self, x, cond)
+    }
+    /// A token's (row, column) latent pixels of its first latent frame (Wan2.1 patches one
+    /// latent frame per token).
+    fn packing(&self) -> (usize, PixelIndex) {
+        (self.config().patch[1], |k, dy, dx, p, c| {
+            (dy * p + dx) * c + k
+        })
+    }
+}
+
+/// Wan2.1 behind the `Denoiser` contract.
+pub type WanDenoiser = JointDenoiser<Wan>;

@@ -381,8 +381,8 @@ fn clip_with_projection_equals_transformers() {
 #[test]
 fn sd3_encodes_as_diffusers_joins_and_guides_between_two_passes() {
     use flashdiff_models::joint_denoiser::PromptEncoder as _;
-    use flashdiff_models::joint_denoiser::Sd3Denoiser;
     use flashdiff_models::mmdit::MmditCheckpoint;
+    use flashdiff_models::mmdit::Sd3Denoiser;
     use flashdiff_models::pipeline::Sd3Text;
     use flashdiff_models::StepInput;
     let d = scratch("sd3");

@@ -23,10 +23,11 @@ use crate::joint::{
     Attention, Embedder, Lin, Pass,
 };
 pub use crate::joint::{JointOutput, Rows, TensorSource};
+use crate::joint_denoiser::{JointDenoiser, JointModel, PixelIndex};
 use crate::ModelError;
 
 mod load;
-pub use crate::joint_denoiser::{EncodedPrompt, FluxDenoiser, PromptEncoder};
+pub use crate::joint_denoiser::{EncodedPrompt, PromptEncoder};
 pub use load::{FluxCheckpoint, FluxLayout};
 
 /// The architecture's sizes (Black Forest Labs' `FluxParams`).
@@ -500,3 +501,53 @@ fn timestep_embedding(t: f32, dim: usize, dev: &Device) -> candle_core::Result<T
     }
     Tensor::from_vec(v, (1, dim), dev)
 }
+
+impl JointModel for Flux {
+    fn name(&self) -> &str {
+        if self.config().guidance_embed {
+            "flux-dev"
+        } else {
+            "flux-schnell"
+        }
+    }
+    fn token_values(&self) -> usize {
+        self.config().in_channels
+    }
+    fn kv_layers(&self) -> usize {
+        self.config().kv_layers()
+    }
+    fn hidden(&self) -> usize {
+        self.config().hidden
+    }
+    fn cond_rows(&self) -> usize {
+        self.config().cond_rows()
+    }
+    fn text_widths(&self) -> (usize, usize) {
+        (self.config().context_in_dim, self.config().vec_in_dim)
+    }
+    fn context(&self, txt: &Tensor, pooled: &Tensor) -> Result<Tensor, ModelError> {
+        Flux::context(self, txt, pooled)
+    }
+    fn step_cond(&self, context: &Tensor, t: f32, guidance: f32) -> Result<Tensor, ModelError> {
+        Flux::step_cond(self, context, t, guidance)
+    }
+    fn forward(
+        &self,
+        rows: Rows<'_>,
+        _frames: usize,
+        context: &Tensor,
+        cond: &Tensor,
+    ) -> Result<JointOutput, ModelError> {
+        Flux::forward(self, rows, context, cond)
+    }
+    fn first_block_input(&self, x: &Tensor, _: usize, cond: &Tensor) -> Result<Tensor, ModelError> {
+        Flux::first_block_input(self, x, cond)
+    }
+    fn packing(&self) -> (usize, PixelIndex) {
+        // FLUX packs 2 x 2 latent pixels as (channel, dy, dx), the channel slowest.
+        (2, |k, dy, dx, p, _| (k * p + dy) * p + dx)
+    }
+}
+
+/// FLUX behind the `Denoiser` contract.
+pub type FluxDenoiser = JointDenoiser<Flux>;

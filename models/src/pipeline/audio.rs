@@ -30,8 +30,9 @@ use super::oobleck::Oobleck;
 use super::text::{config, T5Text};
 use crate::checkpoint::{Shards, Source};
 use crate::joint::{lin, Lin};
-use crate::joint_denoiser::{EncodedPrompt, PromptEncoder, SaoDenoiser, Schedule};
+use crate::joint_denoiser::{EncodedPrompt, PromptEncoder, Schedule};
 use crate::sao::SaoCheckpoint;
+use crate::sao::SaoDenoiser;
 use crate::ModelError;
 
 /// Marks the two seconds rows among the text pieces (not words).

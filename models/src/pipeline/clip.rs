@@ -57,7 +57,7 @@ struct Layer {
 }
 
 /// The network.
-struct Net {
+pub(crate) struct Net {
     token: Embedding,
     position: Tensor,
     layers: Vec<Layer>,
@@ -87,18 +87,9 @@ impl std::fmt::Debug for ClipWithProjection {
     }
 }
 
-/// Writes `c`'s network with random weights (transformers' names) to `path`.
-pub(crate) fn write_random(c: &ClipJson, path: &Path) -> Result<(), ModelError> {
-    let vm = candle_nn::VarMap::new();
-    let vb = super::tiny::seeded(&vm);
-    Net::new(vb, c, path)?;
-    vm.save(path)
-        .map_err(|e| input(format!("{}: {e}", path.display())))
-}
-
 impl Net {
     /// `from`: where the weights are, for errors.
-    fn new(root: VarBuilder, c: &ClipJson, from: &Path) -> Result<Self, ModelError> {
+    pub(crate) fn new(root: VarBuilder, c: &ClipJson, from: &Path) -> Result<Self, ModelError> {
         let quick = match c.hidden_act.as_str() {
             "quick_gelu" => true,
             "gelu" => false,

@@ -28,9 +28,10 @@ use std::path::Path;
 
 use candle_core::{DType, Device};
 
-use crate::flux::FluxCheckpoint;
-use crate::joint_denoiser::{FluxDenoiser, Schedule, Sd3Denoiser};
+use crate::flux::{FluxCheckpoint, FluxDenoiser};
+use crate::joint_denoiser::Schedule;
 use crate::mmdit::MmditCheckpoint;
+use crate::mmdit::Sd3Denoiser;
 use crate::{Denoiser, ModelError};
 
 pub mod audio;

@@ -365,3 +365,12 @@ pub fn official_name(name: &str, blocks: usize) -> String {
         }
     }
 }
+
+impl crate::joint_denoiser::LatentDecoder for Oobleck {
+    fn decode(&self, z: &Tensor) -> Result<Tensor, ModelError> {
+        Oobleck::decode(self, z)
+    }
+    fn sampling_rate(&self) -> u32 {
+        self.config().sampling_rate
+    }
+}

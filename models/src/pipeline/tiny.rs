@@ -109,6 +109,14 @@ pub(crate) fn seeded(vars: &VarMap) -> VarBuilder<'static> {
     VarBuilder::from_backend(Box::new(backend), DType::F32, Device::Cpu)
 }
 
+/// Writes a CLIP text model of config `c` with random weights (transformers' names) to `path`.
+fn clip_random(c: &super::clip::ClipJson, path: &Path) -> Result<(), ModelError> {
+    let vm = VarMap::new();
+    super::clip::Net::new(seeded(&vm), c, path)?;
+    vm.save(path)
+        .map_err(|e| ModelError::Input(format!("{}: {e}", path.display())))
+}
+
 fn poisoned() -> candle_core::Error {
     candle_core::Error::Msg("a panic poisoned the small pipeline's weights".into())
 }
@@ -406,7 +414,7 @@ pub fn write_sd3(dir: &Path, sd35: bool) -> Result<(), ModelError> {
         });
         write(&dir.join(sub).join("config.json"), &json.to_string())?;
         let c = serde_json::from_value(json).map_err(|e| fail("CLIP config", e))?;
-        super::clip::write_random(&c, &dir.join(sub).join("model.safetensors"))?;
+        clip_random(&c, &dir.join(sub).join("model.safetensors"))?;
     }
     t5_encoder(&dir.join("text_encoder_3"), t5_vocab)?;
     let cfg = MmditConfig {

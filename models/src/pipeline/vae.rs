@@ -141,3 +141,12 @@ impl Vae {
         Ok(((img.squeeze(0)?.clamp(-1f32, 1f32)? + 1.0)? * 0.5)?)
     }
 }
+
+impl crate::joint_denoiser::LatentDecoder for Vae {
+    fn decode(&self, z: &Tensor) -> Result<Tensor, ModelError> {
+        Vae::decode(self, z)
+    }
+    fn scale(&self) -> usize {
+        Vae::scale(self)
+    }
+}

@@ -23,8 +23,9 @@ use candle_core::{DType, Device, Tensor};
 use super::text::config;
 use super::umt5::Umt5Encoder;
 use super::TextTokenizer;
-use crate::joint_denoiser::{EncodedPrompt, PromptEncoder, Schedule, WanDenoiser};
+use crate::joint_denoiser::{EncodedPrompt, PromptEncoder, Schedule};
 use crate::wan::WanCheckpoint;
+use crate::wan::WanDenoiser;
 use crate::ModelError;
 
 /// umT5 tokens per prompt (`max_sequence_length` in diffusers' pipeline).

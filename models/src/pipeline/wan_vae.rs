@@ -422,3 +422,9 @@ impl WanVae {
         Ok(x.clamp(-1f32, 1f32)?)
     }
 }
+
+impl crate::joint_denoiser::LatentDecoder for WanVae {
+    fn decode(&self, z: &Tensor) -> Result<Tensor, ModelError> {
+        WanVae::decode(self, z)
+    }
+}
