@@ -14,6 +14,7 @@
 mod engine;
 mod error;
 mod gate;
+mod log_callback;
 mod logging;
 mod partitioner;
 mod ptr;
@@ -22,6 +23,7 @@ mod scheduler;
 pub use engine::*;
 pub use error::fd_status;
 pub use gate::*;
+pub use log_callback::*;
 pub use logging::*;
 pub use partitioner::*;
 pub use scheduler::*;

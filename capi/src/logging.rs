@@ -7,8 +7,6 @@ use std::ffi::CString;
 use std::os::raw::{c_char, c_void};
 use std::sync::{Once, RwLock};
 
-use crate::error::{boundary, fd_status};
-
 /// A host's log sink: `level` is 1 error, 2 warning, 3 information; `message` is
 /// NUL-terminated UTF-8, valid only during the call. Called from any thread, including the
 /// library's own; it must not call back into the library.
@@ -95,20 +93,11 @@ pub(crate) fn install() {
     });
 }
 
-/// Sends the library's messages to `callback(user, level, message)`; NULL (the default)
-/// makes it silent. May be called at any time from any thread; the last call wins.
-///
-/// # Safety
-/// `callback` NULL, or a function that may be called from any thread with `user` until it
-/// is replaced; it must not call back into the library.
-#[no_mangle]
-pub unsafe extern "C" fn fd_set_log_callback(callback: fd_log_fn, user: *mut c_void) -> fd_status {
-    boundary(|| {
-        let sink = callback.map(|f| Sink {
-            f,
-            user: user as usize,
-        });
-        *SINK.write().unwrap_or_else(|p| p.into_inner()) = sink;
-        Ok(())
-    })
+/// Replaces the host's sink (`None`: silent).
+pub(crate) fn set_sink(callback: fd_log_fn, user: *mut c_void) {
+    let sink = callback.map(|f| Sink {
+        f,
+        user: user as usize,
+    });
+    *SINK.write().unwrap_or_else(|p| p.into_inner()) = sink;
 }

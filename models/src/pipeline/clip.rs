@@ -12,37 +12,11 @@ use std::path::Path;
 use candle_core::{Device, Tensor, D};
 use candle_nn::{Embedding, LayerNorm, Linear, Module, VarBuilder};
 
-use super::text::{config, weights, TextTokenizer};
+use super::text::{config, weights, ClipJson, TextTokenizer};
 use crate::ModelError;
 
 fn input(msg: String) -> ModelError {
     ModelError::Input(msg)
-}
-
-/// What we read of a CLIP text model's `config.json` (transformers' `CLIPTextConfig`), for
-/// ours and for candle's.
-#[derive(Debug, serde::Deserialize)]
-pub(crate) struct ClipJson {
-    pub(crate) vocab_size: usize,
-    pub(crate) hidden_size: usize,
-    pub(crate) intermediate_size: usize,
-    pub(crate) num_hidden_layers: usize,
-    pub(crate) num_attention_heads: usize,
-    pub(crate) max_position_embeddings: usize,
-    #[serde(default)]
-    pub(crate) projection_dim: usize,
-    #[serde(default = "quick_gelu")]
-    pub(crate) hidden_act: String,
-    #[serde(default = "eps")]
-    pub(crate) layer_norm_eps: f64,
-}
-
-fn quick_gelu() -> String {
-    "quick_gelu".into()
-}
-
-fn eps() -> f64 {
-    1e-5
 }
 
 struct Layer {

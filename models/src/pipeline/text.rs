@@ -12,7 +12,6 @@ use candle_transformers::models::clip::text_model as clip;
 use candle_transformers::models::t5;
 use tokenizers::Tokenizer;
 
-use super::clip::ClipJson;
 use crate::checkpoint::{Shards, Source};
 use crate::joint_denoiser::{EncodedPrompt, PromptEncoder};
 use crate::ModelError;
@@ -258,6 +257,32 @@ pub(crate) fn config<T: serde::de::DeserializeOwned>(dir: &Path) -> Result<T, Mo
     let p = dir.join("config.json");
     let text = std::fs::read_to_string(&p).map_err(|e| input(format!("{}: {e}", p.display())))?;
     serde_json::from_str(&text).map_err(|e| input(format!("{}: {e}", p.display())))
+}
+
+/// What we read of a CLIP text model's `config.json` (transformers' `CLIPTextConfig`), for
+/// ours and for candle's.
+#[derive(Debug, serde::Deserialize)]
+pub(crate) struct ClipJson {
+    pub(crate) vocab_size: usize,
+    pub(crate) hidden_size: usize,
+    pub(crate) intermediate_size: usize,
+    pub(crate) num_hidden_layers: usize,
+    pub(crate) num_attention_heads: usize,
+    pub(crate) max_position_embeddings: usize,
+    #[serde(default)]
+    pub(crate) projection_dim: usize,
+    #[serde(default = "quick_gelu")]
+    pub(crate) hidden_act: String,
+    #[serde(default = "eps")]
+    pub(crate) layer_norm_eps: f64,
+}
+
+fn quick_gelu() -> String {
+    "quick_gelu".into()
+}
+
+fn eps() -> f64 {
+    1e-5
 }
 
 /// CLIP's text transformer (FLUX: CLIP ViT-L/14's), whose pooled output is the final state

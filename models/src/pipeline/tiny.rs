@@ -110,7 +110,7 @@ pub(crate) fn seeded(vars: &VarMap) -> VarBuilder<'static> {
 }
 
 /// Writes a CLIP text model of config `c` with random weights (transformers' names) to `path`.
-fn clip_random(c: &super::clip::ClipJson, path: &Path) -> Result<(), ModelError> {
+fn clip_random(c: &super::text::ClipJson, path: &Path) -> Result<(), ModelError> {
     let vm = VarMap::new();
     super::clip::Net::new(seeded(&vm), c, path)?;
     vm.save(path)

@@ -7,12 +7,11 @@ use flashdiff_gate::{Gate, GateConfig};
 use flashdiff_models::{ModelError, Tensor};
 use flashdiff_partitioner::{
     objective, partition_saliency, partition_uniform, saliency_map, Grid, PartitionError,
-    PatchLayout,
 };
 use flashdiff_scheduler::{Completion, Tag, WARMUP_PATCH};
 
-use super::forecast::Track;
-use super::methods::{self, Method};
+use super::methods;
+use super::request::Request;
 use super::workers::Executor;
 use super::{
     Engine, EngineError, Output, Report, RequestConfig, StepEvent, TimeSplit, QUALITY_WEIGHT,
@@ -41,39 +40,6 @@ pub fn noise(seed: u64, n: usize) -> Vec<f32> {
     }
     out.truncate(n);
     out
-}
-
-/// A request in flight: its settings, method, policies' state and shared tensor state.
-pub(super) struct Request {
-    pub(super) cfg: RequestConfig,
-    /// How its steps are computed ([`RequestConfig::mode`]).
-    pub(super) method: &'static dyn Method,
-    /// The prompt (kept for checkpoints).
-    pub(super) prompt: String,
-    /// Submission time on the wall clock (a resumed request's latency counts from it).
-    pub(super) submitted_unix: std::time::SystemTime,
-    /// Whether each of the prompt's words is salient (the saliency map's columns).
-    pub(super) salient: Vec<bool>,
-    /// The prompt's conditioning on the model's device.
-    pub(super) context: Tensor,
-    /// Every step's time conditioning (`steps x cond_len`), computed in one batched call
-    /// when the first step after the warm-up opens.
-    pub(super) conds: Vec<f32>,
-    pub(super) state: SharedState,
-    pub(super) layout: Option<PatchLayout>,
-    pub(super) gate: Option<Gate>,
-    pub(super) step: u32,
-    pub(super) active: Vec<bool>,
-    pub(super) report: Report,
-    pub(super) submitted: Instant,
-    /// TeaCache: block 0's modulated input at the previous step, and the accumulated change.
-    pub(super) tea: Option<(Vec<f32>, f32)>,
-    /// RAS: cached velocities before the last commit.
-    pub(super) ras_prev: Option<Vec<f32>>,
-    /// Extrapolation state ([`RequestConfig::extrapolate`]), from the first commit on.
-    pub(super) track: Option<Track>,
-    /// When its last checkpoint was written.
-    pub(super) checkpointed: Option<Instant>,
 }
 
 impl Engine {
@@ -140,7 +106,6 @@ impl Engine {
             },
             prompt: prompt.to_string(),
             submitted_unix: std::time::SystemTime::now(),
-            method: methods::of(cfg.mode),
             cfg,
             submitted,
             tea: None,
@@ -209,7 +174,7 @@ impl Engine {
         } else {
             Task::Patches {
                 monotask: tag.patch,
-                isolated: r.method.isolated(),
+                isolated: methods::of(r.cfg.mode).isolated(),
             }
         };
         exec::run(&*self.model, &mut r.state, task)
@@ -226,7 +191,8 @@ impl Engine {
             Ok(g) => g,
             Err(e) => return self.fail(id, e.into()),
         };
-        let (r_count, uniform) = r.method.partition(&r.cfg, self.granularity.current());
+        let (r_count, uniform) =
+            methods::of(r.cfg.mode).partition(&r.cfg, self.granularity.current());
         // Saliency over the prompt's real words (padding excluded).
         let n_words = r.salient.len();
         let tokens = g.tokens();
@@ -253,7 +219,7 @@ impl Engine {
         let gate = match Gate::new(
             layout.patches() as usize,
             GateConfig {
-                epsilon: r.method.epsilon(&r.cfg),
+                epsilon: methods::of(r.cfg.mode).epsilon(&r.cfg),
                 eta: flashdiff_gate::DEFAULT_ETA,
                 max_skip: r.cfg.max_skip,
             },
@@ -306,7 +272,7 @@ impl Engine {
         let after = (r.cfg.steps - r.cfg.warmup) as f64 * tokens;
         let total = r.cfg.steps as f64 * tokens;
         r.report.work_skipped = ((after - r.report.computed_tokens as f64) / total).max(0.0);
-        if r.cfg.patches.is_none() && r.method.adapts_patches() {
+        if r.cfg.patches.is_none() && methods::of(r.cfg.mode).adapts_patches() {
             // The request's own time (its queueing belongs to the other requests' load) and
             // the paper's quality term: how wrong the skipped steps' stand-ins were.
             let own = r.report.latency.saturating_sub(r.report.time.queue);

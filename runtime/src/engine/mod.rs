@@ -45,6 +45,7 @@ mod packing;
 mod paths;
 mod persist;
 mod report;
+mod request;
 mod settings;
 mod step;
 mod workers;
@@ -77,7 +78,7 @@ pub use workers::HangPolicy;
 
 use crate::proc::Pool;
 use crate::state::Layout;
-use life::Request;
+use request::Request;
 use workers::{Executor, Health};
 
 /// The engine: one model, a scheduler over `workers` virtual workers, the adaptive-R

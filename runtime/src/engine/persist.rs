@@ -8,8 +8,7 @@ use flashdiff_models::{Dims, ModelError, Tensor};
 use flashdiff_partitioner::{Grid, PatchLayout};
 
 use super::forecast::Track;
-use super::life::Request;
-use super::methods;
+use super::request::Request;
 use super::{
     check_request, create_private_dir, Engine, EngineError, LayoutKind, Report, RequestConfig,
     TimeSplit,
@@ -124,7 +123,6 @@ impl Engine {
                 step: c.step,
                 active: c.active,
                 report,
-                method: methods::of(cfg.mode),
                 cfg,
                 submitted,
                 tea: c.tea,

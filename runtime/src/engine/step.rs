@@ -6,8 +6,9 @@ use std::time::Instant;
 use flashdiff_models::Denoiser;
 
 use super::forecast::{extrapolate, write_cache, Track, KV_SLOPE_SMOOTHING};
-use super::life::Request;
+use super::methods;
 use super::packing::pack_monotasks;
+use super::request::Request;
 use super::{Engine, StepEvent, FINAL_FULL_STEPS};
 use crate::state::Region;
 
@@ -58,14 +59,15 @@ impl Engine {
             }
         }
         r.report.time.compute += t0.elapsed();
-        match r.method.skip_step(&*self.model, r) {
+        let method = methods::of(r.cfg.mode);
+        match method.skip_step(&*self.model, r) {
             Ok(true) => return self.open_step(id, progress),
             Ok(false) => {}
             Err(e) => return self.fail(id, e.into()),
         }
         let t0 = Instant::now();
         let final_full = r.step + FINAL_FULL_STEPS >= r.cfg.steps;
-        if let Err(e) = r.method.choose(&*self.model, r, load, final_full) {
+        if let Err(e) = method.choose(&*self.model, r, load, final_full) {
             return self.fail(id, e);
         }
         r.report.time.gate += t0.elapsed();
@@ -102,7 +104,10 @@ impl Engine {
             .filter(|&p| r.active[p as usize])
             .map(|p| (p, layout.patch_tokens(p).len()))
             .collect();
-        let monotask_of = pack_monotasks(&active, r.method.monotask_limit(&r.cfg, workers));
+        let monotask_of = pack_monotasks(
+            &active,
+            methods::of(r.cfg.mode).monotask_limit(&r.cfg, workers),
+        );
         let which = r.state.get_mut(Region::Monotask);
         which.fill(-1.0);
         let mut cost = vec![0.0f64; monotask_of.last().map_or(0, |&m| m as usize + 1)];
@@ -142,10 +147,11 @@ impl Engine {
         let t0 = Instant::now();
         let cfg = self.model.dims();
         let (tokens, pd, d) = (cfg.grid.tokens(), cfg.channels, cfg.kv_dim);
-        r.method.before_commit(r);
-        if r.track.is_none() && r.method.forecasts(&r.cfg) {
+        let method = methods::of(r.cfg.mode);
+        method.before_commit(r);
+        if r.track.is_none() && method.forecasts(&r.cfg) {
             // First commit after the warm-up, whose last step computed every token.
-            let one = r.method.monotask_limit(&r.cfg, self.workers) == 1;
+            let one = method.monotask_limit(&r.cfg, self.workers) == 1;
             let w = if one { 1.0 } else { KV_SLOPE_SMOOTHING };
             r.track = Some(Track::start(&r.state, r.step.saturating_sub(1), cfg, w));
         }
@@ -169,7 +175,7 @@ impl Engine {
             }
             let importance = r.state.get(Region::Importance)[p as usize];
             // A method that picks its own tokens does not feed the gate.
-            if !r.method.feeds_gate() {
+            if !method.feeds_gate() {
                 continue;
             }
             if let Err(e) = gate.observe(p as usize, importance) {

@@ -6,6 +6,7 @@ use std::time::{Duration, Instant};
 
 use flashdiff_scheduler::{SchedError, Tag, WARMUP_PATCH};
 
+use super::methods;
 use super::{Engine, EngineError, StepEvent};
 use crate::proc::{Event, Order, Pool, Report as WorkerReport};
 
@@ -166,7 +167,7 @@ impl Engine {
                         patch: tag.patch,
                         steps: r.cfg.steps,
                         warmup: r.cfg.warmup,
-                        isolated: r.method.isolated(),
+                        isolated: methods::of(r.cfg.mode).isolated(),
                         state: r
                             .state
                             .path()

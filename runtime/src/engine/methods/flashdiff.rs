@@ -4,7 +4,7 @@
 use flashdiff_models::Denoiser;
 
 use super::{gate_choose, Method};
-use crate::engine::life::Request;
+use crate::engine::request::Request;
 use crate::engine::{EngineError, LayoutKind, RequestConfig};
 
 pub(super) struct FlashDiff;

@@ -13,7 +13,7 @@ mod whole_step;
 
 use flashdiff_models::{Denoiser, ModelError};
 
-use super::life::Request;
+use super::request::Request;
 use super::{adaptive_epsilon, EngineError, Mode, RequestConfig};
 
 /// A skipping method. Methods hold no state of their own: what they remember between steps

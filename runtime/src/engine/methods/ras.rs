@@ -6,7 +6,7 @@ use flashdiff_models::Denoiser;
 use flashdiff_partitioner::{Grid, PatchLayout};
 
 use super::Method;
-use crate::engine::life::Request;
+use crate::engine::request::Request;
 use crate::engine::{EngineError, RequestConfig};
 use crate::state::Region;
 

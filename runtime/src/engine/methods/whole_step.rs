@@ -7,7 +7,7 @@ use std::time::Instant;
 use flashdiff_models::{Denoiser, ModelError, StepInput, Tensor};
 
 use super::{gate_choose, Method};
-use crate::engine::life::Request;
+use crate::engine::request::Request;
 use crate::engine::{EngineError, LayoutKind, RequestConfig};
 use crate::state::Region;
 

@@ -1,0 +1,43 @@
+//! A request in flight: its settings, its policies' state and its shared tensor state. The
+//! request's life (life.rs, step.rs) moves it; a skipping method (methods/) reads and writes it.
+
+use std::time::Instant;
+
+use flashdiff_gate::Gate;
+use flashdiff_models::Tensor;
+use flashdiff_partitioner::PatchLayout;
+
+use super::forecast::Track;
+use super::{Report, RequestConfig};
+use crate::state::SharedState;
+
+/// A request in flight: its settings, method, policies' state and shared tensor state.
+pub(super) struct Request {
+    pub(super) cfg: RequestConfig,
+    /// The prompt (kept for checkpoints).
+    pub(super) prompt: String,
+    /// Submission time on the wall clock (a resumed request's latency counts from it).
+    pub(super) submitted_unix: std::time::SystemTime,
+    /// Whether each of the prompt's words is salient (the saliency map's columns).
+    pub(super) salient: Vec<bool>,
+    /// The prompt's conditioning on the model's device.
+    pub(super) context: Tensor,
+    /// Every step's time conditioning (`steps x cond_len`), computed in one batched call
+    /// when the first step after the warm-up opens.
+    pub(super) conds: Vec<f32>,
+    pub(super) state: SharedState,
+    pub(super) layout: Option<PatchLayout>,
+    pub(super) gate: Option<Gate>,
+    pub(super) step: u32,
+    pub(super) active: Vec<bool>,
+    pub(super) report: Report,
+    pub(super) submitted: Instant,
+    /// TeaCache: block 0's modulated input at the previous step, and the accumulated change.
+    pub(super) tea: Option<(Vec<f32>, f32)>,
+    /// RAS: cached velocities before the last commit.
+    pub(super) ras_prev: Option<Vec<f32>>,
+    /// Extrapolation state ([`RequestConfig::extrapolate`]), from the first commit on.
+    pub(super) track: Option<Track>,
+    /// When its last checkpoint was written.
+    pub(super) checkpointed: Option<Instant>,
+}
