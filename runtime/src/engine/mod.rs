@@ -1,36 +1,42 @@
-//! The engine, single-process mode: requests move through warm-up, partition and gated
-//! patch-wise denoising, with every unit of work (a request's warm-up, a step's patches) a
-//! monotask that the Patch Scheduler orders and places on (virtual) workers.
+//! The engine: requests move through warm-up, partition and gated patch-wise denoising, with
+//! every unit of work (a request's warm-up, a step's patches) a monotask that the Patch
+//! Scheduler orders and places on workers (the coordinator's thread, worker threads, or worker
+//! processes).
 //!
 //! Execution semantics, per request:
 //! 1. Warm-up: `warmup` ordinary Euler steps over the whole latent, recording the
 //!    cross-attention of every latent token to every prompt word (head- and saliency-layer
 //!    average, mean over the warm-up steps).
-//! 2. Partition: salient words ([`crate::scene::is_salient`]) -> saliency map -> R patches
-//!    (R fixed, or from the adaptive controller).
-//! 3. Each remaining step: the gate picks the active patches (all of them in the final
-//!    [`FINAL_FULL_STEPS`] steps) and [`pack_monotasks`] packs them into at most
-//!    [`RequestConfig::monotasks`] monotasks (default one). A monotask runs the token-subset
-//!    forward over its patches' tokens: fresh K/V among them, every other token's K/V from
-//!    the start-of-step cache (displaced K/V); skipped patches advance with their cached
-//!    velocity. When the step's last monotask completes, velocities and K/V are committed,
-//!    the gate is fed each active patch's refinement importance, and `x <- x - h v` for the
-//!    whole latent.
+//! 2. Partition: the model's salient words -> saliency map -> R patches (R fixed, or from the
+//!    adaptive controller).
+//! 3. Each remaining step: the request's skipping method picks the active patches (all of
+//!    them in the final [`FINAL_FULL_STEPS`] steps) and [`pack_monotasks`] packs them into at
+//!    most [`RequestConfig::monotasks`] monotasks (default one). A monotask runs the
+//!    token-subset forward over its patches' tokens: fresh K/V among them, every other
+//!    token's K/V from the start-of-step cache (displaced K/V); skipped patches advance with
+//!    their cached velocity. When the step's last monotask completes, velocities and K/V are
+//!    committed, the gate is fed each active patch's refinement importance, and
+//!    `x <- x - h v` for the whole latent. Each step is reported as a [`StepEvent`].
 //! 4. Reused values ([`RequestConfig::extrapolate`]). The paper reuses them as last
 //!    computed: other patches' K/V one step stale (more for skipped patches), a skipped
-//!    patch's cached velocity. By default we extrapolate them along their per-step slope:
+//!    patch's cached velocity. By default they are forecast along their per-step slope:
 //!    every token's K/V to the coming step (`last + (next - computed_at) * slope`, the raw
 //!    slope with one monotask per step, else averaged over its computations,
-//!    [`KV_SLOPE_SMOOTHING`]) and a skipped patch's
-//!    velocity to the current step (slope of its last two computations). On this model the
-//!    stale values, not the skipping itself, cost most of the PSNR (bench ablation
-//!    `flashdiff-stale`).
+//!    [`KV_SLOPE_SMOOTHING`]) and a skipped patch's velocity to the current step (slope of
+//!    its last two computations).
 //!
 //! Because every monotask reads only start-of-step state, its patches are a function of the
-//! gate's decisions and the request's monotask count alone, and the coordinator computes
+//! method's decisions and the request's monotask count alone, and the coordinator computes
 //! that state from committed values alone, the result does not depend on the worker count,
 //! on which worker ran which monotask or in which order: it is bit-identical for any
 //! packing onto workers and after any re-run.
+//!
+//! The code by role: `settings.rs` (a request's settings and their one range check),
+//! `error.rs`, `report.rs` (outputs, reports, step events), `request.rs` and `life.rs`
+//! (admission, warm-up, partition, finish), `step.rs` (a step's choice, packing and commit),
+//! `methods/` (FlashDiff and the baselines, a file each, behind one trait), `forecast.rs`,
+//! `packing.rs`, `workers.rs` (supervision: losses, hangs, replacements) and `persist.rs`
+//! (checkpoints and resume).
 //!
 //! Modes: [`Mode::FlashDiff`] (default), [`Mode::NoSkip`] (all patches every step, displaced
 //! K/V: with stale K/V and uniform patches, the DistriFusion-style baseline), [`Mode::Full`]

@@ -51,7 +51,7 @@ pub struct Report {
     /// Share of model work skipped, weighting patch-steps by their tokens (warm-up included
     /// as computed).
     pub work_skipped: f64,
-    /// With [`RequestConfig::adaptive_epsilon`]: the sum of the ε the gate used over the
+    /// With [`super::RequestConfig::adaptive_epsilon`]: the sum of the ε the gate used over the
     /// steps it chose one for, and how many steps that was (mean: [`Report::mean_epsilon`]).
     pub epsilon_sum: f64,
     /// See [`Report::epsilon_sum`].
@@ -62,7 +62,7 @@ pub struct Report {
     pub reuse_err2: f64,
     /// See [`Report::reuse_err2`].
     pub reuse_norm2: f64,
-    /// With [`RequestConfig::deadline`]: whether it finished in time.
+    /// With [`super::RequestConfig::deadline`]: whether it finished in time.
     pub deadline_met: Option<bool>,
 }
 
@@ -79,7 +79,7 @@ impl Report {
     }
 
     /// Mean load-adaptive ε over the steps after the warm-up; `None` without
-    /// [`RequestConfig::adaptive_epsilon`].
+    /// [`super::RequestConfig::adaptive_epsilon`].
     pub fn mean_epsilon(&self) -> Option<f64> {
         (self.epsilon_steps > 0).then(|| self.epsilon_sum / self.epsilon_steps as f64)
     }
