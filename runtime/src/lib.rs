@@ -7,6 +7,7 @@
 //! - [`exec`]: one monotask (a warm-up, a step's patches) on a request's state; what a worker
 //!   runs. [`proc`]: worker processes and the framed, validated rkyv control records.
 //!   [`state`]: the request state as named regions of one mapping (/dev/shm or anonymous).
+//! - [`schema`]: the one request schema of every interface, turned into the engine's settings.
 //! - [`image`]: PNG, PSNR, SSIM; [`media`]: GIF and WAV, video and sound metrics. Models (the `Denoiser` contract, TinyDiT, the prompt
 //!   language and checker) live in `flashdiff-models`, re-exported as [`models`].
 //!
@@ -20,6 +21,7 @@ pub mod fuzzing;
 pub mod image;
 pub mod media;
 pub mod proc;
+pub mod schema;
 pub mod state;
 
 pub use flashdiff_models as models;

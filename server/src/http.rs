@@ -33,14 +33,15 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use base64::Engine as _;
-use serde_json::{json, Map, Value};
+use serde_json::{json, Value};
 use tokio::sync::{broadcast, watch};
 
 use flashdiff_runtime::checkpoint;
 use flashdiff_runtime::engine::{
-    check_request, from_config_record, to_config_record, Engine, EngineError, Mode, Output,
+    check_request, from_config_record, to_config_record, Engine, EngineError, Output,
     RequestConfig, StepEvent,
 };
+use flashdiff_runtime::schema::RequestFields;
 
 use crate::journal::{Entry, JobRecord, Store};
 use flashdiff_runtime::image;
@@ -653,26 +654,6 @@ struct GenRequest {
     scale: usize,
 }
 
-const KNOWN: [&str; 17] = [
-    "prompt",
-    "n",
-    "size",
-    "response_format",
-    "output_format",
-    "model",
-    "seed",
-    "steps",
-    "warmup",
-    "patches",
-    "epsilon",
-    "adaptive_epsilon",
-    "max_skip",
-    "priority",
-    "mode",
-    "user",
-    "deadline_ms",
-];
-
 /// Parses and checks a generation request: every field, the settings together, and the
 /// prompt against the model's vocabulary, so that what is admitted can run.
 fn parse(body: &[u8], cfg: &HttpConfig, model: &dyn Denoiser) -> Result<GenRequest, String> {
@@ -706,42 +687,25 @@ fn parse_fields(
     model: &str,
     side: (usize, usize),
 ) -> Result<GenRequest, String> {
-    let v: Value = serde_json::from_slice(body).map_err(|e| format!("body is not JSON: {e}"))?;
-    let obj: &Map<String, Value> = v.as_object().ok_or("body must be a JSON object")?;
-    if let Some(k) = obj.keys().find(|k| !KNOWN.contains(&k.as_str())) {
-        return Err(format!(
-            "unknown field \"{k}\" (known: {})",
-            KNOWN.join(", ")
-        ));
+    let f = RequestFields::from_json(body).map_err(|e| e.to_string())?;
+    if f.id.is_some() {
+        return Err("\"id\": the server numbers its jobs itself".into());
     }
-    let prompt = match obj.get("prompt") {
-        Some(Value::String(s)) if !s.trim().is_empty() => s.clone(),
-        Some(Value::String(_)) => return Err("\"prompt\" is empty".into()),
-        Some(_) => return Err("\"prompt\" must be a string".into()),
+    let prompt = match f.prompt.as_deref() {
+        Some(s) if !s.trim().is_empty() => s.to_string(),
+        Some(_) => return Err("\"prompt\" is empty".into()),
         None => return Err("\"prompt\" is required".into()),
     };
-    let uint = |k: &str, lo: u64, hi: u64| -> Result<Option<u64>, String> {
-        match obj.get(k) {
-            None | Some(Value::Null) => Ok(None),
-            Some(x) => match x.as_u64() {
-                Some(n) if (lo..=hi).contains(&n) => Ok(Some(n)),
-                _ => Err(format!("\"{k}\" must be an integer in {lo}..={hi}")),
-            },
-        }
+    let n = match f.n {
+        None => 1,
+        Some(n @ 1..=4) => n as u32,
+        Some(n) => return Err(format!("\"n\" {n}: must be in 1..=4")),
     };
-    let string = |k: &str| -> Result<Option<&str>, String> {
-        match obj.get(k) {
-            None | Some(Value::Null) => Ok(None),
-            Some(Value::String(s)) => Ok(Some(s.as_str())),
-            Some(_) => Err(format!("\"{k}\" must be a string")),
-        }
-    };
-    let n = uint("n", 1, 4)?.unwrap_or(1) as u32;
     let (sw, sh) = (side.0.max(1) as u64, side.1.max(1) as u64);
     // The built-in 32-pixel images may be enlarged up to 32x (8x by default); larger
     // images up to 1024 pixels a side.
     let most = (1024 / sw.max(sh)).clamp(1, 32);
-    let scale = match string("size")? {
+    let scale = match f.size.as_deref() {
         None => (256 / sw).clamp(1, 8) as usize,
         Some(s) => {
             let parsed = s
@@ -762,73 +726,35 @@ fn parse_fields(
             }
         }
     };
-    if let Some(f) = string("response_format")? {
-        if f != "b64_json" {
-            return Err(format!(
-                "\"response_format\" {f:?}: only \"b64_json\" is supported (no image hosting)"
-            ));
-        }
+    if let Some(f) = f.response_format.as_deref().filter(|f| *f != "b64_json") {
+        return Err(format!(
+            "\"response_format\" {f:?}: only \"b64_json\" is supported (no image hosting)"
+        ));
     }
-    if let Some(f) = string("output_format")? {
-        if f != "png" {
-            return Err(format!(
-                "\"output_format\" {f:?}: only \"png\" is supported"
-            ));
-        }
+    if let Some(f) = f.output_format.as_deref().filter(|f| *f != "png") {
+        return Err(format!(
+            "\"output_format\" {f:?}: only \"png\" is supported"
+        ));
     }
-    if let Some(m) = string("model")? {
-        if m != model {
-            return Err(format!("\"model\" {m:?}: this server runs {model:?}"));
-        }
+    if let Some(m) = f.model.as_deref().filter(|m| *m != model) {
+        return Err(format!("\"model\" {m:?}: this server runs {model:?}"));
     }
-    string("user")?;
-    let mut cfg = base.clone();
-    if let Some(s) = uint("seed", 0, u64::MAX)? {
-        cfg.seed = s;
-    }
-    if let Some(s) = uint("steps", 2, 1000)? {
-        cfg.steps = s as u32;
-    }
-    let steps = cfg.steps;
-    cfg.warmup = match (uint("warmup", 1, 999)?, warmups.server) {
-        (Some(w), _) if w >= steps as u64 => {
-            return Err(format!("\"warmup\" {w} must be below \"steps\" ({steps})"))
-        }
-        (Some(w), _) => w as u32,
-        (None, Some(w)) if w >= steps => {
-            return Err(format!(
-                "\"steps\" {steps}: this server's --warmup {w} needs more; give a \"warmup\" \
-                 below {steps}"
-            ))
-        }
-        (None, Some(w)) => w,
-        (None, None) => crate::fit_warmup(warmups.model, steps),
-    };
-    if let Some(p) = uint("patches", 1, 4096)? {
-        cfg.patches = Some(p as u32);
-    }
-    if let Some(k) = uint("max_skip", 0, 1000)? {
-        cfg.max_skip = k as u32;
-    }
-    if let Some(p) = uint("priority", 0, 7)? {
-        cfg.priority = p as u8;
-    }
-    if let Some(d) = uint("deadline_ms", 1, 86_400_000)? {
-        cfg.deadline = Some(std::time::Duration::from_millis(d));
-    }
-    if let Some(e) = obj.get("epsilon") {
-        cfg.epsilon = match e.as_f64() {
-            Some(x) if (0.0..=1.0).contains(&x) => x as f32,
-            _ => return Err("\"epsilon\" must be a number in [0, 1]".into()),
+    // The warm-up a request leaves out: the operator's, else the model's (fitted to the
+    // steps); a request's own is checked with the other settings.
+    let given_warmup = f.warmup.is_some();
+    let mut cfg = f.settings(base).map_err(|e| e.to_string())?;
+    if !given_warmup {
+        cfg.warmup = match warmups.server {
+            Some(w) if w >= cfg.steps => {
+                return Err(format!(
+                    "\"steps\" {}: this server's --warmup {w} needs more; give a \"warmup\" \
+                     below {}",
+                    cfg.steps, cfg.steps
+                ))
+            }
+            Some(w) => w,
+            None => crate::fit_warmup(warmups.model, cfg.steps),
         };
-    }
-    if let Some(a) = obj.get("adaptive_epsilon") {
-        cfg.adaptive_epsilon = a
-            .as_bool()
-            .ok_or("\"adaptive_epsilon\" must be true or false")?;
-    }
-    if let Some(m) = string("mode")? {
-        cfg.mode = m.parse::<Mode>().map_err(|e| format!("\"mode\": {e}"))?;
     }
     Ok(GenRequest {
         prompt,

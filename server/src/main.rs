@@ -17,6 +17,7 @@ use flashdiff_runtime::models::registry::ModelSpec;
 use flashdiff_runtime::models::scene::{self, Verdict};
 use flashdiff_runtime::models::{clips, sounds};
 use flashdiff_runtime::models::{Kind, Sample};
+use flashdiff_runtime::schema::{Count, RequestFields, IMAGE_FIELDS};
 use flashdiff_runtime::{image, media};
 
 /// flashdiff: diffusion serving with semantic patches and selective refinement (CPU,
@@ -150,13 +151,14 @@ struct BenchArgs {
 }
 
 /// Steps, patches and seed of a request (serve: the defaults for lines that do not say).
+/// Ranges are the engine's, checked once for every interface.
 #[derive(Args, Debug, Clone, Copy)]
 struct Sampling {
-    /// Total Euler steps.
-    #[arg(long, default_value_t = DEFAULT_STEPS, value_parser = clap::value_parser!(u32).range(2..=1000))]
+    /// Total Euler steps, in 2..=1000.
+    #[arg(long, default_value_t = DEFAULT_STEPS)]
     steps: u32,
     /// Patch count R: auto (the adaptive controller, which searches R over a stream of
-    /// requests) or an integer in 1..=64. Default: 16 for generate (a lone request cannot
+    /// requests) or an integer from 1 to the latent's tokens. Default: 16 for generate (a lone request cannot
     /// search; 16 is the measured default, see the README), auto for serve.
     #[arg(long, value_parser = parse_patches)]
     patches: Option<Patches>,
@@ -174,17 +176,17 @@ struct Knobs {
     #[arg(long)]
     warmup: Option<u32>,
     /// Gate threshold in [0, 1].
-    #[arg(long, default_value_t = ENGINE_DEFAULT_EPSILON, value_parser = parse_unit)]
+    #[arg(long, default_value_t = ENGINE_DEFAULT_EPSILON)]
     epsilon: f32,
     /// Let ε follow the load: --epsilon at one request per worker, half of it with slack,
     /// up to twice it under overload (serve and bench; a lone request runs at half).
     #[arg(long)]
     adaptive_epsilon: bool,
     /// Longest run of skips per patch, in 0..=1000.
-    #[arg(long, default_value_t = ENGINE_DEFAULT_MAX_SKIP, value_parser = clap::value_parser!(u32).range(0..=1000))]
+    #[arg(long, default_value_t = ENGINE_DEFAULT_MAX_SKIP)]
     max_skip: u32,
     /// Scheduling priority, in 0..8 (higher first).
-    #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u8).range(0..8))]
+    #[arg(long, default_value_t = 0)]
     priority: u8,
     /// flashdiff | no-skip | full | naive-patch | teacache | ras.
     #[arg(long, default_value = "flashdiff", value_parser = parse_mode)]
@@ -203,7 +205,7 @@ struct Knobs {
     #[arg(long, default_value = "1", value_parser = parse_monotasks)]
     monotasks: Monotasks,
     /// teacache: skip a step while the accumulated change stays under T (>= 0).
-    #[arg(long, default_value_t = DEFAULT_CACHE_THRESHOLD, value_parser = parse_nonneg)]
+    #[arg(long, default_value_t = DEFAULT_CACHE_THRESHOLD)]
     cache_threshold: f32,
 }
 
@@ -381,27 +383,9 @@ fn check_run_args(o: &RunArgs, model_given: bool) -> Result<(), String> {
 struct Patches(Option<u32>);
 
 fn parse_patches(v: &str) -> Result<Patches, String> {
-    match v {
-        "auto" => Ok(Patches(None)),
-        _ => match v.parse::<u32>() {
-            Ok(n) if (1..=64).contains(&n) => Ok(Patches(Some(n))),
-            _ => Err("expected auto or an integer in 1..=64".into()),
-        },
-    }
-}
-
-fn parse_unit(v: &str) -> Result<f32, String> {
-    match v.parse::<f32>() {
-        Ok(x) if (0.0..=1.0).contains(&x) => Ok(x),
-        _ => Err("must be a number in [0, 1]".into()),
-    }
-}
-
-fn parse_nonneg(v: &str) -> Result<f32, String> {
-    match v.parse::<f32>() {
-        Ok(x) if x.is_finite() && x >= 0.0 => Ok(x),
-        _ => Err("must be a finite number >= 0".into()),
-    }
+    flashdiff_runtime::schema::parse_patches(&Count::Word(v.into()))
+        .map(Patches)
+        .map_err(|e| e.to_string())
 }
 
 fn parse_mode(v: &str) -> Result<Mode, String> {
@@ -420,15 +404,9 @@ fn parse_reuse_flag(v: &str) -> Result<Reuse, String> {
 struct Monotasks(Option<u32>);
 
 fn parse_monotasks(v: &str) -> Result<Monotasks, String> {
-    match v {
-        "workers" => Ok(Monotasks(None)),
-        "per-patch" => Ok(Monotasks(Some(u32::MAX))),
-        _ => match v.parse::<u32>() {
-            Ok(0) => Err("must be at least 1".into()),
-            Ok(n) => Ok(Monotasks(Some(n))),
-            Err(_) => Err("expected workers, per-patch or an integer >= 1".into()),
-        },
-    }
+    flashdiff_runtime::schema::parse_monotasks(&Count::Word(v.into()))
+        .map(Monotasks)
+        .map_err(|e| e.to_string())
 }
 
 impl Knobs {
@@ -1178,121 +1156,34 @@ fn parse_request(
     base: &RequestConfig,
     fallback_id: u64,
 ) -> Result<ParsedRequest, String> {
-    let v: serde_json::Value = serde_json::from_str(line).map_err(|e| format!("not JSON: {e}"))?;
-    let obj = v.as_object().ok_or("a request must be a JSON object")?;
-    let known = [
-        "id",
-        "prompt",
-        "seed",
-        "priority",
-        "steps",
-        "warmup",
-        "patches",
-        "epsilon",
-        "adaptive_epsilon",
-        "max_skip",
-        "mode",
-        "reuse",
-        "monotasks",
-        "deadline_ms",
-        "model",
-    ];
-    if let Some(k) = obj.keys().find(|k| !known.contains(&k.as_str())) {
-        return Err(format!("unknown field {k:?} (known: {})", known.join(", ")));
+    let f = RequestFields::from_json(line.as_bytes()).map_err(|e| e.to_string())?;
+    if let Some(k) = f.given().into_iter().find(|k| IMAGE_FIELDS.contains(k)) {
+        return Err(format!(
+            "\"{k}\": a field of the HTTP image endpoint, not of a JSON line"
+        ));
     }
-    let prompt = obj
-        .get("prompt")
-        .and_then(|p| p.as_str())
-        .ok_or("\"prompt\" (a string) is required")?
-        .to_string();
-    let uint = |k: &str| -> Result<Option<u64>, String> {
-        match obj.get(k) {
-            None => Ok(None),
-            Some(x) => x
-                .as_u64()
-                .map(Some)
-                .ok_or_else(|| format!("\"{k}\" must be a non-negative integer")),
-        }
-    };
-    let small = |k: &str, max: u64| -> Result<Option<u32>, String> {
-        match uint(k)? {
-            Some(x) if x > max => Err(format!("\"{k}\" {x} is out of range 0..={max}")),
-            x => Ok(x.map(|x| x as u32)),
-        }
-    };
-    let mut cfg = base.clone();
-    let id = uint("id")?.unwrap_or(fallback_id);
-    if let Some(s) = uint("seed")? {
-        cfg.seed = s;
-    }
-    if let Some(p) = small("priority", 255)? {
-        cfg.priority = p as u8;
-    }
-    if let Some(s) = small("steps", 100_000)? {
-        cfg.steps = s;
-    }
-    let warmup = small("warmup", 100_000)?;
-    if let Some(w) = warmup {
-        if w >= cfg.steps {
-            return Err(format!(
-                "\"warmup\" {w} must be below \"steps\" ({})",
-                cfg.steps
-            ));
-        }
-        cfg.warmup = w;
-    }
-    if let Some(r) = small("patches", 1 << 20)? {
-        cfg.patches = Some(r);
-    }
-    if let Some(k) = small("max_skip", 100_000)? {
-        cfg.max_skip = k;
-    }
-    if let Some(e) = obj.get("epsilon") {
-        cfg.epsilon = e.as_f64().ok_or("\"epsilon\" must be a number")? as f32;
-    }
-    if let Some(a) = obj.get("adaptive_epsilon") {
-        cfg.adaptive_epsilon = a
-            .as_bool()
-            .ok_or("\"adaptive_epsilon\" must be true or false")?;
-    }
-    if let Some(m) = obj.get("mode") {
-        cfg.mode = m.as_str().ok_or("\"mode\" must be a string")?.parse()?;
-    }
-    if let Some(m) = small("monotasks", u32::MAX as u64)? {
-        cfg.monotasks = Some(m);
-    }
-    if let Some(d) = small("deadline_ms", 86_400_000)? {
-        if d == 0 {
-            return Err("\"deadline_ms\" must be at least 1".into());
-        }
-        cfg.deadline = Some(std::time::Duration::from_millis(d as u64));
-    }
-    if let Some(k) = obj.get("reuse") {
-        cfg.extrapolate = k
-            .as_str()
-            .ok_or(())
-            .and_then(|k| parse_reuse(k).map_err(|_| ()))
-            .map_err(|_| "\"reuse\" must be \"extrapolate\" or \"stale\"")?;
-    }
-    let model = match obj.get("model") {
+    let prompt = f
+        .prompt
+        .clone()
+        .ok_or("\"prompt\" (a string) is required")?;
+    let cfg = f.settings(base).map_err(|e| e.to_string())?;
+    let model = match f.model.as_deref() {
         None => None,
-        Some(m) => Some(
-            m.as_str()
-                .filter(|m| MODELS.contains(m))
-                .ok_or_else(|| format!("\"model\" must be one of {}", MODELS.join(", ")))?
-                .to_string(),
-        ),
+        Some(m) if MODELS.contains(&m) => Some(m.to_string()),
+        Some(m) => {
+            return Err(format!(
+                "\"model\" {m:?}: must be one of {}",
+                MODELS.join(", ")
+            ))
+        }
     };
-    Ok((id, prompt, cfg, model, warmup))
+    let warmup = f.warmup.map(|w| w.min(u32::MAX as u64) as u32);
+    Ok((f.id.unwrap_or(fallback_id), prompt, cfg, model, warmup))
 }
 
 /// `extrapolate` or `stale` (the `--reuse` flag and the `reuse` request field).
 fn parse_reuse(v: &str) -> Result<bool, String> {
-    match v {
-        "extrapolate" => Ok(true),
-        "stale" => Ok(false),
-        _ => Err("expected extrapolate or stale".into()),
-    }
+    flashdiff_runtime::schema::parse_reuse(v).map_err(|e| e.to_string())
 }
 
 /// CPU cores available to this process (the default worker count of serve and bench).

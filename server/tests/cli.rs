@@ -249,7 +249,7 @@ fn serve_takes_the_model_per_request() {
     assert!(by_id(4)["error"]
         .as_str()
         .unwrap()
-        .contains("\"model\" must be one of tinydit, tinyvideo, tinyaudio"));
+        .contains("must be one of tinydit, tinyvideo, tinyaudio"));
     assert!(by_id(5)["error"].as_str().unwrap().contains("\"red\""));
     assert!(stderr.contains("3 models"), "{stderr}");
     std::fs::remove_dir_all(&dir).ok();
@@ -320,7 +320,7 @@ fn bad_arguments_name_the_problem() {
         (&["generate", "x", "--steps", "abc"], "for '--steps <STEPS>'"),
         (
             &["generate", "x", "--steps", "1"],
-            "invalid value '1' for '--steps <STEPS>': 1 is not in 2..=1000",
+            "\"steps\" 1: must be in 2..=1000",
         ),
         (
             &["generate", "x", "--workers", "0"],
@@ -333,7 +333,7 @@ fn bad_arguments_name_the_problem() {
                 "--epsilon",
                 "2",
             ],
-            "--epsilon",
+            "\"epsilon\" 2: must be in [0, 1]",
         ),
         (
             &[
@@ -359,7 +359,7 @@ fn bad_arguments_name_the_problem() {
                 "--reuse",
                 "fresh",
             ],
-            "for '--reuse <REUSE>': expected extrapolate or stale",
+            "for '--reuse <REUSE>': \"reuse\" \"fresh\": expected extrapolate or stale",
         ),
         (
             &[
@@ -368,7 +368,7 @@ fn bad_arguments_name_the_problem() {
                 "--monotasks",
                 "0",
             ],
-            "invalid value '0' for '--monotasks <MONOTASKS>': must be at least 1",
+            "\"monotasks\" 0: must be at least 1",
         ),
         (
             &[
@@ -377,7 +377,7 @@ fn bad_arguments_name_the_problem() {
                 "--monotasks",
                 "all",
             ],
-            "invalid value 'all' for '--monotasks <MONOTASKS>': expected workers, per-patch or an integer >= 1",
+            "invalid value 'all' for '--monotasks <MONOTASKS>': \"monotasks\" \"all\": expected workers, per-patch or a count",
         ),
         (&["generate"], "required arguments were not provided"),
         (&["frobnicate"], "unrecognized subcommand 'frobnicate'"),
@@ -433,21 +433,21 @@ fn serve_answers_every_line() {
     assert!(by_id(5)["error"]
         .as_str()
         .unwrap()
-        .contains("unknown field \"colour\""));
+        .contains("unknown field `colour`"));
     assert!(by_id(6)["error"]
         .as_str()
         .unwrap()
-        .contains("\"reuse\" must be \"extrapolate\" or \"stale\""));
+        .contains("\"reuse\" \"fresh\": expected extrapolate or stale"));
     assert_eq!(by_id(7)["ok"], true);
     assert!(by_id(10)["error"]
         .as_str()
         .unwrap()
-        .contains("\"deadline_ms\" must be at least 1"));
+        .contains("\"deadline_ms\" 0: must be in 1..=86400000"));
     assert_eq!(by_id(11)["ok"], true);
     assert!(by_id(12)["error"]
         .as_str()
         .unwrap()
-        .contains("\"warmup\" 3 must be below \"steps\" (3)"));
+        .contains("\"warmup\" 3: must be in 1..=2 (below \"steps\")"));
     assert!(by_id(8)["error"]
         .as_str()
         .unwrap()
@@ -607,7 +607,10 @@ fn serve_answers_each_line_before_the_input_ends() {
     writeln!(stdin, "not json").unwrap();
     stdin.flush().unwrap();
     let second = lines.next().unwrap().unwrap();
-    assert!(second.contains("line 2: not JSON"), "{second}");
+    assert!(
+        second.contains("line 2: ") && second.contains("not JSON"),
+        "{second}"
+    );
     drop(stdin);
     assert!(lines.next().is_none());
     assert!(child.wait().unwrap().success());
@@ -900,18 +903,6 @@ fn pipeline_flags_get_errors_that_name_them() {
                 "x",
             ],
             "is not a folder",
-        ),
-        (
-            &[
-                "generate",
-                "--model",
-                "flux-dev",
-                "--weights",
-                "/tmp",
-                "--processes",
-                "x",
-            ],
-            "--processes",
         ),
         (
             &["bench", "--model", "flux-dev", "--weights", "/tmp"],

@@ -144,12 +144,12 @@ fn bad_requests_get_errors_that_name_the_field() {
         (
             json!({"prompt": 3}).to_string(),
             400,
-            "\"prompt\" must be a string",
+            "\"prompt\" invalid type: integer `3`, expected a string",
         ),
         (
             json!({"prompt": PROMPT, "colour": 1}).to_string(),
             400,
-            "unknown field \"colour\"",
+            "unknown field `colour`",
         ),
         (
             json!({"prompt": PROMPT, "size": "100x50"}).to_string(),
@@ -185,7 +185,7 @@ fn bad_requests_get_errors_that_name_the_field() {
         (
             json!({"prompt": PROMPT, "steps": 4, "warmup": 4}).to_string(),
             400,
-            "\"warmup\" 4 must be below \"steps\" (4)",
+            "\"warmup\" 4: must be in 1..=3 (below \"steps\")",
         ),
         (
             json!({"prompt": "a zebra on a white background"}).to_string(),
@@ -240,7 +240,7 @@ fn a_request_without_a_warm_up_gets_the_models_fitted_to_its_steps() {
     assert_eq!(status, 400, "{v}");
     let msg = v["error"]["message"].as_str().unwrap_or_default();
     assert!(
-        msg.contains("\"warmup\" 3 must be below \"steps\" (3)"),
+        msg.contains("\"warmup\" 3: must be in 1..=2 (below \"steps\")"),
         "{msg}"
     );
 }
@@ -621,4 +621,124 @@ fn a_flux_pipeline_serves_its_own_image_size() {
     assert_eq!(status, 400, "{v}");
     drop(s);
     std::fs::remove_dir_all(&dir).ok();
+}
+
+/// One request schema: the same five bad requests through the CLI, JSON lines, HTTP and the
+/// C ABI each get the engine's one error text, which names the field.
+#[test]
+fn a_bad_field_gets_the_same_error_through_every_interface() {
+    use flashdiff_runtime::engine::{default_weights, Engine, RequestConfig};
+    use std::io::Write;
+    let prompt = "a red circle left on a white background";
+    // Each bad request: its fields (steps and warm-up always given), as JSON values.
+    let bad: [[(&str, u64); 3]; 5] = [
+        [("steps", 1), ("warmup", 1), ("seed", 0)],
+        [("steps", 8), ("warmup", 8), ("seed", 0)],
+        [("steps", 8), ("warmup", 2), ("epsilon", 2)],
+        [("steps", 8), ("warmup", 2), ("max_skip", 5000)],
+        [("steps", 8), ("warmup", 2), ("priority", 9)],
+    ];
+    let settings = |fields: &[(&str, u64)]| {
+        let mut c = RequestConfig::default();
+        for &(k, v) in fields {
+            match k {
+                "steps" => c.steps = v as u32,
+                "warmup" => c.warmup = v as u32,
+                "epsilon" => c.epsilon = v as f32,
+                "max_skip" => c.max_skip = v as u32,
+                "priority" => c.priority = v as u8,
+                _ => c.seed = v,
+            }
+        }
+        c
+    };
+    let engine = Engine::new(&default_weights(), 1).unwrap();
+    let want: Vec<String> = bad
+        .iter()
+        .map(|b| engine.validate(&settings(b)).unwrap_err().to_string())
+        .collect();
+    let named = ["steps", "warmup", "epsilon", "max_skip", "priority"];
+    for (field, w) in named.iter().zip(&want) {
+        assert!(w.starts_with(&format!("\"{field}\"")), "{w}");
+    }
+    // CLI.
+    for (b, w) in bad.iter().zip(&want) {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_flashdiff"));
+        cmd.args(["generate", prompt, "-o"])
+            .arg(std::env::temp_dir().join(format!("fd-schema-{}.png", std::process::id())));
+        for (k, v) in b {
+            cmd.arg(format!("--{}", k.replace('_', "-")))
+                .arg(v.to_string());
+        }
+        let out = cmd.output().unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            !out.status.success() && err.contains(w.as_str()),
+            "CLI: {err}"
+        );
+    }
+    let json_of = |b: &[(&str, u64)]| {
+        let mut v = json!({ "prompt": prompt });
+        for (k, x) in b {
+            v[*k] = json!(x);
+        }
+        v.to_string()
+    };
+    // JSON lines.
+    let mut child = Command::new(env!("CARGO_BIN_EXE_flashdiff"))
+        .args(["serve", "--workers", "1"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut stdin = child.stdin.take().unwrap();
+    for b in &bad {
+        writeln!(stdin, "{}", json_of(b)).unwrap();
+    }
+    drop(stdin);
+    let out = child.wait_with_output().unwrap();
+    let lines: Vec<Value> = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(lines.len(), bad.len());
+    for (line, w) in lines.iter().zip(&want) {
+        assert_eq!(line["ok"], false, "{line}");
+        let err = line["error"].as_str().unwrap();
+        assert!(err.contains(w.as_str()), "JSON lines: {line}");
+    }
+    // HTTP.
+    let s = Server::start(&[]);
+    for (b, w) in bad.iter().zip(&want) {
+        let (status, body, _) = s.call("POST", "/v1/images/generations", Some(&json_of(b)));
+        assert_eq!(status, 400, "{body}");
+        let msg = body["error"]["message"].as_str().unwrap_or_default();
+        assert!(msg.contains(w.as_str()), "HTTP: {body}");
+    }
+    // The C ABI.
+    let mut e = std::ptr::null_mut();
+    let cfg = flashdiff::fd_engine_config_default();
+    // SAFETY: a readable config and a writable handle slot.
+    let status = unsafe { flashdiff::fd_engine_new(&cfg, &mut e) };
+    assert_eq!(status as u32, 0);
+    let c_prompt = std::ffi::CString::new(prompt).unwrap();
+    for (i, (b, w)) in bad.iter().zip(&want).enumerate() {
+        let c = settings(b);
+        let mut rc = flashdiff::fd_request_config_default();
+        (rc.steps, rc.warmup, rc.epsilon) = (c.steps, c.warmup, c.epsilon);
+        (rc.max_skip, rc.priority) = (c.max_skip, c.priority);
+        // SAFETY: a live engine, a NUL-terminated prompt, a readable config.
+        let status = unsafe { flashdiff::fd_engine_submit(e, i as u64, c_prompt.as_ptr(), &rc) };
+        assert_ne!(status as u32, 0, "C ABI accepted {b:?}");
+        let mut buf = vec![0 as std::os::raw::c_char; 512];
+        // SAFETY: a writable buffer of the length given.
+        let n = unsafe { flashdiff::fd_last_error_detail(buf.as_mut_ptr(), buf.len()) };
+        assert!(n > 0);
+        // SAFETY: fd_last_error_detail NUL-terminates what it writes.
+        let detail = unsafe { std::ffi::CStr::from_ptr(buf.as_ptr()) }.to_string_lossy();
+        assert!(detail.contains(w.as_str()), "C ABI: {detail}");
+    }
+    // SAFETY: the handle from fd_engine_new, freed once.
+    unsafe { flashdiff::fd_engine_free(&mut e) };
 }

@@ -1,0 +1,330 @@
+//! One request schema for every interface: the fields a request may carry over JSON lines,
+//! HTTP (OpenAI's image fields and the jobs API) and, by the same names, the CLI's flags and
+//! the C ABI's `fd_request_config`. [`RequestFields::settings`] turns them into the engine's
+//! [`RequestConfig`]; the range of every setting is checked once, by
+//! [`crate::engine::check_request`], so a bad field gets the same error text whichever way
+//! it came in.
+//!
+//! ```
+//! use flashdiff_runtime::engine::RequestConfig;
+//! use flashdiff_runtime::schema::RequestFields;
+//! let f = RequestFields::from_json(br#"{"prompt": "a red circle", "steps": 20}"#).unwrap();
+//! assert_eq!(f.settings(&RequestConfig::default()).unwrap().steps, 20);
+//! let e = RequestFields::from_json(br#"{"steps": "many"}"#).unwrap_err();
+//! assert!(e.to_string().starts_with("\"steps\""), "{e}");
+//! ```
+
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use crate::engine::{EngineError, LayoutKind, RequestConfig};
+
+/// A count given as a number or as a word (`"auto"`, `"workers"`, `"per-patch"`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum Count {
+    /// A number.
+    Number(u64),
+    /// A word.
+    Word(String),
+}
+
+/// The fields of a request. Every field is optional: what a request leaves out comes from
+/// the interface's defaults (the server's flags, the model's warm-up).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RequestFields {
+    /// The request's id (JSON lines; over HTTP the server numbers jobs itself).
+    pub id: Option<u64>,
+    /// The prompt.
+    pub prompt: Option<String>,
+    /// The model it is for (the server's own when left out).
+    pub model: Option<String>,
+    /// Noise seed.
+    pub seed: Option<u64>,
+    /// Total steps.
+    pub steps: Option<u64>,
+    /// Warm-up steps.
+    pub warmup: Option<u64>,
+    /// Patch count R, or `"auto"` for the adaptive controller.
+    pub patches: Option<Count>,
+    /// Gate threshold ε.
+    pub epsilon: Option<f64>,
+    /// Whether ε follows the engine's load.
+    pub adaptive_epsilon: Option<bool>,
+    /// Longest run of skips per patch K.
+    pub max_skip: Option<u64>,
+    /// Execution mode (`flashdiff`, `no-skip`, `full`, `naive-patch`, `teacache`, `ras`).
+    pub mode: Option<String>,
+    /// Patch layout: `saliency` or `uniform`.
+    pub layout: Option<String>,
+    /// Reused values: `extrapolate` or `stale`.
+    pub reuse: Option<String>,
+    /// Monotasks per step: a number, `"workers"` or `"per-patch"`.
+    pub monotasks: Option<Count>,
+    /// Whole-step caching's threshold.
+    pub cache_threshold: Option<f64>,
+    /// Scheduling priority.
+    pub priority: Option<u64>,
+    /// Milliseconds after submission by which the request should be done.
+    pub deadline_ms: Option<u64>,
+    /// OpenAI images: how many samples (seeds `seed`, `seed + 1`, ...).
+    pub n: Option<u64>,
+    /// OpenAI images: the image size, `WIDTHxHEIGHT`.
+    pub size: Option<String>,
+    /// OpenAI images: `b64_json`.
+    pub response_format: Option<String>,
+    /// OpenAI images: `png`.
+    pub output_format: Option<String>,
+    /// OpenAI images: the caller's name for itself (not used).
+    pub user: Option<String>,
+}
+
+fn invalid(field: &'static str, reason: String) -> EngineError {
+    EngineError::Invalid { field, reason }
+}
+
+/// A count field that does not fit the engine's settings is out of range: it keeps its value
+/// (saturated) for [`crate::engine::check_request`] to report with the valid range.
+fn saturate(v: u64) -> u32 {
+    v.min(u32::MAX as u64) as u32
+}
+
+impl RequestFields {
+    /// The fields of a JSON object; a field of the wrong type is named.
+    pub fn from_json(bytes: &[u8]) -> Result<Self, EngineError> {
+        let de = &mut serde_json::Deserializer::from_slice(bytes);
+        serde_path_to_error::deserialize(de).map_err(|e| {
+            let path = e.path().to_string();
+            let inner = e.into_inner();
+            let msg = strip_position(&inner.to_string()).to_string();
+            if inner.is_syntax() || inner.is_eof() {
+                invalid("request", format!("not JSON: {msg}"))
+            } else if path.is_empty() || path == "." {
+                invalid(
+                    "request",
+                    format!("is not a JSON object of request fields: {msg}"),
+                )
+            } else {
+                let field = FIELDS
+                    .iter()
+                    .find(|f| **f == path)
+                    .copied()
+                    .unwrap_or("request");
+                invalid(field, msg)
+            }
+        })
+    }
+
+    /// `base` with these fields applied. Words (mode, layout, reuse, counts) are checked
+    /// here; ranges are left to [`crate::engine::check_request`].
+    pub fn settings(&self, base: &RequestConfig) -> Result<RequestConfig, EngineError> {
+        let mut c = base.clone();
+        if let Some(s) = self.seed {
+            c.seed = s;
+        }
+        if let Some(s) = self.steps {
+            c.steps = saturate(s);
+        }
+        if let Some(w) = self.warmup {
+            c.warmup = saturate(w);
+        }
+        if let Some(p) = &self.patches {
+            c.patches = parse_patches(p)?;
+        }
+        if let Some(e) = self.epsilon {
+            c.epsilon = e as f32;
+        }
+        if let Some(a) = self.adaptive_epsilon {
+            c.adaptive_epsilon = a;
+        }
+        if let Some(k) = self.max_skip {
+            c.max_skip = saturate(k);
+        }
+        if let Some(m) = &self.mode {
+            c.mode = m
+                .parse()
+                .map_err(|e| invalid("mode", format!("{m:?}: {e}")))?;
+        }
+        if let Some(l) = &self.layout {
+            c.layout = parse_layout(l)?;
+        }
+        if let Some(r) = &self.reuse {
+            c.extrapolate = parse_reuse(r)?;
+        }
+        if let Some(m) = &self.monotasks {
+            c.monotasks = parse_monotasks(m)?;
+        }
+        if let Some(t) = self.cache_threshold {
+            c.cache_threshold = t as f32;
+        }
+        if let Some(p) = self.priority {
+            c.priority = p.min(u8::MAX as u64) as u8;
+        }
+        if let Some(d) = self.deadline_ms {
+            if !(1..=86_400_000).contains(&d) {
+                return Err(invalid(
+                    "deadline_ms",
+                    format!("{d}: must be in 1..=86400000 (a day)"),
+                ));
+            }
+            c.deadline = Some(Duration::from_millis(d));
+        }
+        Ok(c)
+    }
+
+    /// The names of the fields that are set, for an interface that takes only some of them.
+    pub fn given(&self) -> Vec<&'static str> {
+        let v = serde_json::to_value(self).unwrap_or_default();
+        FIELDS
+            .iter()
+            .copied()
+            .filter(|f| v.get(f).is_some_and(|x| !x.is_null()))
+            .collect()
+    }
+}
+
+/// Every field, by name.
+pub const FIELDS: [&str; 22] = [
+    "id",
+    "prompt",
+    "model",
+    "seed",
+    "steps",
+    "warmup",
+    "patches",
+    "epsilon",
+    "adaptive_epsilon",
+    "max_skip",
+    "mode",
+    "layout",
+    "reuse",
+    "monotasks",
+    "cache_threshold",
+    "priority",
+    "deadline_ms",
+    "n",
+    "size",
+    "response_format",
+    "output_format",
+    "user",
+];
+
+/// The fields only OpenAI's image endpoint takes.
+pub const IMAGE_FIELDS: [&str; 5] = ["n", "size", "response_format", "output_format", "user"];
+
+/// serde_json's messages end with "at line L column C", which says nothing to a caller of
+/// the CLI or the C ABI.
+fn strip_position(msg: &str) -> &str {
+    msg.find(" at line ").map_or(msg, |i| &msg[..i])
+}
+
+/// `patches`: a count, or `auto` (`None`: the adaptive controller).
+pub fn parse_patches(v: &Count) -> Result<Option<u32>, EngineError> {
+    match v {
+        Count::Number(n) => Ok(Some(saturate(*n))),
+        Count::Word(w) if w == "auto" => Ok(None),
+        Count::Word(w) => w
+            .parse::<u64>()
+            .map(|n| Some(saturate(n)))
+            .map_err(|_| invalid("patches", format!("{w:?}: expected auto or a patch count"))),
+    }
+}
+
+/// `monotasks`: a count, `workers` (`None`: one per worker) or `per-patch`.
+pub fn parse_monotasks(v: &Count) -> Result<Option<u32>, EngineError> {
+    match v {
+        Count::Number(n) => Ok(Some(saturate(*n))),
+        Count::Word(w) if w == "workers" => Ok(None),
+        Count::Word(w) if w == "per-patch" => Ok(Some(u32::MAX)),
+        Count::Word(w) => w.parse::<u64>().map(|n| Some(saturate(n))).map_err(|_| {
+            invalid(
+                "monotasks",
+                format!("{w:?}: expected workers, per-patch or a count"),
+            )
+        }),
+    }
+}
+
+/// `reuse`: `extrapolate` (`true`) or `stale`.
+pub fn parse_reuse(v: &str) -> Result<bool, EngineError> {
+    match v {
+        "extrapolate" => Ok(true),
+        "stale" => Ok(false),
+        _ => Err(invalid(
+            "reuse",
+            format!("{v:?}: expected extrapolate or stale"),
+        )),
+    }
+}
+
+/// `layout`: `saliency` or `uniform`.
+pub fn parse_layout(v: &str) -> Result<LayoutKind, EngineError> {
+    match v {
+        "saliency" => Ok(LayoutKind::Saliency),
+        "uniform" => Ok(LayoutKind::Uniform),
+        _ => Err(invalid(
+            "layout",
+            format!("{v:?}: expected saliency or uniform"),
+        )),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fields_apply_and_bad_ones_are_named() {
+        let f = RequestFields::from_json(
+            br#"{"steps": 30, "patches": "auto", "monotasks": "per-patch", "reuse": "stale",
+                "mode": "ras", "deadline_ms": 5, "layout": "uniform"}"#,
+        )
+        .unwrap();
+        let c = f.settings(&RequestConfig::default()).unwrap();
+        assert_eq!(c.steps, 30);
+        assert_eq!(c.patches, None);
+        assert_eq!(c.monotasks, Some(u32::MAX));
+        assert!(!c.extrapolate);
+        assert_eq!(c.layout, LayoutKind::Uniform);
+        assert_eq!(c.deadline, Some(Duration::from_millis(5)));
+        assert_eq!(
+            f.given(),
+            [
+                "steps",
+                "patches",
+                "mode",
+                "layout",
+                "reuse",
+                "monotasks",
+                "deadline_ms"
+            ]
+        );
+        let named = |json: &str, field: &str| {
+            let e = RequestFields::from_json(json.as_bytes())
+                .and_then(|f| f.settings(&RequestConfig::default()))
+                .unwrap_err();
+            assert!(
+                matches!(e, EngineError::Invalid { field: f, .. } if f == field),
+                "{json}: {e}"
+            );
+            assert!(e.to_string().starts_with(&format!("\"{field}\"")), "{e}");
+        };
+        named(r#"{"steps": -1}"#, "steps");
+        named(r#"{"epsilon": "high"}"#, "epsilon");
+        named(r#"{"mode": "fast"}"#, "mode");
+        named(r#"{"patches": "many"}"#, "patches");
+        named(r#"{"deadline_ms": 0}"#, "deadline_ms");
+        named(r#"{"reuse": "fresh"}"#, "reuse");
+        named(r#"{"colour": 1}"#, "request");
+        named(r#"[1, 2]"#, "request");
+    }
+
+    #[test]
+    fn counts_too_large_for_the_engine_keep_their_size() {
+        let f = RequestFields::from_json(br#"{"steps": 99999999999, "max_skip": 5000}"#).unwrap();
+        let c = f.settings(&RequestConfig::default()).unwrap();
+        assert_eq!((c.steps, c.max_skip), (u32::MAX, 5000));
+    }
+}
