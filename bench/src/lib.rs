@@ -291,7 +291,7 @@ fn default_targets(get: &dyn Fn(&str, &str) -> f64) -> String {
             ">= 1.8x",
         ),
     ];
-    let mut md = String::from("\n## Targets at the default settings (issue 6)\n\n| target | measured | wanted | verdict |\n| --- | --- | --- | --- |\n");
+    let mut md = String::from("\n## Targets at the default settings\n\n| target | measured | wanted | verdict |\n| --- | --- | --- | --- |\n");
     for (t, m, ok, want) in &targets {
         md.push_str(&format!("| {t} | {m} | {want} | {} |\n", verdict(*ok)));
     }
@@ -702,7 +702,7 @@ fn operating_points(sweeps: &[Value], full_ms: f64) -> String {
         })
     };
     let eps: Vec<&Value> = sweeps.iter().filter(|v| v["knob"] == "epsilon").collect();
-    let mut md = String::from("\n## Operating points along the sweeps (issue 6 targets)\n\nWork skipped counts the warm-up as full work, so it is below the share of patch-steps skipped.\n\n| target | measured | wanted | verdict |\n| --- | --- | --- | --- |\n");
+    let mut md = String::from("\n## Operating points along the sweeps\n\nWork skipped counts the warm-up as full work, so it is below the share of patch-steps skipped.\n\n| target | measured | wanted | verdict |\n| --- | --- | --- | --- |\n");
     // 30 dB on every prompt of the sweep, not only on average.
     match eps
         .iter()

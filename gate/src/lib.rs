@@ -47,7 +47,7 @@ use std::fmt;
 pub const DEFAULT_EPSILON: f32 = 0.05;
 /// Default η: keeps weights defined when every Δ is zero; far below any real Δ.
 pub const DEFAULT_ETA: f32 = 1e-6;
-/// Default K, the longest run of skips (DESIGN.md: 3-5; the paper's bound, §5).
+/// Default K, the longest run of skips (the design: 3-5; the paper's bound, §5).
 pub const DEFAULT_MAX_SKIP: u32 = 4;
 /// Most patches a gate accepts (2^20: far above any real partition, small enough that a
 /// gate's per-patch arrays are always allocatable).

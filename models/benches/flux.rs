@@ -1,4 +1,4 @@
-//! FLUX-shaped token-subset forward at 1024 and 4096 image tokens (#12 item 6): the cost of
+//! FLUX-shaped token-subset forward at 1024 and 4096 image tokens: the cost of
 //! 25 / 50 / 75 % active tokens against the full forward, in one run.
 //!
 //! FLUX.1's structure and head width (128, RoPE 16/56/56, 512 text tokens, cached text

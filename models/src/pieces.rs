@@ -1,5 +1,5 @@
-//! Words from subword tokens, for the saliency map of models with real tokenizers (#12 item
-//! 4): the partitioner's function-word filter works on whole words, and the engine's
+//! Words from subword tokens, for the saliency map of models with real tokenizers: the
+//! partitioner's function-word filter works on whole words, and the engine's
 //! saliency columns are words, while FLUX and SD3 attend to T5 SentencePiece pieces
 //! ("▁red", "▁dish", "washer") and CLIP BPE tokens ("red</w>", "dish", "washer</w>").
 //!

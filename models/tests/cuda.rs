@@ -151,7 +151,7 @@ fn flux_run(dev: &Device, dtype: flashdiff_models::DType) -> (Vec<f32>, Vec<f32>
 }
 
 /// FLUX (diffusers' golden file) on CUDA against diffusers' own output in f32, full and
-/// half-subset forwards (#12 item 7); then bf16 compute on CUDA against bf16 compute on the
+/// half-subset forwards; then bf16 compute on CUDA against bf16 compute on the
 /// CPU. bf16's bound, 3% of the largest output, is what bf16 against f32 compute stays
 /// within on the CPU (`flux.rs`); the subset forward in bf16 is held to the same bound
 /// (cuBLAS may sum a 6-row product in another order than a 12-row one).

@@ -1,5 +1,5 @@
 //! FLUX.1's transformer against candle-transformers' own, unmodified implementation, on
-//! random weights of a small config with the real structure (#12 item 5a), and the
+//! random weights of a small config with the real structure, and the
 //! token-subset forward against the full one (5b).
 
 use std::collections::HashMap;
@@ -327,7 +327,7 @@ fn bad_inputs_are_errors_that_say_what_is_wrong() {
         .contains("sum to the head width 16"));
 }
 
-// ---- checkpoints (#12 items 2 and 5c) ----
+// ---- checkpoints ----
 
 use flashdiff_models::flux::{FluxCheckpoint, FluxLayout};
 use flashdiff_models::Weights;
@@ -381,7 +381,7 @@ fn run_golden(model: &Flux) -> (Tensor, Tensor) {
     (got, want)
 }
 
-/// bf16 compute (#12 item 7; the path `scripts/gpu-check.sh` runs on CUDA): a bf16
+/// bf16 compute (the path the GPU check runs on CUDA): a bf16
 /// checkpoint loaded for bf16 keeps its linear layers in bf16, stays near the same weights
 /// computed in f32, and its subset forward with current K/V still equals its full forward.
 #[test]

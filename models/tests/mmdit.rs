@@ -1,6 +1,6 @@
 //! SD3 / SD3.5's MMDiT against diffusers' own SD3Transformer2DModel (golden files written by
 //! `models/reference/mmdit_golden.py` on random weights of small configs with the real
-//! structure), and the token-subset forward against the full one (#12 items 1, 5a, 5b).
+//! structure), and the token-subset forward against the full one.
 
 use std::path::Path;
 
@@ -278,7 +278,7 @@ fn a_current_text_cache_leaves_the_subset_forward_exact() {
     }
 }
 
-// ---- checkpoints (#12 items 2 and 5c) ----
+// ---- checkpoints ----
 
 use flashdiff_models::mmdit::{MmditCheckpoint, MmditLayout};
 

@@ -1,4 +1,4 @@
-//! The FLUX pipeline (#12 items 3 and 5d): tokenizer files, candle-transformers' text
+//! The FLUX pipeline: tokenizer files, candle-transformers' text
 //! encoders and VAE read through our checkpoint reader, the sampling schedules, decoding, and
 //! the errors a wrong folder gets. On the small random pipeline `pipeline::tiny` writes.
 

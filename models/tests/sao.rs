@@ -1,6 +1,6 @@
 //! Stable Audio Open's DiT against diffusers' own StableAudioDiTModel (golden file written by
 //! `models/reference/sao_golden.py` on random weights of a small config with the real
-//! structure), and its token-subset forward against the full one (#14 item 3).
+//! structure), and its token-subset forward against the full one.
 
 use candle_core::{Device, Tensor};
 use flashdiff_models::sao::{Rows, Sao, SaoConfig};

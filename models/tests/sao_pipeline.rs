@@ -1,4 +1,4 @@
-//! Stable Audio Open as a pipeline (#14 item 3): the cosine schedule and the seconds'
+//! Stable Audio Open as a pipeline: the cosine schedule and the seconds'
 //! embeddings against diffusers (golden file from `models/reference/sao_pipeline_golden.py`),
 //! T5 with its padding masked against candle's T5 on the prompt alone, and the whole
 //! small random pipeline as a `Denoiser` that makes stereo sound.

@@ -1,6 +1,6 @@
 //! Wan2.1's transformer against diffusers' own WanTransformer3DModel (golden file written by
 //! `models/reference/wan_golden.py` on random weights of a small config with the real
-//! structure), and its token-subset forward against the full one (#13 item 3).
+//! structure), and its token-subset forward against the full one.
 
 use std::path::Path;
 

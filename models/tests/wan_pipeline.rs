@@ -1,4 +1,4 @@
-//! Wan2.1 as a pipeline (#13 item 3): umT5 with its padding masked, the video grid the VAE's
+//! Wan2.1 as a pipeline: umT5 with its padding masked, the video grid the VAE's
 //! packing implies, the shifted schedule and guidance, on the small random pipeline.
 
 mod common;

@@ -10,7 +10,7 @@ Fixed inputs (seeded): a noisy latent at t = 0.7 and a prompt. Outputs:
   layers, R_i = (1/|A_i|^2) sum_{u,v in A_i} SA[u, v], paper §4.2);
 - a token-subset forward: K/V cache from a full forward at an earlier (x', t'), then only the
   active tokens recomputed at (x, t), reading cached K/V for every other token (displaced
-  K/V, DESIGN.md): velocity and fresh K/V of the active tokens.
+  K/V): velocity and fresh K/V of the active tokens.
 """
 import argparse
 import json

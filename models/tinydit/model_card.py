@@ -59,7 +59,7 @@ was longer). The state to resume from is in `checkpoint/` (`ckpt.pt`, `train.log
 
 ## Quality (full computation, 50 steps, {ev['samples']} prompts from held-out seed 2026)
 
-| measure | value | bar (issue 4) |
+| measure | value | bar |
 | --- | --- | --- |
 | checker: all correct (background, every shape, colour, place) | {100 * ev['all_correct']:.1f}% | >= 50%: {'met' if bar_all else '**not met**'} |
 | checker: background colour right | {100 * ev['background_correct']:.1f}% | |

@@ -12,9 +12,9 @@ use crate::PartitionError;
 /// Controller settings.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct GranularityConfig {
-    /// Smallest R (DESIGN.md: 2).
+    /// Smallest R (the design: 2).
     pub r_min: u32,
-    /// Largest R (DESIGN.md: 16).
+    /// Largest R (the design: 16).
     pub r_max: u32,
     /// Observations averaged per probed R, against noise in single requests.
     pub samples_per_probe: u32,

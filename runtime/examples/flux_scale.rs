@@ -1,5 +1,5 @@
 //! FLUX at 4096 image tokens through the engine: where the time of a request goes, and the
-//! control plane's share of it (#12 item 6). Random weights of FLUX.1's structure and head
+//! control plane's share of it. Random weights of FLUX.1's structure and head
 //! width at width 768 (one double and two single blocks; the full model does not fit in
 //! this machine's memory in f32), 512 text tokens from a stand-in encoder, a 64 x 64 token
 //! grid (a 1024 x 1024 image), 6 steps of which 2 warm-up, R = 16.

@@ -1,8 +1,7 @@
 //! FLUX, SD3.5 and Wan2.1 (random weights of small configs with their structure: the
 //! diffusers golden files) through the whole engine as `Denoiser`s: saliency partition, gate,
-//! subset forwards over cached K/V, workers (#12 item 5d and #13 item 3, the engine's part:
-//! the text encoders here are a test stand-in, and the output is the latent preview, not a
-//! VAE image).
+//! subset forwards over cached K/V, workers (the text encoders here are a test stand-in, and
+//! the output is the latent preview, not a VAE image).
 
 use std::path::PathBuf;
 use std::sync::Arc;

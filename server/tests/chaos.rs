@@ -1,4 +1,4 @@
-//! Chaos (issue #16): 200 jobs over 2 worker processes, workers SIGKILLed at random all
+//! Chaos: 200 jobs over 2 worker processes, workers SIGKILLed at random all
 //! along, the server itself SIGKILLed twice mid-run and started again on its state
 //! directory: no job is lost and every image is bit-identical to a clean run's.
 

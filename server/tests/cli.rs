@@ -653,7 +653,7 @@ fn png_size(bytes: &[u8]) -> (u32, u32) {
 }
 
 /// `generate --model flux-dev --weights DIR` on the small random pipeline (T5, CLIP, both
-/// tokenizers, the transformer and the VAE in diffusers' layout, #12 item 5d): it skips
+/// tokenizers, the transformer and the VAE in diffusers' layout): it skips
 /// patch-steps, reports, decodes through the VAE at the asked size, and is deterministic.
 #[test]
 fn generate_runs_a_flux_pipeline_folder() {
@@ -737,7 +737,7 @@ fn generate_runs_a_flux_pipeline_folder() {
 }
 
 /// `generate --model stable-audio-open --weights DIR` on the small random pipeline (T5,
-/// the seconds' embedders, the DiT, the Oobleck VAE, #14 item 3): a stereo WAV of the
+/// the seconds' embedders, the DiT, the Oobleck VAE): a stereo WAV of the
 /// asked length, patch-steps skipped, the report and `--compare`, the same file twice.
 #[test]
 fn generate_runs_a_stable_audio_folder() {

@@ -1,4 +1,4 @@
-//! Worker faults (issue #16): a monotask that kills every worker it runs on fails its own
+//! Worker faults: a monotask that kills every worker it runs on fails its own
 //! request only; a worker executable that exits at once or cannot start is an error, not a
 //! hang or a respawn storm; a hung (stopped) worker is killed and its monotask re-run.
 

@@ -1,4 +1,4 @@
-//! Stable Audio Open 1.0 from a diffusers folder (#14 item 3):
+//! Stable Audio Open 1.0 from a diffusers folder:
 //!
 //! ```text
 //! DIR/transformer/        StableAudioDiTModel (config.json, diffusion_pytorch_model.safetensors)

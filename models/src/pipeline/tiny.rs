@@ -1,7 +1,7 @@
 //! A small random FLUX pipeline folder in diffusers' layout, with the real structure of
 //! every part (FLUX transformer, T5 encoder, CLIP text model, both tokenizers, AutoencoderKL)
 //! at toy sizes: what tests and demos run `flashdiff generate --model flux-dev` on, since the
-//! released weights cannot be downloaded here (#12 item 5d). Its images are noise-like
+//! released weights cannot be downloaded here. Its images are noise-like
 //! (random weights); what it shows is the path: loading, encoding, the engine, decoding.
 
 use std::path::Path;

@@ -1,4 +1,4 @@
-//! Wan2.1 text-to-video from a diffusers folder (#13 item 3):
+//! Wan2.1 text-to-video from a diffusers folder:
 //!
 //! ```text
 //! DIR/transformer/    WanTransformer3DModel (config.json, shards), or Wan-AI's file there
