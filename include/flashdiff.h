@@ -951,7 +951,7 @@ fd_status fd_layout_patch_tokens(const struct fd_layout *layout,
                                  size_t *len_out);
 
 /**
- * A controller choosing R in `[r_min, r_max]` (DESIGN.md defaults: 2 and 16) by bounded
+ * A controller choosing R in `[r_min, r_max]` (the design's defaults: 2 and 16) by bounded
  * binary search over observed per-request cost, averaging `samples_per_probe` requests per
  * probe (0 means the default, 3).
  *

@@ -269,7 +269,7 @@ pub unsafe extern "C" fn fd_scheduler_next(
                         tag: fd_tag {
                             request: t.request,
                             step: t.step,
-                            patch: t.patch,
+                            patch: t.monotask,
                         },
                         priority: a.task.priority,
                         cost: a.task.cost,
@@ -298,7 +298,7 @@ fn tag(t: fd_tag) -> Tag {
     Tag {
         request: t.request,
         step: t.step,
-        patch: t.patch,
+        monotask: t.patch,
     }
 }
 

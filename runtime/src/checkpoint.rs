@@ -122,7 +122,7 @@ mod records {
 /// step's monotasks (fresh rows, importances), or recomputed from the prompt (context).
 pub const SAVED_REGIONS: [crate::state::Region; 7] = {
     use crate::state::Region::*;
-    [X0, X, V, CacheK, CacheV, Cross, PatchOf]
+    [X0, X, Velocity, CacheKeys, CacheValues, Cross, PatchOf]
 };
 
 /// Encodes a checkpoint with its header.

@@ -97,8 +97,8 @@ pub fn run(model: &dyn Denoiser, st: &mut SharedState, task: Task) -> Result<(),
             let out = if isolated {
                 model.subset_forward(&x, &toks, step, None, patches)
             } else {
-                let k = tensor(st.get(Region::CacheK), &[layers, tokens, d], &dev)?;
-                let v = tensor(st.get(Region::CacheV), &[layers, tokens, d], &dev)?;
+                let k = tensor(st.get(Region::CacheKeys), &[layers, tokens, d], &dev)?;
+                let v = tensor(st.get(Region::CacheValues), &[layers, tokens, d], &dev)?;
                 model.subset_forward(&x, &toks, step, Some(KvCache { k: &k, v: &v }), patches)
             }
             .map_err(model_err)?;
@@ -116,14 +116,14 @@ pub fn run(model: &dyn Denoiser, st: &mut SharedState, task: Task) -> Result<(),
                 for (i, &t) in toks.iter().enumerate() {
                     let at = (l * tokens + t as usize) * d;
                     let row = (l * n + i) * d;
-                    st.write_at(Region::FreshK, at, &fk[row..row + d]);
-                    st.write_at(Region::FreshV, at, &fv[row..row + d]);
+                    st.write_at(Region::FreshKeys, at, &fk[row..row + d]);
+                    st.write_at(Region::FreshValues, at, &fv[row..row + d]);
                 }
             }
             let vel = host(&out.velocity)?;
             for (i, &t) in toks.iter().enumerate() {
                 st.write_at(
-                    Region::FreshVel,
+                    Region::FreshVelocity,
                     t as usize * pd,
                     &vel[i * pd..(i + 1) * pd],
                 );
@@ -166,9 +166,12 @@ fn warm_up(
     }
     let out = last.expect("warm-up has at least one step");
     st.get_mut(Region::X).copy_from_slice(&x);
-    st.get_mut(Region::V).copy_from_slice(&host(&out.velocity)?);
+    st.get_mut(Region::Velocity)
+        .copy_from_slice(&host(&out.velocity)?);
     st.get_mut(Region::Cross).copy_from_slice(&cross);
-    st.get_mut(Region::CacheK).copy_from_slice(&host(&out.k)?);
-    st.get_mut(Region::CacheV).copy_from_slice(&host(&out.v)?);
+    st.get_mut(Region::CacheKeys)
+        .copy_from_slice(&host(&out.k)?);
+    st.get_mut(Region::CacheValues)
+        .copy_from_slice(&host(&out.v)?);
     Ok(())
 }

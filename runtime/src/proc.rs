@@ -47,7 +47,7 @@ mod records {
             step: u32,
             /// Monotask of the step ([`crate::state::Region::Monotask`]), or `u32::MAX` for
             /// the warm-up.
-            patch: u32,
+            monotask: u32,
             /// Total steps.
             steps: u32,
             /// Warm-up steps.
@@ -76,7 +76,7 @@ mod records {
             /// Step.
             step: u32,
             /// Monotask of the step.
-            patch: u32,
+            monotask: u32,
         },
         /// The monotask could not run.
         Failed {
@@ -85,7 +85,7 @@ mod records {
             /// Step.
             step: u32,
             /// Monotask of the step.
-            patch: u32,
+            monotask: u32,
             /// Why.
             error: String,
         },
@@ -175,7 +175,7 @@ fn handle(
         Order::Run {
             request,
             step,
-            patch,
+            monotask,
             steps,
             warmup,
             isolated,
@@ -188,13 +188,10 @@ fn handle(
                         e.insert(SharedState::open(Path::new(&state), layout.clone())?)
                     }
                 };
-                let task = if patch == u32::MAX {
+                let task = if monotask == u32::MAX {
                     Task::Warmup { steps, warmup }
                 } else {
-                    Task::Patches {
-                        monotask: patch,
-                        isolated,
-                    }
+                    Task::Patches { monotask, isolated }
                 };
                 exec::run(model, st, task)
             })();
@@ -202,12 +199,12 @@ fn handle(
                 Ok(()) => Report::Done {
                     request,
                     step,
-                    patch,
+                    monotask,
                 },
                 Err(error) => Report::Failed {
                     request,
                     step,
-                    patch,
+                    monotask,
                     error,
                 },
             })
@@ -578,7 +575,7 @@ mod tests {
         let o = Order::Run {
             request: 7,
             step: 9,
-            patch: 2,
+            monotask: 2,
             steps: 50,
             warmup: 5,
             isolated: false,

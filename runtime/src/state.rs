@@ -33,17 +33,17 @@ pub enum Region {
     /// Current latent.
     X,
     /// Cached velocity of every token (last computed).
-    V,
-    /// K cache, `depth x tokens x d`.
-    CacheK,
-    /// V cache.
-    CacheV,
-    /// Fresh K rows written by this step's patch-steps.
-    FreshK,
-    /// Fresh V rows.
-    FreshV,
+    Velocity,
+    /// Attention keys cache, `depth x tokens x d`.
+    CacheKeys,
+    /// Attention values cache, `depth x tokens x d`.
+    CacheValues,
+    /// Fresh key rows written by this step's patch-steps.
+    FreshKeys,
+    /// Fresh value rows.
+    FreshValues,
     /// Fresh velocity rows.
-    FreshVel,
+    FreshVelocity,
     /// Warm-up cross-attention, `tokens x words`.
     Cross,
     /// The prompt's conditioning (the model's [`flashdiff_models::Conditioning::context`]).

@@ -5,7 +5,7 @@
 
 use criterion::{black_box, criterion_group, criterion_main, Criterion, Throughput};
 use flashdiff_scheduler::{
-    Completion, Monotask, ReadyQueue, Scheduler, SchedulerConfig, Tag, WARMUP_PATCH,
+    Completion, Monotask, ReadyQueue, Scheduler, SchedulerConfig, Tag, WARMUP_MONOTASK,
 };
 use std::sync::Arc;
 
@@ -54,7 +54,7 @@ fn queue(c: &mut Criterion) {
         tag: Tag {
             request: i,
             step: 0,
-            patch: WARMUP_PATCH,
+            monotask: WARMUP_MONOTASK,
         },
         priority: (i % 8) as u8,
         cost: 1.0,

@@ -23,7 +23,7 @@
 use std::collections::{HashMap, HashSet};
 
 use crate::sched::QueueOrder;
-use crate::{Event, Pick, RequestId, SchedulerConfig, Tag, WorkerId, WARMUP_PATCH};
+use crate::{Event, Pick, RequestId, SchedulerConfig, Tag, WorkerId, WARMUP_MONOTASK};
 
 #[derive(Debug, Default)]
 struct ReqView {
@@ -178,7 +178,7 @@ impl SchedChecker {
         if !alive.contains(&worker) {
             return Err(format!("placed on worker {worker}, which is not alive"));
         }
-        let warmup = tag.patch == WARMUP_PATCH;
+        let warmup = tag.monotask == WARMUP_MONOTASK;
         let holds = |g: usize| {
             self.requests
                 .get(&tag.request)

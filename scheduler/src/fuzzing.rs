@@ -69,7 +69,7 @@ pub fn scheduler(data: &[u8]) {
         let tag = Tag {
             request: (a % 4) as u64,
             step: (b % 3) as u32,
-            patch: (a >> 4) as u32,
+            monotask: (a >> 4) as u32,
         };
         let res = match a % 7 {
             0 => s.submit(tag.request, b % 10, (a % 5) as f64).map(|_| ()),
@@ -77,8 +77,8 @@ pub fn scheduler(data: &[u8]) {
                 tag.request,
                 tag.step,
                 &[
-                    (tag.patch, 1.0),
-                    ((tag.patch + b as u32) % 5, f64::from(b) - 128.0),
+                    (tag.monotask, 1.0),
+                    ((tag.monotask + b as u32) % 5, f64::from(b) - 128.0),
                 ],
             ),
             2 => s.next(w).map(|_| ()),

@@ -3,7 +3,7 @@
 //! Decides *which worker runs which monotask, and when*. A monotask is a request's warm-up or
 //! one patch-step. The engine submits requests and, after each step's gate decision, the
 //! step's active patches; workers ask for their next monotask and report completions tagged
-//! `(request, step, patch)`. The scheduler enforces step barriers, packs patch-steps of all
+//! `(request, step, monotask)`. The scheduler enforces step barriers, packs patch-steps of all
 //! requests onto workers by the affinity-aware least-maximum-load rule, serves the highest
 //! priority first with switch-cost-aware preemption at step boundaries, refuses work beyond
 //! its bounds, and survives lost workers. No tensors, no threads of its own.
@@ -67,8 +67,8 @@ pub type WorkerId = u32;
 /// Priority levels; higher is more urgent. Upstream schedulers map their classes onto these.
 pub const PRIORITY_LEVELS: usize = 8;
 
-/// The `patch` of a warm-up monotask's tag.
-pub const WARMUP_PATCH: u32 = u32::MAX;
+/// The `monotask` of a warm-up monotask's tag.
+pub const WARMUP_MONOTASK: u32 = u32::MAX;
 
 /// Identity of a monotask's result: applied at most once.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -77,19 +77,20 @@ pub struct Tag {
     pub request: RequestId,
     /// Denoising step (0 for the warm-up).
     pub step: u32,
-    /// Patch, or [`WARMUP_PATCH`].
-    pub patch: u32,
+    /// The monotask's index within its step (the engine packs a step's patches into
+    /// monotasks), or [`WARMUP_MONOTASK`] for a request's warm-up.
+    pub monotask: u32,
 }
 
 impl fmt::Display for Tag {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        if self.patch == WARMUP_PATCH {
+        if self.monotask == WARMUP_MONOTASK {
             write!(f, "(request {}, warm-up)", self.request)
         } else {
             write!(
                 f,
-                "(request {}, step {}, patch {})",
-                self.request, self.step, self.patch
+                "(request {}, step {}, monotask {})",
+                self.request, self.step, self.monotask
             )
         }
     }

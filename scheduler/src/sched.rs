@@ -5,7 +5,7 @@ use std::cmp::Ordering;
 use std::collections::{BinaryHeap, HashMap};
 use std::fmt;
 
-use crate::{Monotask, RequestId, Tag, WorkerId, PRIORITY_LEVELS, WARMUP_PATCH};
+use crate::{Monotask, RequestId, Tag, WorkerId, PRIORITY_LEVELS, WARMUP_MONOTASK};
 
 /// Order of monotasks within one priority level of a worker's queue.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -525,7 +525,7 @@ impl Scheduler {
             tag: Tag {
                 request,
                 step: 0,
-                patch: WARMUP_PATCH,
+                monotask: WARMUP_MONOTASK,
             },
             priority,
             cost: warmup_cost,
@@ -590,7 +590,7 @@ impl Scheduler {
                 last_done,
                 outstanding: u32::from(open.is_some()),
                 pending: if open.is_some() {
-                    vec![WARMUP_PATCH]
+                    vec![WARMUP_MONOTASK]
                 } else {
                     Vec::new()
                 },
@@ -639,7 +639,7 @@ impl Scheduler {
         }
         let mut ids: Vec<u32> = patches.iter().map(|p| p.0).collect();
         ids.sort_unstable();
-        if ids.windows(2).any(|w| w[0] == w[1]) || ids.last() == Some(&WARMUP_PATCH) {
+        if ids.windows(2).any(|w| w[0] == w[1]) || ids.last() == Some(&WARMUP_MONOTASK) {
             return Err(SchedError::BadPatches(
                 "patch ids must be unique and below u32::MAX".into(),
             ));
@@ -672,7 +672,7 @@ impl Scheduler {
                 tag: Tag {
                     request,
                     step,
-                    patch,
+                    monotask: patch,
                 },
                 priority,
                 cost,
@@ -712,7 +712,7 @@ impl Scheduler {
                 top2 = l;
             }
         }
-        let warmup = m.tag.patch == WARMUP_PATCH;
+        let warmup = m.tag.monotask == WARMUP_MONOTASK;
         let mut best: Option<(f64, bool, f64, usize, f64)> = None;
         for &g in &alive {
             let holder = holders.contains(&(g as WorkerId));
@@ -931,7 +931,7 @@ impl Scheduler {
                 let applied = self
                     .requests
                     .get(&tag.request)
-                    .is_none_or(|r| r.open != Some(tag.step) || !r.pending.contains(&tag.patch));
+                    .is_none_or(|r| r.open != Some(tag.step) || !r.pending.contains(&tag.monotask));
                 return if applied {
                     Ok(Completion::Stale)
                 } else {
@@ -953,7 +953,7 @@ impl Scheduler {
         let Some(pos) = req
             .pending
             .iter()
-            .position(|&p| p == tag.patch)
+            .position(|&p| p == tag.monotask)
             .filter(|_| req.open == Some(tag.step))
         else {
             self.log(|| Event::Dropped { worker: w, tag });
@@ -966,7 +966,7 @@ impl Scheduler {
         } else {
             req.open = None;
             req.last_done = Some(tag.step);
-            if tag.patch == WARMUP_PATCH {
+            if tag.monotask == WARMUP_MONOTASK {
                 Completion::WarmupDone(tag.request)
             } else {
                 Completion::StepDone(tag.request, tag.step)

@@ -5,7 +5,7 @@ use flashdiff_scheduler::checker::SchedChecker;
 use flashdiff_scheduler::sim::{simulate, ActiveModel, SimRequest};
 use flashdiff_scheduler::{
     Completion, Event, Pick, QueueOrder, SchedError, Scheduler, SchedulerConfig, Tag,
-    PRIORITY_LEVELS, WARMUP_PATCH,
+    PRIORITY_LEVELS, WARMUP_MONOTASK,
 };
 use proptest::prelude::*;
 
@@ -65,7 +65,7 @@ fn run_warmup(s: &mut Scheduler, w: u32, r: u64) {
         Tag {
             request: r,
             step: 0,
-            patch: WARMUP_PATCH
+            monotask: WARMUP_MONOTASK
         }
     );
     assert_eq!(
@@ -387,7 +387,7 @@ fn the_checker_refuses_a_retry_past_max_attempts() {
     let tag = Tag {
         request: 1,
         step: 0,
-        patch: WARMUP_PATCH,
+        monotask: WARMUP_MONOTASK,
     };
     events[at] = Event::Requeued { tag };
     let err = SchedChecker::new(s.config())
@@ -459,7 +459,7 @@ fn misuse_is_refused_by_name() {
     let wrong = Tag {
         request: 1,
         step: 0,
-        patch: 3,
+        monotask: 3,
     };
     assert!(matches!(s.complete(0, wrong), Ok(Completion::Stale)));
     assert!(matches!(
@@ -483,12 +483,12 @@ fn checker_catches_violations() {
     let t = |request, patch| Tag {
         request,
         step: 1,
-        patch,
+        monotask: patch,
     };
     let warm = |request| Tag {
         request,
         step: 0,
-        patch: WARMUP_PATCH,
+        monotask: WARMUP_MONOTASK,
     };
     let admit = |request| Event::Admitted {
         request,
@@ -647,7 +647,7 @@ fn arrival_order_holds_within_a_level_across_steps() {
         Tag {
             request: 1,
             step: 0,
-            patch: WARMUP_PATCH
+            monotask: WARMUP_MONOTASK
         }
     );
     assert_eq!(
@@ -753,12 +753,12 @@ fn a_worker_holds_up_to_depth_monotasks_dispatched_ahead() {
         .unwrap();
     let a = s.next(0).unwrap().unwrap();
     let b = s.next(0).unwrap().unwrap();
-    assert_eq!((a.task.tag.patch, b.task.tag.patch), (0, 1));
+    assert_eq!((a.task.tag.monotask, b.task.tag.monotask), (0, 1));
     assert_eq!(s.next(0), Err(SchedError::Busy(0)));
     assert_eq!(s.load().running, 2);
     assert_eq!(s.complete(0, a.task.tag).unwrap(), Completion::Patch);
     let c = s.next(0).unwrap().unwrap();
-    assert_eq!(c.task.tag.patch, 2);
+    assert_eq!(c.task.tag.monotask, 2);
     assert_eq!(s.complete(0, b.task.tag).unwrap(), Completion::Patch);
     assert_eq!(
         s.complete(0, c.task.tag).unwrap(),

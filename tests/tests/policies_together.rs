@@ -68,7 +68,7 @@ fn warmup_partition_gate_schedule() {
         while !done {
             for w in 0..2 {
                 if let Some(a) = sched.next(w).unwrap() {
-                    let p = a.task.tag.patch;
+                    let p = a.task.tag.monotask;
                     // The object's patch keeps changing; the background settles.
                     let imp = if p == corner {
                         0.5 + 0.05 * step as f32

@@ -34,11 +34,11 @@ impl Track {
         Self {
             kv_weight,
             kv_base: [
-                state.get(Region::CacheK).to_vec(),
-                state.get(Region::CacheV).to_vec(),
+                state.get(Region::CacheKeys).to_vec(),
+                state.get(Region::CacheValues).to_vec(),
             ],
             kv_slope: [vec![0.0; kv], vec![0.0; kv]],
-            v_base: state.get(Region::V).to_vec(),
+            v_base: state.get(Region::Velocity).to_vec(),
             v_slope: vec![0.0; vel],
             last: vec![at; cfg.grid.tokens()],
         }
@@ -62,8 +62,8 @@ pub(super) fn extrapolate(
 ) -> (f64, f64) {
     let (mut err2, mut norm2) = (0.0f64, 0.0f64);
     let (tokens, d, depth, pd) = (cfg.grid.tokens(), cfg.kv_dim, cfg.kv_layers, cfg.channels);
-    let fresh = [state.get(Region::FreshK), state.get(Region::FreshV)];
-    let fresh_vel = state.get(Region::FreshVel);
+    let fresh = [state.get(Region::FreshKeys), state.get(Region::FreshValues)];
+    let fresh_vel = state.get(Region::FreshVelocity);
     for p in (0..layout.patches()).filter(|&p| active[p as usize]) {
         for &t in layout.patch_tokens(p) {
             let t = t as usize;
@@ -100,7 +100,7 @@ pub(super) fn extrapolate(
             tr.last[t] = n;
         }
     }
-    let v = state.get_mut(Region::V);
+    let v = state.get_mut(Region::Velocity);
     for (t, &last) in tr.last.iter().enumerate().filter(|(_, &l)| l < n) {
         let ahead = (n - last) as f32;
         let r = t * pd..(t + 1) * pd;
@@ -121,7 +121,10 @@ pub(super) fn extrapolate(
 /// state only, like [`extrapolate`].
 pub(super) fn write_cache(state: &mut SharedState, tr: &Track, n: u32, read: &[bool], cfg: &Dims) {
     let (tokens, d) = (cfg.grid.tokens(), cfg.kv_dim);
-    for (kv, region) in [Region::CacheK, Region::CacheV].into_iter().enumerate() {
+    for (kv, region) in [Region::CacheKeys, Region::CacheValues]
+        .into_iter()
+        .enumerate()
+    {
         let dst = state.get_mut(region);
         for l in 0..cfg.kv_layers {
             for (t, &last) in tr.last.iter().enumerate().filter(|&(t, _)| read[t]) {
@@ -189,9 +192,9 @@ mod tests {
                 }
             };
         let everyone = vec![true; tokens];
-        fill(&mut st, Region::CacheK, d, 0, &everyone);
-        fill(&mut st, Region::CacheV, d, 0, &everyone);
-        fill(&mut st, Region::V, pd, 0, &everyone);
+        fill(&mut st, Region::CacheKeys, d, 0, &everyone);
+        fill(&mut st, Region::CacheValues, d, 0, &everyone);
+        fill(&mut st, Region::Velocity, pd, 0, &everyone);
         let mut track = Track::start(&st, 0, &cfg, weight);
         // Patch 0 runs every step; patch 1 runs at steps 1 and 5 and is skipped in between.
         // Every measured slope is 0.5 (also across a gap); the averaged K/V slope after m
@@ -206,10 +209,10 @@ mod tests {
                 .iter()
                 .map(|&p| active[p as usize])
                 .collect();
-            fill(&mut st, Region::FreshK, d, n, &everyone);
-            fill(&mut st, Region::FreshV, d, n, &everyone);
-            fill(&mut st, Region::FreshVel, pd, n, &everyone);
-            fill(&mut st, Region::V, pd, n, &computed); // the commit's copy of fresh rows
+            fill(&mut st, Region::FreshKeys, d, n, &everyone);
+            fill(&mut st, Region::FreshValues, d, n, &everyone);
+            fill(&mut st, Region::FreshVelocity, pd, n, &everyone);
+            fill(&mut st, Region::Velocity, pd, n, &computed); // the commit's copy of fresh rows
             extrapolate(&mut st, &mut track, &layout, &active, n, &cfg);
             write_cache(&mut st, &track, n + 1, &everyone, &cfg);
             for p in 0..2u32 {
@@ -220,7 +223,7 @@ mod tests {
                 };
                 for &t in layout.patch_tokens(p) {
                     let t = t as usize;
-                    for region in [Region::CacheK, Region::CacheV] {
+                    for region in [Region::CacheKeys, Region::CacheValues] {
                         for i in 0..d {
                             let want = value(t, i, last) + (n + 1 - last) as f32 * smoothed(m);
                             let got = st.get(region)[t * d + i];
@@ -232,7 +235,7 @@ mod tests {
                     }
                     for i in 0..pd {
                         // Linear: the extrapolated velocity is the true one at step n.
-                        let got = st.get(Region::V)[t * pd + i];
+                        let got = st.get(Region::Velocity)[t * pd + i];
                         assert!(
                             (got - value(t, i, n)).abs() < 1e-4,
                             "velocity step {n} token {t}: {got}"

@@ -8,7 +8,7 @@ use flashdiff_models::{ModelError, Tensor};
 use flashdiff_partitioner::{
     objective, partition_saliency, partition_uniform, saliency_map, Grid, PartitionError,
 };
-use flashdiff_scheduler::{Completion, Tag, WARMUP_PATCH};
+use flashdiff_scheduler::{Completion, Tag, WARMUP_MONOTASK};
 
 use super::methods;
 use super::request::Request;
@@ -119,7 +119,7 @@ impl Engine {
 
     pub(super) fn account(&mut self, tag: Tag, d: Duration) {
         if let Some(r) = self.requests.get_mut(&tag.request) {
-            if tag.patch == WARMUP_PATCH {
+            if tag.monotask == WARMUP_MONOTASK {
                 r.report.time.warmup += d;
             } else {
                 r.report.time.compute += d;
@@ -166,14 +166,14 @@ impl Engine {
         let Some(r) = self.requests.get_mut(&tag.request) else {
             return Ok(());
         };
-        let task = if tag.patch == WARMUP_PATCH {
+        let task = if tag.monotask == WARMUP_MONOTASK {
             Task::Warmup {
                 steps: r.cfg.steps,
                 warmup: r.cfg.warmup,
             }
         } else {
             Task::Patches {
-                monotask: tag.patch,
+                monotask: tag.monotask,
                 isolated: methods::of(r.cfg.mode).isolated(),
             }
         };

@@ -164,13 +164,13 @@ impl Engine {
                 if r.track.is_none() {
                     for l in 0..cfg.kv_layers {
                         let at = (l * tokens + t) * d;
-                        let (src, dst) = r.state.get_pair(Region::FreshK, Region::CacheK);
+                        let (src, dst) = r.state.get_pair(Region::FreshKeys, Region::CacheKeys);
                         dst[at..at + d].copy_from_slice(&src[at..at + d]);
-                        let (src, dst) = r.state.get_pair(Region::FreshV, Region::CacheV);
+                        let (src, dst) = r.state.get_pair(Region::FreshValues, Region::CacheValues);
                         dst[at..at + d].copy_from_slice(&src[at..at + d]);
                     }
                 }
-                let (src, dst) = r.state.get_pair(Region::FreshVel, Region::V);
+                let (src, dst) = r.state.get_pair(Region::FreshVelocity, Region::Velocity);
                 dst[t * pd..(t + 1) * pd].copy_from_slice(&src[t * pd..(t + 1) * pd]);
             }
             let importance = r.state.get(Region::Importance)[p as usize];
@@ -188,7 +188,7 @@ impl Engine {
             r.report.reuse_norm2 += n2;
         }
         let h = self.model.time(r.step, r.cfg.steps) - self.model.time(r.step + 1, r.cfg.steps);
-        let (v, x) = r.state.get_pair(Region::V, Region::X);
+        let (v, x) = r.state.get_pair(Region::Velocity, Region::X);
         for (xi, vi) in x.iter_mut().zip(v) {
             *xi -= h * vi;
         }

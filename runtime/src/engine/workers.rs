@@ -4,7 +4,7 @@
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
-use flashdiff_scheduler::{SchedError, Tag, WARMUP_PATCH};
+use flashdiff_scheduler::{SchedError, Tag, WARMUP_MONOTASK};
 
 use super::methods;
 use super::{Engine, EngineError, StepEvent};
@@ -74,7 +74,7 @@ impl Health {
     }
 
     fn limit(&self, w: u32, tag: Tag) -> Duration {
-        let kind = usize::from(tag.patch != WARMUP_PATCH);
+        let kind = usize::from(tag.monotask != WARMUP_MONOTASK);
         let p = self.policy;
         let mut limit = match self.longest[kind] {
             None => p.first,
@@ -87,7 +87,7 @@ impl Health {
     }
 
     fn observed(&mut self, tag: Tag, d: Duration) {
-        let kind = usize::from(tag.patch != WARMUP_PATCH);
+        let kind = usize::from(tag.monotask != WARMUP_MONOTASK);
         self.longest[kind] = Some(self.longest[kind].map_or(d, |l| l.max(d)));
     }
 }
@@ -164,7 +164,7 @@ impl Engine {
                     let order = Order::Run {
                         request: tag.request,
                         step: tag.step,
-                        patch: tag.patch,
+                        monotask: tag.monotask,
                         steps: r.cfg.steps,
                         warmup: r.cfg.warmup,
                         isolated: methods::of(r.cfg.mode).isolated(),
@@ -276,25 +276,25 @@ impl Engine {
             Event::Report(WorkerReport::Done {
                 request,
                 step,
-                patch,
+                monotask,
             }) => (
                 Tag {
                     request,
                     step,
-                    patch,
+                    monotask,
                 },
                 None,
             ),
             Event::Report(WorkerReport::Failed {
                 request,
                 step,
-                patch,
+                monotask,
                 error,
             }) => (
                 Tag {
                     request,
                     step,
-                    patch,
+                    monotask,
                 },
                 Some(error),
             ),

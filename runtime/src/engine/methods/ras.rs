@@ -32,7 +32,7 @@ impl Method for Ras {
     }
 
     fn before_commit(&self, r: &mut Request) {
-        r.ras_prev = Some(r.state.get(Region::V).to_vec());
+        r.ras_prev = Some(r.state.get(Region::Velocity).to_vec());
     }
 }
 
@@ -51,7 +51,7 @@ fn select(model: &dyn Denoiser, r: &mut Request, final_full: bool) -> Result<(),
         || [0.45f32, 0.8]
             .iter()
             .any(|f| r.step == (f * n).round() as u32);
-    let v = r.state.get(Region::V);
+    let v = r.state.get(Region::Velocity);
     // Score of a token: spread over its channels of the velocity's last change.
     let score: Vec<f32> = (0..frames * h * w)
         .map(|t| {

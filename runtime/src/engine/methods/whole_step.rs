@@ -66,7 +66,7 @@ impl Method for WholeStep {
         r.tea = Some((m, if skip { acc } else { 0.0 }));
         r.report.time.gate += t0.elapsed();
         if skip {
-            let (v, x) = r.state.get_pair(Region::V, Region::X);
+            let (v, x) = r.state.get_pair(Region::Velocity, Region::X);
             for (xi, vi) in x.iter_mut().zip(v) {
                 *xi -= h * vi;
             }
