@@ -715,3 +715,33 @@ fn video_runs_on_its_3d_grid_and_is_identical_for_any_worker_count() {
         "every patch spans all frames: {spans:?}"
     );
 }
+
+/// A caller that conditioned the prompt itself (a server checking it before queueing) gets
+/// the output `submit` gives; a conditioning that does not fit the model is refused.
+#[test]
+fn a_request_conditioned_by_its_caller_runs_as_submitted() {
+    let mut e = Engine::new(&default_weights(), 1).unwrap();
+    let want = e
+        .generate(PROMPT, cfg(Mode::FlashDiff), &mut |_| {})
+        .unwrap();
+    let c = e.model().condition(PROMPT).unwrap();
+    e.submit_conditioned(5, PROMPT, c.clone(), cfg(Mode::FlashDiff))
+        .unwrap();
+    let got = e.run(&mut |_| {}).pop().unwrap().unwrap();
+    assert_eq!(got.latent, want.latent);
+    let mut short = c;
+    short.context.pop();
+    let err = e
+        .submit_conditioned(6, PROMPT, short, cfg(Mode::FlashDiff))
+        .unwrap_err();
+    assert!(
+        matches!(
+            err,
+            EngineError::Invalid {
+                field: "prompt",
+                ..
+            }
+        ),
+        "{err}"
+    );
+}

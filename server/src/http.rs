@@ -1,9 +1,12 @@
 //! `flashdiff serve --port P`: the engine behind HTTP.
 //!
 //! One driver thread owns the [`Engine`] (it is `&mut` and runs the model); HTTP handlers on
-//! the tokio runtime talk to it over a channel and read the job table. A request starts when
+//! the tokio runtime check a request and condition its prompt (on a blocking thread, once),
+//! then hand it to the driver over a channel and read the job table. A request starts when
 //! it arrives: the driver admits it between scheduling rounds, so new requests join the ones
-//! in flight.
+//! in flight. Finished jobs go to a finisher thread, which encodes, saves and journals them:
+//! the driver does no disk I/O of results and never waits for the job table's lock while
+//! a result is written.
 //!
 //! Endpoints: `POST /v1/images/generations` (OpenAI-compatible, waits for the images),
 //! `POST /v1/jobs`, `GET|DELETE /v1/jobs/{id}`, `GET /v1/jobs/{id}/events` (server-sent
@@ -46,7 +49,7 @@ use flashdiff_runtime::schema::RequestFields;
 use crate::journal::{Entry, JobRecord, Store};
 use flashdiff_runtime::image;
 use flashdiff_runtime::models::scene::IMAGE;
-use flashdiff_runtime::models::Denoiser;
+use flashdiff_runtime::models::{Conditioning, Denoiser};
 
 /// Server settings.
 #[derive(Debug, Clone)]
@@ -130,9 +133,11 @@ struct Metrics {
 const STEP_BUCKETS: [f64; 8] = [0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.5];
 
 enum Cmd {
+    /// A new job, its prompt conditioned by the handler that checked it.
     Submit {
         id: u64,
         prompt: String,
+        cond: Conditioning,
         cfg: RequestConfig,
     },
     Cancel(u64),
@@ -216,11 +221,19 @@ pub fn serve(mut engine: Engine, cfg: HttpConfig) -> Result<(), String> {
         accepting: std::sync::atomic::AtomicBool::new(true),
         store,
     });
+    let (done_tx, done_rx) = mpsc::channel();
+    let finisher = {
+        let hub = hub.clone();
+        std::thread::Builder::new()
+            .name("flashdiff-finisher".into())
+            .spawn(move || finish(done_rx, hub))
+            .map_err(|e| format!("cannot start the results thread: {e}"))?
+    };
     let driver = {
         let hub = hub.clone();
         std::thread::Builder::new()
             .name("flashdiff-driver".into())
-            .spawn(move || drive(engine, rx, hub))
+            .spawn(move || drive(engine, rx, hub, done_tx))
             .map_err(|e| format!("cannot start the engine thread: {e}"))?
     };
     let rt = tokio::runtime::Builder::new_multi_thread()
@@ -253,6 +266,7 @@ pub fn serve(mut engine: Engine, cfg: HttpConfig) -> Result<(), String> {
     }
     drop(rt);
     let _ = driver.join();
+    let _ = finisher.join();
     eprintln!("flashdiff: stopped");
     res
 }
@@ -417,7 +431,25 @@ fn router(hub: Shared) -> Router {
 
 /// The engine's thread: admits commands between scheduling rounds, runs monotasks, and
 /// records steps and results in the job table.
-fn drive(mut engine: Engine, rx: mpsc::Receiver<Cmd>, hub: Shared) {
+/// A job the engine is done with, for the finisher thread.
+enum Done {
+    Ok(Box<Output>),
+    Err(u64, Phase, String),
+}
+
+/// The finisher's thread: encodes results, writes them and the journal, and updates the
+/// job table, so that the engine's thread does no disk I/O and never waits for a handler's
+/// lock. It ends when the driver does.
+fn finish(rx: mpsc::Receiver<Done>, hub: Shared) {
+    for d in rx {
+        match d {
+            Done::Ok(o) => finish_ok(&hub, *o),
+            Done::Err(id, phase, msg) => finish_err(&hub, id, phase, msg),
+        }
+    }
+}
+
+fn drive(mut engine: Engine, rx: mpsc::Receiver<Cmd>, hub: Shared, done: mpsc::Sender<Done>) {
     let mut open = true;
     let g = engine.model().dims().grid;
     let grid = [g.frames, g.height, g.width];
@@ -449,16 +481,21 @@ fn drive(mut engine: Engine, rx: mpsc::Receiver<Cmd>, hub: Shared) {
             }))
         {
             match cmd {
-                Cmd::Submit { id, prompt, cfg } => {
-                    if let Err(e) = engine.submit(id, &prompt, cfg) {
-                        finish_err(&hub, id, Phase::Failed, e.to_string());
+                Cmd::Submit {
+                    id,
+                    prompt,
+                    cond,
+                    cfg,
+                } => {
+                    if let Err(e) = engine.submit_conditioned(id, &prompt, cond, cfg) {
+                        let _ = done.send(Done::Err(id, Phase::Failed, e.to_string()));
                     }
                 }
                 Cmd::Cancel(id) => {
                     // Not in flight (finished meanwhile): nothing to do.
                     let _ = engine.cancel(id);
                 }
-                Cmd::Resume { id, prompt, cfg } => resume_job(&mut engine, &hub, id, &prompt, cfg),
+                Cmd::Resume { id, prompt, cfg } => resume_job(&mut engine, &done, id, &prompt, cfg),
             }
         }
         if engine.in_flight() > 0 {
@@ -469,23 +506,29 @@ fn drive(mut engine: Engine, rx: mpsc::Receiver<Cmd>, hub: Shared) {
         }
         // Also after a cancel that emptied the engine: its result is waiting here.
         for r in engine.take_finished() {
-            match r {
-                Ok(o) => finish_ok(&hub, o),
+            let _ = done.send(match r {
+                Ok(o) => Done::Ok(Box::new(o)),
                 Err((id, e)) => {
                     let phase = match e {
                         EngineError::Cancelled(_) => Phase::Cancelled,
                         _ => Phase::Failed,
                     };
-                    finish_err(&hub, id, phase, e.to_string());
+                    Done::Err(id, phase, e.to_string())
                 }
-            }
+            });
         }
     }
 }
 
 /// Takes up a job the previous server left unfinished: from its checkpoint when there is a
 /// valid one, else from the start (the output is the same either way).
-fn resume_job(engine: &mut Engine, hub: &Hub, id: u64, prompt: &str, cfg: RequestConfig) {
+fn resume_job(
+    engine: &mut Engine,
+    done: &mpsc::Sender<Done>,
+    id: u64,
+    prompt: &str,
+    cfg: RequestConfig,
+) {
     let path = engine
         .checkpoint_dir()
         .map(|d| checkpoint::path(d, id))
@@ -507,7 +550,7 @@ fn resume_job(engine: &mut Engine, hub: &Hub, id: u64, prompt: &str, cfg: Reques
         }
     }
     if let Err(e) = engine.submit(id, prompt, cfg) {
-        finish_err(hub, id, Phase::Failed, e.to_string());
+        let _ = done.send(Done::Err(id, Phase::Failed, e.to_string()));
     }
 }
 
@@ -587,15 +630,18 @@ fn finish_ok(hub: &Hub, o: Output) {
     m.completed.fetch_add(1, Relaxed);
     m.patch_steps.fetch_add(o.report.patch_steps, Relaxed);
     m.computed.fetch_add(o.report.computed, Relaxed);
-    let Ok(mut jobs) = hub.jobs.lock() else {
+    let Some(scale) = hub
+        .jobs
+        .lock()
+        .ok()
+        .and_then(|j| j.get(&id).map(|j| j.scale))
+    else {
         return;
     };
-    let Some(j) = jobs.get_mut(&id) else {
-        return;
-    };
+    // Encoded, saved and journaled without the job table's lock, and before anyone can
+    // read "succeeded".
     let report = report_json(&o);
-    let png = image::png(&o.sample.rgb, o.sample.width, o.sample.height, j.scale);
-    // Saved and journaled before anyone can read "succeeded".
+    let png = image::png(&o.sample.rgb, o.sample.width, o.sample.height, scale);
     if let Err(e) = journal(hub, |s| {
         s.save_result(id, &png, &report)?;
         s.append(&Entry::Finished {
@@ -606,6 +652,12 @@ fn finish_ok(hub: &Hub, o: Output) {
     }) {
         log::error!("job {id}: {e}");
     }
+    let Ok(mut jobs) = hub.jobs.lock() else {
+        return;
+    };
+    let Some(j) = jobs.get_mut(&id) else {
+        return;
+    };
     j.png = Some(png);
     j.report = Some(report.clone());
     j.phase = Phase::Succeeded;
@@ -649,6 +701,8 @@ fn finish_err(hub: &Hub, id: u64, phase: Phase, msg: String) {
 /// A parsed generation request: prompt, per-image settings, images wanted, PNG scale.
 struct GenRequest {
     prompt: String,
+    /// The prompt conditioned by the model, once: the engine takes it as it is.
+    cond: Option<Conditioning>,
     cfg: RequestConfig,
     n: u32,
     scale: usize,
@@ -664,10 +718,13 @@ fn parse(body: &[u8], cfg: &HttpConfig, model: &dyn Denoiser) -> Result<GenReque
     };
     let g = parse_fields(body, &cfg.base, warmup, model.name(), side)?;
     check_request(model, &g.cfg).map_err(|e| e.to_string())?;
-    model
+    let cond = model
         .condition(&g.prompt)
         .map_err(|e| format!("\"prompt\": {e}"))?;
-    Ok(g)
+    Ok(GenRequest {
+        cond: Some(cond),
+        ..g
+    })
 }
 
 /// Where a request's warm-up comes from when it gives none.
@@ -758,6 +815,7 @@ fn parse_fields(
     }
     Ok(GenRequest {
         prompt,
+        cond: None,
         cfg,
         n,
         scale,
@@ -774,6 +832,13 @@ fn admit(hub: &Hub, g: &GenRequest) -> Result<Vec<(u64, watch::Receiver<Phase>)>
             "the server is shutting down",
         )));
     }
+    let cond = g.cond.as_ref().ok_or_else(|| {
+        Box::new(error(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "internal",
+            "the prompt was not conditioned",
+        ))
+    })?;
     let mut jobs = hub.jobs.lock().map_err(|_| Box::new(poisoned()))?;
     let open = jobs.values().filter(|j| !j.phase.done()).count();
     if open + g.n as usize > hub.cfg.max_queue {
@@ -861,6 +926,7 @@ fn admit(hub: &Hub, g: &GenRequest) -> Result<Vec<(u64, watch::Receiver<Phase>)>
             .send(Cmd::Submit {
                 id,
                 prompt: g.prompt.clone(),
+                cond: cond.clone(),
                 cfg,
             })
             .is_err()
@@ -954,10 +1020,25 @@ async fn metrics(State(hub): State<Shared>) -> Response {
     ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], s).into_response()
 }
 
+/// Parses a request and conditions its prompt off the async threads (for a real model that
+/// runs its text encoders).
+async fn parse_blocking(hub: &Shared, body: axum::body::Bytes) -> Result<GenRequest, Response> {
+    let hub = hub.clone();
+    match tokio::task::spawn_blocking(move || parse(&body, &hub.cfg, &*hub.checker)).await {
+        Ok(Ok(g)) => Ok(g),
+        Ok(Err(e)) => Err(bad(e)),
+        Err(e) => Err(error(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "internal",
+            format!("checking the request failed: {e}"),
+        )),
+    }
+}
+
 async fn generations(State(hub): State<Shared>, body: axum::body::Bytes) -> Response {
-    let g = match parse(&body, &hub.cfg, &*hub.checker) {
+    let g = match parse_blocking(&hub, body).await {
         Ok(g) => g,
-        Err(e) => return bad(e),
+        Err(r) => return r,
     };
     let ids = match admit(&hub, &g) {
         Ok(ids) => ids,
@@ -1005,9 +1086,9 @@ async fn generations(State(hub): State<Shared>, body: axum::body::Bytes) -> Resp
 }
 
 async fn create_job(State(hub): State<Shared>, body: axum::body::Bytes) -> Response {
-    let g = match parse(&body, &hub.cfg, &*hub.checker) {
+    let g = match parse_blocking(&hub, body).await {
         Ok(g) => g,
-        Err(e) => return bad(e),
+        Err(r) => return r,
     };
     if g.n != 1 {
         return bad("\"n\": a job makes one image; submit one job per image");

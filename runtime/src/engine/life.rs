@@ -4,7 +4,7 @@
 use std::time::{Duration, Instant};
 
 use flashdiff_gate::{Gate, GateConfig};
-use flashdiff_models::{ModelError, Tensor};
+use flashdiff_models::{Conditioning, ModelError, Tensor};
 use flashdiff_partitioner::{
     objective, partition_saliency, partition_uniform, saliency_map, Grid, PartitionError,
 };
@@ -45,16 +45,64 @@ pub fn noise(seed: u64, n: usize) -> Vec<f32> {
 impl Engine {
     /// Admits a request. Prompt and settings are checked here, so a bad request fails alone.
     pub fn submit(&mut self, id: u64, prompt: &str, cfg: RequestConfig) -> Result<(), EngineError> {
-        self.validate(&cfg)?;
+        self.check_admission(id, &cfg)?;
+        let submitted = Instant::now();
+        let c = self.model.condition(prompt)?;
+        self.admit(id, prompt, c, cfg, submitted)
+    }
+
+    /// [`Engine::submit`] with the prompt already conditioned by this engine's model
+    /// ([`Engine::shared_model`]'s `condition`), so that a caller that checks prompts before
+    /// it queues them (a server) encodes each prompt once. The conditioning's sizes are
+    /// checked against the model.
+    pub fn submit_conditioned(
+        &mut self,
+        id: u64,
+        prompt: &str,
+        c: Conditioning,
+        cfg: RequestConfig,
+    ) -> Result<(), EngineError> {
+        self.check_admission(id, &cfg)?;
+        let dims = self.model.dims();
+        if c.context.len() != dims.context_len
+            || c.salient.len() != c.words.len()
+            || c.words.len() > dims.words
+        {
+            return Err(EngineError::Invalid {
+                field: "prompt",
+                reason: format!(
+                    "conditioning of {} values and {} words does not fit this model ({} values, \
+                     at most {} words)",
+                    c.context.len(),
+                    c.words.len(),
+                    dims.context_len,
+                    dims.words
+                ),
+            });
+        }
+        self.admit(id, prompt, c, cfg, Instant::now())
+    }
+
+    fn check_admission(&self, id: u64, cfg: &RequestConfig) -> Result<(), EngineError> {
+        self.validate(cfg)?;
         if self.requests.contains_key(&id) {
             return Err(EngineError::Invalid {
                 field: "id",
                 reason: format!("{id}: a request with this id is already in flight"),
             });
         }
-        let submitted = Instant::now();
+        Ok(())
+    }
+
+    fn admit(
+        &mut self,
+        id: u64,
+        prompt: &str,
+        c: Conditioning,
+        cfg: RequestConfig,
+        submitted: Instant,
+    ) -> Result<(), EngineError> {
         let dims = self.model.dims().clone();
-        let c = self.model.condition(prompt)?;
         let context = Tensor::from_slice(&c.context, c.context.len(), self.model.device())
             .map_err(ModelError::from)?;
         let tokens = dims.grid.tokens();
