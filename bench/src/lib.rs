@@ -21,7 +21,6 @@ use flashdiff_scheduler::SchedulerConfig;
 use flashdiff_models::scene::{self, IMAGE};
 use flashdiff_models::{euler_full_step, ModelError, Tensor};
 use flashdiff_runtime::engine::{Engine, EngineError, LayoutKind, Mode, Output, RequestConfig};
-use flashdiff_runtime::image;
 
 /// Benchmark settings.
 #[derive(Debug, Clone)]
@@ -402,7 +401,7 @@ fn sweeps(
                 &mut |_| {},
             )?;
             w += work(&o, cfg.steps);
-            let p = image::psnr(&o.sample.rgb, full).min(99.0);
+            let p = flashdiff_eval::metrics::psnr(&o.sample.rgb, full).min(99.0);
             q += p;
             worst = worst.min(p);
             ms += o.report.latency.as_secs_f64() * 1e3;
@@ -510,17 +509,17 @@ fn per_prompt_rows(
             engine.generate(&prompt, c, &mut |_| {})?,
         ));
         let full_rgb = results[0].1.sample.rgb.clone();
-        let full_v = scene::check(&full_rgb, &scene);
+        let full_v = flashdiff_eval::image::check(&full_rgb, &scene);
         for (name, o) in &results {
-            let v = scene::check(&o.sample.rgb, &scene);
+            let v = flashdiff_eval::image::check(&o.sample.rgb, &scene);
             rows.push(Row {
                 method: name.clone(),
                 prompt: i,
                 latency_ms: ms(o.report.latency),
                 work: work(o, cfg.steps),
                 skipped: 1.0 - o.report.computed as f64 / o.report.patch_steps.max(1) as f64,
-                psnr: image::psnr(&o.sample.rgb, &full_rgb),
-                ssim: image::ssim(&o.sample.rgb, &full_rgb, IMAGE, IMAGE),
+                psnr: flashdiff_eval::metrics::psnr(&o.sample.rgb, &full_rgb),
+                ssim: flashdiff_eval::metrics::ssim(&o.sample.rgb, &full_rgb, IMAGE, IMAGE),
                 all_correct: v.all(),
                 agrees_with_full: v == full_v,
             });

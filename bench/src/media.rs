@@ -11,7 +11,6 @@ use serde_json::{json, Value};
 use crate::{methods, ms, prepare, verdict, work, write_outputs, BenchConfig};
 use flashdiff_models::{clips, sounds, Kind, Sample};
 use flashdiff_runtime::engine::{Engine, EngineError, Mode, Output, RequestConfig};
-use flashdiff_runtime::media;
 
 /// The baselines of the video and sound tables (besides fewer steps).
 const METHODS: [&str; 6] = [
@@ -53,7 +52,7 @@ fn prompt_and_checker(kind: Kind, seed: u64) -> (String, Checker) {
             (
                 p,
                 Box::new(move |s: &Sample| {
-                    let v = clips::check(&s.rgb, &c);
+                    let v = flashdiff_eval::video::check(&s.rgb, &c);
                     (
                         v.all(),
                         vec![v.background, v.present, v.place, v.shape, v.motion],
@@ -67,7 +66,7 @@ fn prompt_and_checker(kind: Kind, seed: u64) -> (String, Checker) {
             (
                 p,
                 Box::new(move |s: &Sample| {
-                    let v = sounds::check(&s.audio, &e);
+                    let v = flashdiff_eval::sound::check(&s.audio, &e);
                     (v.all(), vec![v.count, v.kinds, v.pitches])
                 }),
             )
@@ -84,11 +83,11 @@ fn row(
     (prompt, seed): (&str, u64),
 ) -> Row {
     let (fidelity, second, temporal) = match kind {
-        Kind::Video => media::video_quality(&o.sample, &full.sample)
+        Kind::Video => flashdiff_eval::metrics::video_quality(&o.sample, &full.sample)
             .map_or((f64::NAN, f64::NAN, f64::NAN), |q| {
                 (q.clip_psnr, q.worst_frame_psnr, q.temporal_psnr)
             }),
-        _ => media::audio_quality(&o.sample, &full.sample)
+        _ => flashdiff_eval::metrics::audio_quality(&o.sample, &full.sample)
             .map_or((f64::NAN, f64::NAN, f64::NAN), |q| (q.snr, q.lsd, f64::NAN)),
     };
     let (all, parts) = check(&o.sample);

@@ -9,7 +9,6 @@ use std::time::Instant;
 
 use flashdiff_models::scene;
 use flashdiff_runtime::engine::{Engine, EngineError, Mode, RequestConfig, DEFAULT_PATCHES};
-use flashdiff_runtime::image;
 
 use crate::{verdict, work, BenchConfig};
 
@@ -70,7 +69,7 @@ pub(crate) fn section(
         t_full += bf;
         t_fd += bd;
         w += work(&od, cfg.steps);
-        let p = image::psnr(&od.sample.rgb, &of.sample.rgb).min(99.0);
+        let p = flashdiff_eval::metrics::psnr(&od.sample.rgb, &of.sample.rgb).min(99.0);
         q += p;
         worst = worst.min(p);
     }

@@ -1,4 +1,4 @@
-//! PNG output and the quality metrics (PSNR, SSIM).
+//! PNG output (quality metrics are in `flashdiff-eval`).
 
 use std::io::Write;
 
@@ -70,86 +70,9 @@ pub fn png(rgb: &[f32], width: usize, height: usize, scale: usize) -> Vec<u8> {
     out
 }
 
-/// PSNR in dB between two images in [0, 1]; infinite when identical.
-pub fn psnr(a: &[f32], b: &[f32]) -> f64 {
-    assert_eq!(a.len(), b.len());
-    let mse = a
-        .iter()
-        .zip(b)
-        .map(|(x, y)| ((x - y) as f64).powi(2))
-        .sum::<f64>()
-        / a.len() as f64;
-    if mse == 0.0 {
-        f64::INFINITY
-    } else {
-        10.0 * (1.0 / mse).log10()
-    }
-}
-
-/// SSIM (Wang et al. 2004) between two RGB images in [0, 1]: 11x11 Gaussian window, sigma 1.5,
-/// K1 = 0.01, K2 = 0.03, averaged over channels and valid window positions.
-pub fn ssim(a: &[f32], b: &[f32], width: usize, height: usize) -> f64 {
-    assert_eq!(a.len(), width * height * 3);
-    assert_eq!(b.len(), a.len());
-    const R: usize = 5;
-    let win: Vec<f64> = {
-        let g: Vec<f64> = (0..=2 * R)
-            .map(|i| (-((i as f64 - R as f64).powi(2)) / (2.0 * 1.5f64.powi(2))).exp())
-            .collect();
-        let s: f64 = g.iter().sum();
-        g.iter().map(|v| v / s).collect()
-    };
-    let (c1, c2) = (0.01f64.powi(2), 0.03f64.powi(2));
-    let (mut total, mut n) = (0.0, 0usize);
-    for c in 0..3 {
-        let px = |img: &[f32], x: usize, y: usize| img[(y * width + x) * 3 + c] as f64;
-        for y in R..height.saturating_sub(R) {
-            for x in R..width.saturating_sub(R) {
-                let (mut ma, mut mb, mut saa, mut sbb, mut sab) = (0.0, 0.0, 0.0, 0.0, 0.0);
-                for j in 0..=2 * R {
-                    for i in 0..=2 * R {
-                        let w = win[i] * win[j];
-                        let (va, vb) = (px(a, x + i - R, y + j - R), px(b, x + i - R, y + j - R));
-                        ma += w * va;
-                        mb += w * vb;
-                        saa += w * va * va;
-                        sbb += w * vb * vb;
-                        sab += w * va * vb;
-                    }
-                }
-                let (va, vb, cov) = (saa - ma * ma, sbb - mb * mb, sab - ma * mb);
-                total += ((2.0 * ma * mb + c1) * (2.0 * cov + c2))
-                    / ((ma * ma + mb * mb + c1) * (va + vb + c2));
-                n += 1;
-            }
-        }
-    }
-    if n == 0 {
-        1.0
-    } else {
-        total / n as f64
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn metrics_behave() {
-        let a: Vec<f32> = (0..32 * 32 * 3)
-            .map(|i| ((i * 37) % 101) as f32 / 100.0)
-            .collect();
-        assert_eq!(psnr(&a, &a), f64::INFINITY);
-        assert!((ssim(&a, &a, 32, 32) - 1.0).abs() < 1e-9);
-        let b: Vec<f32> = a.iter().map(|v| (v + 0.1).min(1.0)).collect();
-        let p = psnr(&a, &b);
-        assert!(p > 15.0 && p < 25.0, "{p}");
-        let noise: Vec<f32> = (0..a.len())
-            .map(|i| ((i * 7919) % 97) as f32 / 96.0)
-            .collect();
-        assert!(ssim(&a, &noise, 32, 32) < ssim(&a, &b, 32, 32));
-    }
 
     #[test]
     fn png_has_valid_structure() {

@@ -8,13 +8,14 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Args, Parser, Subcommand};
+use flashdiff_eval::image::Verdict;
 use flashdiff_runtime::engine::{
     builtin_weights, default_weights, Engine, LayoutKind, Mode, Output, RequestConfig, StepEvent,
     BUILTIN_MODELS, DEFAULT_CACHE_THRESHOLD, DEFAULT_PATCHES, DEFAULT_STEPS, DEFAULT_WARMUP,
     ENGINE_DEFAULT_EPSILON, ENGINE_DEFAULT_MAX_SKIP,
 };
 use flashdiff_runtime::models::registry::ModelSpec;
-use flashdiff_runtime::models::scene::{self, Verdict};
+use flashdiff_runtime::models::scene;
 use flashdiff_runtime::models::{clips, sounds};
 use flashdiff_runtime::models::{Kind, Sample};
 use flashdiff_runtime::schema::{Count, RequestFields, IMAGE_FIELDS};
@@ -521,9 +522,10 @@ fn checker_note(prompt: &str, sample: &Sample, kind: Kind) -> String {
         }
     };
     let res = match kind {
-        Kind::Image => scene::parse(prompt).map(|s| verdict_text(scene::check(&sample.rgb, &s))),
+        Kind::Image => scene::parse(prompt)
+            .map(|s| verdict_text(flashdiff_eval::image::check(&sample.rgb, &s))),
         Kind::Video => clips::parse(prompt).map(|c| {
-            let v = clips::check(&sample.rgb, &c);
+            let v = flashdiff_eval::video::check(&sample.rgb, &c);
             parts(
                 v.all(),
                 &[
@@ -536,7 +538,7 @@ fn checker_note(prompt: &str, sample: &Sample, kind: Kind) -> String {
             )
         }),
         Kind::Audio => sounds::parse(prompt).map(|e| {
-            let v = sounds::check(&sample.audio, &e);
+            let v = flashdiff_eval::sound::check(&sample.audio, &e);
             parts(
                 v.all(),
                 &[
@@ -689,18 +691,18 @@ fn quality_vs(out: &Sample, full: &Sample, kind: Kind) -> Result<String, String>
     Ok(match kind {
         Kind::Image => format!(
             "PSNR {:.2} dB, SSIM {:.4}",
-            image::psnr(&out.rgb, &full.rgb),
-            image::ssim(&out.rgb, &full.rgb, out.width, out.height)
+            flashdiff_eval::metrics::psnr(&out.rgb, &full.rgb),
+            flashdiff_eval::metrics::ssim(&out.rgb, &full.rgb, out.width, out.height)
         ),
         Kind::Video => {
-            let q = media::video_quality(out, full).map_err(|e| e.to_string())?;
+            let q = flashdiff_eval::metrics::video_quality(out, full).map_err(|e| e.to_string())?;
             format!(
                 "PSNR {:.2} dB over the clip, worst frame {:.2} dB, temporal (frame differences) {:.2} dB",
                 q.clip_psnr, q.worst_frame_psnr, q.temporal_psnr
             )
         }
         Kind::Audio => {
-            let q = media::audio_quality(out, full).map_err(|e| e.to_string())?;
+            let q = flashdiff_eval::metrics::audio_quality(out, full).map_err(|e| e.to_string())?;
             format!("SNR {:.2} dB, log-spectral distance {:.3} dB", q.snr, q.lsd)
         }
     })
@@ -1098,7 +1100,7 @@ fn result_line(
             let prompt = prompts.remove(&rep.id).unwrap_or_default().0;
             let checker = match scene::parse(&prompt).ok().filter(|_| kind == Kind::Image) {
                 Some(s) => {
-                    let v = scene::check(&o2.sample.rgb, &s);
+                    let v = flashdiff_eval::image::check(&o2.sample.rgb, &s);
                     format!(
                         "{{\"background\":{},\"present\":{},\"shape\":{},\"all\":{}}}",
                         v.background,

@@ -5,10 +5,11 @@
 use std::collections::HashMap;
 use std::path::PathBuf;
 
+use flashdiff_eval::{image, sound, video};
 use flashdiff_models::{clips, scene, sounds, Weights};
 
 fn golden() -> Weights {
-    let p = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("checkers/golden.safetensors");
+    let p = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../models/checkers/golden.safetensors");
     Weights::open(&p).unwrap()
 }
 
@@ -44,7 +45,7 @@ fn agrees(key: &str, n: usize, check: &dyn Fn(&str, &[f32]) -> Parts) {
 #[test]
 fn the_image_checker_agrees_with_shapes_py() {
     agrees("image", 32 * 32 * 3, &|p, img| {
-        let v = scene::check(img, &scene::parse(p).unwrap());
+        let v = image::check(img, &scene::parse(p).unwrap());
         vec![
             ("background", v.background),
             ("present", v.present),
@@ -57,7 +58,7 @@ fn the_image_checker_agrees_with_shapes_py() {
 #[test]
 fn the_video_checker_agrees_with_clips_py() {
     agrees("video", 8 * 32 * 32 * 3, &|p, clip| {
-        let v = clips::check(clip, &clips::parse(p).unwrap());
+        let v = video::check(clip, &clips::parse(p).unwrap());
         vec![
             ("background", v.background),
             ("present", v.present),
@@ -72,7 +73,7 @@ fn the_video_checker_agrees_with_clips_py() {
 #[test]
 fn the_sound_checker_agrees_with_sounds_py() {
     agrees("audio", sounds::FRAMES * sounds::HOP, &|p, wave| {
-        let v = sounds::check(wave, &sounds::parse(p).unwrap());
+        let v = sound::check(wave, &sounds::parse(p).unwrap());
         vec![
             ("count", v.count),
             ("kinds", v.kinds),
@@ -80,40 +81,6 @@ fn the_sound_checker_agrees_with_sounds_py() {
             ("all", v.all()),
         ]
     });
-}
-
-/// The audio model decodes as `sounds.decode` does (additive synthesis with the constants
-/// the weights file ships), and its grid is one row of 64 time frames.
-#[test]
-fn the_sound_decoder_matches_sounds_py() {
-    use flashdiff_models::{Denoiser, Kind, TinyDit};
-    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
-    let m = TinyDit::load(
-        &root.join("tinyaudio/tinyaudio.safetensors"),
-        &candle_core::Device::Cpu,
-    )
-    .unwrap();
-    assert_eq!(m.kind(), Kind::Audio);
-    let g = m.dims().grid;
-    assert_eq!(
-        (g.frames, g.height, g.width, m.dims().channels),
-        (1, 1, 64, 32)
-    );
-    let golden = Weights::open(&root.join("checkers/decode_golden.safetensors")).unwrap();
-    let latent = golden.get("latent", &[64, 32]).unwrap();
-    let want = golden.get("wave", &[64 * 256]).unwrap();
-    let s = m.decode(latent).unwrap();
-    assert_eq!((s.sample_rate, s.frames, s.rgb.len()), (8000, 0, 0));
-    assert_eq!(s.audio.len(), want.len());
-    let worst = s
-        .audio
-        .iter()
-        .zip(want)
-        .map(|(a, b)| (a - b).abs())
-        .fold(0.0f32, f32::max);
-    assert!(worst < 1e-4, "largest sample difference {worst}");
-    // The silent start stays silent.
-    assert!(s.audio[..9 * 256].iter().all(|&v| v == 0.0));
 }
 
 proptest::proptest! {
@@ -140,10 +107,10 @@ proptest::proptest! {
         let e = sounds::parse("a high beep").unwrap();
         let mut wave = sounds::render(&[(e[0], 10, 30)]);
         wave[at] = value;
-        let _ = sounds::check(&wave, &e);
+        let _ = sound::check(&wave, &e);
         let c = clips::parse("a red circle top left still on a blue background").unwrap();
         let mut clip = clips::render(&c);
         clip[at] = value;
-        let _ = clips::check(&clip, &c);
+        let _ = video::check(&clip, &c);
     }
 }
