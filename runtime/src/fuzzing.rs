@@ -3,7 +3,7 @@
 //! with an error, never panic or misread.
 
 use crate::proc::{decode_order, decode_report, encode_order, encode_report, read_frame};
-use crate::state::{Layout, SharedState};
+use crate::state::{SharedState, StateLayout};
 use flashdiff_models::{Dims, LatentGrid};
 
 /// Runs one fuzz case. Panics only on a violated property: a record that decodes must
@@ -69,8 +69,8 @@ fn check_record(bytes: &[u8]) {
 }
 
 /// A small model's state layout, so that fuzzed bytes can be a whole state file.
-fn layout() -> Layout {
-    Layout::new(&Dims {
+fn layout() -> StateLayout {
+    StateLayout::new(&Dims {
         grid: LatentGrid {
             frames: 1,
             height: 1,

@@ -18,7 +18,7 @@ use std::sync::mpsc::{channel, Receiver, Sender};
 use std::sync::Arc;
 
 use crate::exec::{self, Task};
-use crate::state::{Layout, SharedState};
+use crate::state::{SharedState, StateLayout};
 use flashdiff_models::registry::ModelSpec;
 use flashdiff_models::{Denoiser, Device};
 use flashdiff_scheduler::HandOff;
@@ -163,7 +163,7 @@ pub fn decode_report(bytes: &[u8]) -> Result<Report, String> {
 /// Runs one order against a worker's open states; a report for `Run`, nothing for `Forget`.
 fn handle(
     model: &dyn Denoiser,
-    layout: &Layout,
+    layout: &StateLayout,
     states: &mut HashMap<u64, SharedState>,
     order: Order,
 ) -> Option<Report> {
@@ -229,7 +229,7 @@ pub fn worker_main(spec: &ModelSpec) -> Result<(), String> {
     let abort_on = injected_abort();
     flashdiff_kernels::flush_denormals_to_zero();
     let model = spec.load(&Device::Cpu).map_err(|e| e.to_string())?;
-    let layout = Layout::new(model.dims());
+    let layout = StateLayout::new(model.dims());
     let stdin = std::io::stdin();
     let mut input = BufReader::new(stdin.lock());
     let stdout = std::io::stdout();
@@ -258,13 +258,16 @@ pub fn worker_main(spec: &ModelSpec) -> Result<(), String> {
 fn thread_main(
     id: u32,
     model: Arc<dyn Denoiser>,
-    layout: Layout,
+    layout: StateLayout,
     orders: Arc<HandOff<Order>>,
-    events: Sender<(u32, Event)>,
+    events: Sender<(u32, WorkerEvent)>,
 ) {
     flashdiff_kernels::flush_denormals_to_zero();
     let mut states: HashMap<u64, SharedState> = HashMap::new();
-    if events.send((id, Event::Report(Report::Ready))).is_err() {
+    if events
+        .send((id, WorkerEvent::Report(Report::Ready)))
+        .is_err()
+    {
         return;
     }
     while let Some(order) = orders.take() {
@@ -273,14 +276,17 @@ fn thread_main(
         }));
         let ev = match res {
             Ok(None) => continue,
-            Ok(Some(report)) => Event::Report(report),
+            Ok(Some(report)) => WorkerEvent::Report(report),
             Err(p) => {
                 let why = p
                     .downcast_ref::<&str>()
                     .map(|s| s.to_string())
                     .or_else(|| p.downcast_ref::<String>().cloned())
                     .unwrap_or_else(|| "unknown panic".into());
-                let _ = events.send((id, Event::Lost(format!("worker thread panicked: {why}"))));
+                let _ = events.send((
+                    id,
+                    WorkerEvent::Lost(format!("worker thread panicked: {why}")),
+                ));
                 return;
             }
         };
@@ -292,7 +298,7 @@ fn thread_main(
 
 /// What the pool observed.
 #[derive(Debug)]
-pub enum Event {
+pub enum WorkerEvent {
     /// A worker's report.
     Report(Report),
     /// The worker is gone (exited, killed, or sent garbage), with why.
@@ -317,15 +323,15 @@ enum Kind {
     /// Threads of this process sharing one model.
     Threads {
         model: Arc<dyn Denoiser>,
-        layout: Layout,
+        layout: StateLayout,
     },
 }
 
 /// Workers, indexed like the scheduler's workers.
 pub struct Pool {
     slots: Vec<Option<Slot>>,
-    tx: Sender<(u32, Event)>,
-    rx: Receiver<(u32, Event)>,
+    tx: Sender<(u32, WorkerEvent)>,
+    rx: Receiver<(u32, WorkerEvent)>,
     kind: Kind,
 }
 
@@ -373,7 +379,7 @@ impl Pool {
 
     /// Starts `n` worker threads sharing `model`.
     pub fn threads(model: Arc<dyn Denoiser>, n: u32) -> Result<Self, String> {
-        let layout = Layout::new(model.dims());
+        let layout = StateLayout::new(model.dims());
         Self::start(Kind::Threads { model, layout }, n)
     }
 
@@ -426,15 +432,15 @@ impl Pool {
                         loop {
                             let ev = match read_frame(&mut r) {
                                 Ok(Some(f)) => match decode_report(&f) {
-                                    Ok(rep) => Event::Report(rep),
-                                    Err(e) => Event::Lost(e),
+                                    Ok(rep) => WorkerEvent::Report(rep),
+                                    Err(e) => WorkerEvent::Lost(e),
                                 },
-                                Ok(None) => Event::Lost(
+                                Ok(None) => WorkerEvent::Lost(
                                     "worker closed its output (exited or killed)".into(),
                                 ),
-                                Err(e) => Event::Lost(e),
+                                Err(e) => WorkerEvent::Lost(e),
                             };
-                            let lost = matches!(ev, Event::Lost(_));
+                            let lost = matches!(ev, WorkerEvent::Lost(_));
                             if tx.send((id, ev)).is_err() || lost {
                                 break;
                             }
@@ -464,7 +470,7 @@ impl Pool {
                             if let Err(e) = write_frame(&mut stdin, &encode_order(&o)) {
                                 let _ = tx.send((
                                     id,
-                                    Event::Lost(format!("cannot write to the worker: {e}")),
+                                    WorkerEvent::Lost(format!("cannot write to the worker: {e}")),
                                 ));
                                 break;
                             }
@@ -516,7 +522,7 @@ impl Pool {
     }
 
     /// Waits for the next event.
-    pub fn recv(&self) -> Option<(u32, Event)> {
+    pub fn recv(&self) -> Option<(u32, WorkerEvent)> {
         self.rx.recv().ok()
     }
 
@@ -524,7 +530,7 @@ impl Pool {
     pub fn recv_timeout(
         &self,
         timeout: std::time::Duration,
-    ) -> Result<(u32, Event), std::sync::mpsc::RecvTimeoutError> {
+    ) -> Result<(u32, WorkerEvent), std::sync::mpsc::RecvTimeoutError> {
         self.rx.recv_timeout(timeout)
     }
 

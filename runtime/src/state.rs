@@ -64,13 +64,13 @@ const REGIONS: usize = 14;
 
 /// Offsets of every region for a model config.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Layout {
+pub struct StateLayout {
     off: [usize; REGIONS + 1],
     dims: [u32; 5],
 }
 
-impl Layout {
-    /// Layout for a model.
+impl StateLayout {
+    /// The regions for a model.
     pub fn new(dims: &Dims) -> Self {
         let (t, c, kv) = (
             dims.grid.tokens(),
@@ -225,7 +225,7 @@ enum Backing {
 /// One request's state.
 pub struct SharedState {
     map: MmapMut,
-    layout: Layout,
+    layout: StateLayout,
     backing: Backing,
 }
 
@@ -241,7 +241,7 @@ impl std::fmt::Debug for SharedState {
 impl SharedState {
     /// A fresh zeroed state: anonymous memory when `dir` is `None`, else a new file in `dir`
     /// (an engine's [`StateDir`]) with an unpredictable name, mode 0600.
-    pub fn create(layout: Layout, dir: Option<&Path>, request: u64) -> std::io::Result<Self> {
+    pub fn create(layout: StateLayout, dir: Option<&Path>, request: u64) -> std::io::Result<Self> {
         let (map, backing) = match dir {
             None => (MmapMut::map_anon(layout.bytes())?, Backing::Anon),
             Some(d) => {
@@ -270,7 +270,7 @@ impl SharedState {
     }
 
     /// Maps an existing state file and validates its header against `layout`.
-    pub fn open(path: &Path, layout: Layout) -> Result<Self, String> {
+    pub fn open(path: &Path, layout: StateLayout) -> Result<Self, String> {
         let file = OpenOptions::new()
             .read(true)
             .write(true)
@@ -342,7 +342,7 @@ impl SharedState {
     }
 
     /// The layout this state was made with.
-    pub fn layout(&self) -> &Layout {
+    pub fn layout(&self) -> &StateLayout {
         &self.layout
     }
 
@@ -459,7 +459,7 @@ mod tests {
     #[test]
     fn files_round_trip_and_bad_ones_are_refused() {
         let dir = std::env::temp_dir();
-        let layout = Layout::new(&dims(8));
+        let layout = StateLayout::new(&dims(8));
         let mut s = SharedState::create(layout.clone(), Some(&dir), 424242).unwrap();
         s.get_mut(Region::X)[3] = 1.5;
         s.write_at(Region::Importance, 1, &[0.25]);
@@ -468,7 +468,7 @@ mod tests {
         assert_eq!(o.get(Region::X)[3], 1.5);
         assert_eq!(o.get(Region::Importance)[1], 0.25);
         // Wrong model dimensions.
-        let other = Layout::new(&dims(16));
+        let other = StateLayout::new(&dims(16));
         assert!(SharedState::open(&path, other)
             .unwrap_err()
             .contains("bytes"));
@@ -510,7 +510,7 @@ mod tests {
         let mode = |p: &Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
         assert_eq!(mode(&parent), 0o700);
         assert_eq!(mode(b.path()), 0o700);
-        let layout = Layout::new(&dims(4));
+        let layout = StateLayout::new(&dims(4));
         let s1 = SharedState::create(layout.clone(), Some(b.path()), 7).unwrap();
         let s2 = SharedState::create(layout, Some(b.path()), 7).unwrap();
         assert_eq!(mode(s1.path().unwrap()), 0o600);

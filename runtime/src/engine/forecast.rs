@@ -179,7 +179,7 @@ mod tests {
             2,
         )
         .unwrap();
-        let mut st = SharedState::create(crate::state::Layout::new(&cfg), None, 0).unwrap();
+        let mut st = SharedState::create(crate::state::StateLayout::new(&cfg), None, 0).unwrap();
         // value(t, i, step) = 10 t + i + 0.5 step; the warm-up ended at step 0.
         let value = |t: usize, i: usize, step: u32| (10 * t + i) as f32 + 0.5 * step as f32;
         let fill =

@@ -83,7 +83,7 @@ pub use settings::{
 pub use workers::HangPolicy;
 
 use crate::proc::Pool;
-use crate::state::Layout;
+use crate::state::StateLayout;
 use request::Request;
 use workers::{Executor, Health};
 
@@ -91,7 +91,7 @@ use workers::{Executor, Health};
 /// controller, and the requests in flight.
 pub struct Engine {
     model: Arc<dyn Denoiser>,
-    layout: Layout,
+    layout: StateLayout,
     sched: Scheduler,
     workers: u32,
     granularity: GranularityController,
@@ -247,7 +247,7 @@ impl Engine {
             r_max: 16.min(tokens),
             ..Default::default()
         })?;
-        let layout = Layout::new(model.dims());
+        let layout = StateLayout::new(model.dims());
         let state_dir = match &shm {
             None => None,
             Some(root) => Some(crate::state::StateDir::create(root).map_err(|e| {

@@ -8,7 +8,7 @@ use flashdiff_scheduler::{SchedError, Tag, WARMUP_MONOTASK};
 
 use super::methods;
 use super::{Engine, EngineError, StepEvent};
-use crate::proc::{Event, Order, Pool, Report as WorkerReport};
+use crate::proc::{Order, Pool, Report as WorkerReport, WorkerEvent};
 
 /// Where monotasks run.
 pub(super) enum Executor {
@@ -255,7 +255,7 @@ impl Engine {
         }
     }
 
-    fn worker_event(&mut self, w: u32, ev: Event, progress: &mut dyn FnMut(&StepEvent)) {
+    fn worker_event(&mut self, w: u32, ev: WorkerEvent, progress: &mut dyn FnMut(&StepEvent)) {
         let Executor::Workers { pool, health, .. } = &mut self.exec else {
             return;
         };
@@ -265,15 +265,15 @@ impl Engine {
             return;
         }
         let (tag, err) = match ev {
-            Event::Lost(why) => return self.lose_worker(w, why),
-            Event::Report(WorkerReport::Ready) => {
+            WorkerEvent::Lost(why) => return self.lose_worker(w, why),
+            WorkerEvent::Report(WorkerReport::Ready) => {
                 if let Some(r) = health.ready.get_mut(w as usize) {
                     *r = true;
                 }
                 health.startup_failures = 0;
                 return;
             }
-            Event::Report(WorkerReport::Done {
+            WorkerEvent::Report(WorkerReport::Done {
                 request,
                 step,
                 monotask,
@@ -285,7 +285,7 @@ impl Engine {
                 },
                 None,
             ),
-            Event::Report(WorkerReport::Failed {
+            WorkerEvent::Report(WorkerReport::Failed {
                 request,
                 step,
                 monotask,
