@@ -21,7 +21,7 @@ fn classify(mask: &[bool]) -> Option<usize> {
     classify_among(mask, &[0, 1, 2, 3], &[3.4, 3.9, 4.4, 4.9], 12)
 }
 
-/// Best-matching shape (index into [`SHAPES`], among `shapes`) of a 32x32 mask: template IoU
+/// Best-matching shape (index into [`flashdiff_models::scene::SHAPES`], among `shapes`) of a 32x32 mask: template IoU
 /// at each of `radii` around the mask's centroid; `None` under `min_pixels` pixels.
 pub fn classify_among(
     mask: &[bool],

@@ -1,9 +1,9 @@
 //! Words from subword tokens, for the saliency map of models with real tokenizers: the
 //! partitioner's function-word filter works on whole words, and the engine's
 //! saliency columns are words, while FLUX and SD3 attend to T5 SentencePiece pieces
-//! ("▁red", "▁dish", "washer") and CLIP BPE tokens ("red</w>", "dish", "washer</w>").
+//! ("▁red", "▁dish", "washer") and CLIP BPE tokens (`red</w>`, "dish", `washer</w>`).
 //!
-//! A piece that starts with "▁" (SentencePiece) begins a word; a token that ends in "</w>"
+//! A piece that starts with "▁" (SentencePiece) begins a word; a token that ends in `</w>`
 //! (CLIP) ends one; other pieces continue the current word. Special tokens (`<pad>`, `</s>`,
 //! `<|startoftext|>`, ...) and pieces with nothing left once markers are removed belong to
 //! no word.

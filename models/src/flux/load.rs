@@ -127,7 +127,7 @@ impl FluxCheckpoint {
 
     /// [`FluxCheckpoint::load`] with the linear layers' weights in `compute` (F32, BF16 or
     /// F16), read from the file in that dtype (a bf16 checkpoint loaded for bf16 is never
-    /// widened); every other tensor, and all activations, stay f32 (see [`crate::joint`]'s
+    /// widened); every other tensor, and all activations, stay f32 (see `crate::joint`'s
     /// `Lin`).
     pub fn load_in(
         &self,

@@ -60,7 +60,7 @@ pub struct FluxConfig {
 }
 
 impl FluxConfig {
-    /// FLUX.1 [dev].
+    /// FLUX.1 \[dev\].
     pub fn dev() -> Self {
         Self {
             in_channels: 64,
@@ -78,7 +78,7 @@ impl FluxConfig {
         }
     }
 
-    /// FLUX.1 [schnell]: dev without the guidance embedding.
+    /// FLUX.1 \[schnell\]: dev without the guidance embedding.
     pub fn schnell() -> Self {
         Self {
             guidance_embed: false,

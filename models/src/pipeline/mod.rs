@@ -1,5 +1,5 @@
-//! Text-to-image pipelines from a model folder in diffusers' layout: FLUX.1 [dev] and
-//! [schnell] with their T5 and CLIP text encoders, tokenizers and VAE decoder, and SD3 /
+//! Text-to-image pipelines from a model folder in diffusers' layout: FLUX.1 \[dev\] and
+//! \[schnell\] with their T5 and CLIP text encoders, tokenizers and VAE decoder, and SD3 /
 //! SD3.5 with CLIP-L, CLIP-G and T5 and classifier-free guidance.
 //!
 //! FLUX:
