@@ -89,7 +89,9 @@ impl fmt::Display for Tag {
         } else {
             write!(
                 f,
-                "(request {}, step {}, monotask {})",
+                // "patch": the C ABI's name for this field (`fd_tag.patch`), whose error
+                // details carry this text.
+                "(request {}, step {}, patch {})",
                 self.request, self.step, self.monotask
             )
         }
