@@ -41,14 +41,17 @@ pub(super) trait Method: Sync {
         Ok(false)
     }
 
-    /// Decides the step's active patches into `r.active` (every patch when `final_full`).
+    /// Decides the step's active patches into `r.active` (every patch when `final_full`);
+    /// by default the gate at its fixed threshold.
     fn choose(
         &self,
-        model: &dyn Denoiser,
+        _model: &dyn Denoiser,
         r: &mut Request,
         load: f32,
         final_full: bool,
-    ) -> Result<(), EngineError>;
+    ) -> Result<(), EngineError> {
+        gate_choose(r, load, final_full, false)
+    }
 
     /// Whether computed patches' refinement importance feeds the gate.
     fn feeds_gate(&self) -> bool {

@@ -1,11 +1,8 @@
 //! Every patch every step, each monotask reading the others' displaced K/V: with uniform
 //! patches, one per worker and stale K/V, DistriFusion's scheme.
 
-use flashdiff_models::Denoiser;
-
-use super::{gate_choose, Method};
-use crate::engine::request::Request;
-use crate::engine::{EngineError, LayoutKind, RequestConfig};
+use super::Method;
+use crate::engine::{LayoutKind, RequestConfig};
 
 pub(super) struct NoSkip;
 
@@ -19,15 +16,5 @@ impl Method for NoSkip {
 
     fn forecasts(&self, cfg: &RequestConfig) -> bool {
         cfg.extrapolate
-    }
-
-    fn choose(
-        &self,
-        _: &dyn Denoiser,
-        r: &mut Request,
-        load: f32,
-        final_full: bool,
-    ) -> Result<(), EngineError> {
-        gate_choose(r, load, final_full, false)
     }
 }

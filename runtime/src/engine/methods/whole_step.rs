@@ -6,9 +6,9 @@ use std::time::Instant;
 
 use flashdiff_models::{Denoiser, ModelError, StepInput, Tensor};
 
-use super::{gate_choose, Method};
+use super::Method;
 use crate::engine::request::Request;
-use crate::engine::{EngineError, LayoutKind, RequestConfig};
+use crate::engine::{LayoutKind, RequestConfig};
 use crate::state::Region;
 
 pub(super) struct WholeStep;
@@ -16,16 +16,6 @@ pub(super) struct WholeStep;
 impl Method for WholeStep {
     fn partition(&self, cfg: &RequestConfig, _: u32) -> (u32, bool) {
         (1, cfg.layout == LayoutKind::Uniform)
-    }
-
-    fn choose(
-        &self,
-        _: &dyn Denoiser,
-        r: &mut Request,
-        load: f32,
-        final_full: bool,
-    ) -> Result<(), EngineError> {
-        gate_choose(r, load, final_full, false)
     }
 
     /// Skips the step (advancing with the cached velocity) when the accumulated relative L1
