@@ -20,7 +20,7 @@ import torch.nn as nn
 from diffusers import FluxTransformer2DModel
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tinydit"))
-from model import TextLayer  # noqa: E402  (the text encoder layer TinyDiT uses)
+from model import TextLayer, sample  # noqa: E402,F401  (TinyDiT's text layer and Euler sampler)
 
 
 class FluxConfig:
@@ -102,14 +102,3 @@ class TinyFlux(nn.Module):
         return self.transformer(hidden_states=xt_tokens, encoder_hidden_states=states,
                                 pooled_projections=pooled, timestep=t, img_ids=self.img_ids,
                                 txt_ids=self.txt_ids, return_dict=False)[0]
-
-
-@torch.no_grad()
-def sample(model, ids, noise_tokens, steps=50):
-    """Euler rectified-flow sampler, t from 1 to 0 in `steps` uniform steps."""
-    x = noise_tokens.clone()
-    h = 1.0 / steps
-    for n in range(steps):
-        t = torch.full((x.shape[0],), 1.0 - n * h)
-        x = x - h * model(x, t, ids)
-    return x
