@@ -6,6 +6,7 @@
 //! style (uniform patches, displaced K/V, no skipping), whole-step caching (TeaCache-style),
 //! FlashDiff, and two ablations (no gate; uniform patches).
 
+pub mod curve;
 pub mod media;
 mod serving;
 mod wall_time;
@@ -874,7 +875,7 @@ fn plots(
     plot_scale(out, scale)
 }
 
-fn colours() -> [plotters::style::RGBColor; 8] {
+pub(crate) fn colours() -> [plotters::style::RGBColor; 8] {
     use plotters::style::colors::*;
     use plotters::style::RGBColor;
     [

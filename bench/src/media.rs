@@ -42,9 +42,9 @@ struct Row {
 
 /// A held-out prompt of the model's language and its checker's verdict on a sample, as
 /// (all correct, the parts).
-type Checker = Box<dyn Fn(&Sample) -> (bool, Vec<bool>)>;
+pub(crate) type Checker = Box<dyn Fn(&Sample) -> (bool, Vec<bool>)>;
 
-fn prompt_and_checker(kind: Kind, seed: u64) -> (String, Checker) {
+pub(crate) fn prompt_and_checker(kind: Kind, seed: u64) -> (String, Checker) {
     match kind {
         Kind::Video => {
             let c = clips::sample(seed);

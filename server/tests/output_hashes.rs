@@ -14,7 +14,9 @@ use flashdiff_runtime::engine::{builtin_weights, Engine, LayoutKind, Mode, Outpu
 use flashdiff_runtime::models::flux::{EncodedPrompt, FluxCheckpoint, FluxDenoiser, PromptEncoder};
 use flashdiff_runtime::models::{Denoiser, Device, ModelError, Tensor};
 
-/// (model, case) -> hash, recorded from the engine as built at commit 62e48ee.
+/// (model, case) -> hash, recorded from the engine as built at commit 62e48ee; the forecast
+/// whole-step caching, forecast RAS and random-patches cases from the engine that added them
+/// (their stale cases keep the hashes the unforecast methods had at 62e48ee).
 const PINNED: &[(&str, &str, u64)] = &[
     ("flux", "flashdiff w1", 0xa37b840f20d58275),
     ("flux", "flashdiff w2", 0xa37b840f20d58275),
@@ -34,8 +36,14 @@ const PINNED: &[(&str, &str, u64)] = &[
     ("flux", "naive-patch w2", 0xd118161118952c49),
     ("flux", "no-skip w1", 0x14538c8133457dae),
     ("flux", "no-skip w2", 0x14538c8133457dae),
-    ("flux", "ras w1", 0xb6a7d408e72d7702),
-    ("flux", "ras w2", 0xb6a7d408e72d7702),
+    ("flux", "ras w1", 0x79418a6bb41f7ec0),
+    ("flux", "ras stale w1", 0xb6a7d408e72d7702),
+    ("flux", "random-patches w1", 0x3bc6037ef2705344),
+    ("flux", "teacache stale w1", 0xd38f19d18b3b0ce0),
+    ("flux", "ras w2", 0x79418a6bb41f7ec0),
+    ("flux", "ras stale w2", 0xb6a7d408e72d7702),
+    ("flux", "random-patches w2", 0x3bc6037ef2705344),
+    ("flux", "teacache stale w2", 0xd38f19d18b3b0ce0),
     ("flux", "teacache w1", 0xd38f19d18b3b0ce0),
     ("flux", "teacache w2", 0xd38f19d18b3b0ce0),
     ("tinyaudio", "flashdiff", 0xf52f9c3e8ea3660f),
@@ -47,8 +55,11 @@ const PINNED: &[(&str, &str, u64)] = &[
     ("tinyaudio", "full", 0x2ccd2c09fd7b44b0),
     ("tinyaudio", "naive-patch", 0x8cc0c0ad24782838),
     ("tinyaudio", "no-skip", 0x349fff5f8efb779f),
-    ("tinyaudio", "ras", 0x4e3777b5ad3493f9),
-    ("tinyaudio", "teacache", 0x80efc1e3b8eabce7),
+    ("tinyaudio", "ras stale", 0x4e3777b5ad3493f9),
+    ("tinyaudio", "ras", 0x85bbdc3f7562e032),
+    ("tinyaudio", "random-patches", 0xae023571c16fb45f),
+    ("tinyaudio", "teacache stale", 0x80efc1e3b8eabce7),
+    ("tinyaudio", "teacache", 0x959aedead5e14230),
     ("tinydit", "flashdiff", 0x0bcaf14e484260d6),
     ("tinydit", "flashdiff-3-monotasks", 0x6cc3d1dd14b2f002),
     ("tinydit", "flashdiff-adaptive-eps", 0x0bcaf14e484260d6),
@@ -58,8 +69,11 @@ const PINNED: &[(&str, &str, u64)] = &[
     ("tinydit", "full", 0x9002d1c79c29bacb),
     ("tinydit", "naive-patch", 0x1b9f23a18eab5090),
     ("tinydit", "no-skip", 0x928969735e6a6636),
-    ("tinydit", "ras", 0x2f5ee5fca7379f35),
-    ("tinydit", "teacache", 0x5fa1c8c833b21d08),
+    ("tinydit", "ras stale", 0x2f5ee5fca7379f35),
+    ("tinydit", "ras", 0xb47f18c18b64805d),
+    ("tinydit", "random-patches", 0x9643fcc3a3b5e8f1),
+    ("tinydit", "teacache stale", 0x5fa1c8c833b21d08),
+    ("tinydit", "teacache", 0x7ab90b533cd44a2a),
     ("tinyvideo", "flashdiff", 0x0efbce7881f57d1a),
     ("tinyvideo", "flashdiff-3-monotasks", 0xdba1dda2765458f4),
     ("tinyvideo", "flashdiff-adaptive-eps", 0x0efbce7881f57d1a),
@@ -69,8 +83,11 @@ const PINNED: &[(&str, &str, u64)] = &[
     ("tinyvideo", "full", 0x8f84026698a45c46),
     ("tinyvideo", "naive-patch", 0xa3c89eb5fb59a929),
     ("tinyvideo", "no-skip", 0x59e3aa1c215d50ca),
-    ("tinyvideo", "ras", 0x8ede1d7b85d3e631),
-    ("tinyvideo", "teacache", 0x54fafc775270b125),
+    ("tinyvideo", "ras stale", 0x8ede1d7b85d3e631),
+    ("tinyvideo", "ras", 0x49f8569183d1c726),
+    ("tinyvideo", "random-patches", 0xf0a300b37992c81c),
+    ("tinyvideo", "teacache stale", 0x54fafc775270b125),
+    ("tinyvideo", "teacache", 0x3b5e0a23bd3a1b3c),
 ];
 
 struct Fnv(u64);
@@ -196,9 +213,33 @@ fn cases() -> Vec<(&'static str, RequestConfig)> {
             },
         ),
         (
+            "teacache stale",
+            RequestConfig {
+                mode: Mode::TeaCache,
+                cache_threshold: 0.3,
+                extrapolate: false,
+                ..b()
+            },
+        ),
+        (
             "ras",
             RequestConfig {
                 mode: Mode::Ras,
+                ..b()
+            },
+        ),
+        (
+            "ras stale",
+            RequestConfig {
+                mode: Mode::Ras,
+                extrapolate: false,
+                ..b()
+            },
+        ),
+        (
+            "random-patches",
+            RequestConfig {
+                mode: Mode::RandomPatches,
                 ..b()
             },
         ),

@@ -100,6 +100,13 @@ pub(super) fn extrapolate(
             tr.last[t] = n;
         }
     }
+    forecast_velocity(state, tr, n, pd);
+    (err2, norm2)
+}
+
+/// Writes into `V` every token's velocity forecast for step `n` from the last one computed
+/// (`base + (n - last) slope`); tokens computed at step `n` keep theirs.
+pub(super) fn forecast_velocity(state: &mut SharedState, tr: &Track, n: u32, pd: usize) {
     let v = state.get_mut(Region::Velocity);
     for (t, &last) in tr.last.iter().enumerate().filter(|(_, &l)| l < n) {
         let ahead = (n - last) as f32;
@@ -112,7 +119,6 @@ pub(super) fn extrapolate(
             *o = b + ahead * sl;
         }
     }
-    (err2, norm2)
 }
 
 /// Writes into the K/V cache what the monotasks of step `n` read: the K/V of every token

@@ -158,6 +158,7 @@ impl Engine {
             submitted,
             tea: None,
             ras_prev: None,
+            gate_chose: Vec::new(),
             track: None,
             checkpointed: None,
         };

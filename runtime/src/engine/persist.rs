@@ -127,6 +127,7 @@ impl Engine {
                 submitted,
                 tea: c.tea,
                 ras_prev: c.ras_prev,
+                gate_chose: Vec::new(),
                 track,
                 checkpointed: Some(Instant::now()),
             },

@@ -36,6 +36,8 @@ pub(super) struct Request {
     pub(super) tea: Option<(Vec<f32>, f32)>,
     /// RAS: cached velocities before the last commit.
     pub(super) ras_prev: Option<Vec<f32>>,
+    /// The gate's own choice of this step's patches, when the method computes others.
+    pub(super) gate_chose: Vec<bool>,
     /// Extrapolation state ([`RequestConfig::extrapolate`]), from the first commit on.
     pub(super) track: Option<Track>,
     /// When its last checkpoint was written.

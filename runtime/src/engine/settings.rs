@@ -67,24 +67,30 @@ pub enum Mode {
     /// each step, no skipping: the NaivePatch baseline.
     NaivePatch,
     /// Whole-step caching (TeaCache / first-block-cache style): the whole step is skipped,
-    /// reusing the last velocity, while the accumulated relative L1 change of block 0's
-    /// modulated input stays under `cache_threshold`.
+    /// advancing on the forecast (or, `extrapolate` off, the last) velocity, while the
+    /// accumulated relative L1 change of block 0's modulated input stays under
+    /// `cache_threshold`.
     TeaCache,
     /// Region-adaptive sampling (RAS-style): each step recomputes the `ras_ratio` share of 2x2
-    /// token regions whose velocity changed most, the rest reuse their cached velocity and
-    /// stale K/V; dense steps at about 45% and 80% of the steps and at the end.
+    /// token regions whose velocity changed most, the rest reuse their velocity and K/V
+    /// (forecast, or with `extrapolate` off as last computed); dense steps at about 45% and
+    /// 80% of the steps and at the end.
     Ras,
+    /// The ablation of FlashDiff's choice: as many patches per step as FlashDiff's gate
+    /// picks, drawn at random (seeded by the request's seed and the step).
+    RandomPatches,
 }
 
 impl Mode {
     /// Every mode, in the order the help texts list them.
-    pub const ALL: [Mode; 6] = [
+    pub const ALL: [Mode; 7] = [
         Mode::FlashDiff,
         Mode::NoSkip,
         Mode::Full,
         Mode::NaivePatch,
         Mode::TeaCache,
         Mode::Ras,
+        Mode::RandomPatches,
     ];
 
     /// The mode's name on every interface (`--mode`, the `mode` field, checkpoints).
@@ -96,6 +102,7 @@ impl Mode {
             Mode::NaivePatch => "naive-patch",
             Mode::TeaCache => "teacache",
             Mode::Ras => "ras",
+            Mode::RandomPatches => "random-patches",
         }
     }
 }
@@ -108,7 +115,7 @@ impl std::str::FromStr for Mode {
             .find(|m| m.name() == s)
             .ok_or_else(|| {
                 format!(
-                    "mode {s:?}: expected flashdiff, no-skip, full, naive-patch, teacache or ras"
+                    "mode {s:?}: expected flashdiff, no-skip, full, naive-patch, teacache, ras or random-patches"
                 )
             })
     }
@@ -154,11 +161,12 @@ pub struct RequestConfig {
     pub cache_threshold: f32,
     /// Share of 2x2 regions [`Mode::Ras`] recomputes each step (RAS's sample ratio, 0.5).
     pub ras_ratio: f32,
-    /// Values reused instead of recomputed ([`Mode::FlashDiff`], [`Mode::NoSkip`]): `true`
-    /// extrapolates them along their per-step slope: the displaced K/V monotasks read (raw
-    /// slope with one monotask per step, else averaged, [`super::KV_SLOPE_SMOOTHING`]) and a skipped
-    /// patch's velocity (slope of its last two computations); `false` reuses them as last computed (the paper's rule; with
-    /// no skipping, DistriFusion's).
+    /// Values reused instead of recomputed (every method that skips: FlashDiff, no-skip's
+    /// displaced K/V, whole-step caching, RAS): `true` forecasts them along their per-step
+    /// slope: the displaced K/V monotasks read (raw slope with one monotask per step, else
+    /// averaged, [`super::KV_SLOPE_SMOOTHING`]) and a skipped token's velocity (slope of its
+    /// last two computations); `false` reuses them as last computed (the paper's rule; with
+    /// no skipping, DistriFusion's; TeaCache's and RAS's authors' rule).
     pub extrapolate: bool,
     /// Monotasks per step: the step's active patches are packed, in patch order and balanced
     /// by tokens, into at most this many monotasks; the patches of one monotask run in one

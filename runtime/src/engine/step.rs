@@ -148,7 +148,9 @@ impl Engine {
         let cfg = self.model.dims();
         let (tokens, pd, d) = (cfg.grid.tokens(), cfg.channels, cfg.kv_dim);
         let method = methods::of(r.cfg.mode);
-        method.before_commit(r);
+        if let Err(e) = method.before_commit(r) {
+            return self.fail(id, e);
+        }
         if r.track.is_none() && method.forecasts(&r.cfg) {
             // First commit after the warm-up, whose last step computed every token.
             let one = method.monotask_limit(&r.cfg, self.workers) == 1;

@@ -8,6 +8,7 @@ mod flashdiff;
 mod full;
 mod naive_patch;
 mod no_skip;
+mod random_patches;
 mod ras;
 mod whole_step;
 
@@ -17,7 +18,7 @@ use super::request::Request;
 use super::{adaptive_epsilon, EngineError, Mode, RequestConfig};
 
 /// A skipping method. Methods hold no state of their own: what they remember between steps
-/// lives in the request ([`Request::tea`], [`Request::ras_prev`]) so that checkpoints carry it.
+/// lives in the request ([`Request::tea`], [`Request::ras_prev`], [`Request::gate_chose`]) so that checkpoints carry it.
 pub(super) trait Method: Sync {
     /// How the warm-up's partition cuts the latent: the patch count (`adaptive_r` is the
     /// engine's adaptive controller's current choice) and whether the cut is uniform
@@ -59,7 +60,9 @@ pub(super) trait Method: Sync {
     }
 
     /// Just before a step's fresh velocities are committed.
-    fn before_commit(&self, _r: &mut Request) {}
+    fn before_commit(&self, _r: &mut Request) -> Result<(), EngineError> {
+        Ok(())
+    }
 
     /// Whether a patch attends only to its own tokens (patches denoised independently).
     fn isolated(&self) -> bool {
@@ -87,6 +90,7 @@ pub(super) fn of(mode: Mode) -> &'static dyn Method {
         Mode::NaivePatch => &naive_patch::NaivePatch,
         Mode::TeaCache => &whole_step::WholeStep,
         Mode::Ras => &ras::Ras,
+        Mode::RandomPatches => &random_patches::RandomPatches,
     }
 }
 

@@ -1,5 +1,6 @@
 //! Region-adaptive sampling (RAS): each step recomputes the `ras_ratio` share of 2x2 token
-//! regions whose velocity changed most; the rest reuse their cached velocity and stale K/V;
+//! regions whose velocity changed most; the rest stand in with their K/V and velocity
+//! forecast along their slopes (`reuse: stale`: as last computed, as RAS's authors do);
 //! dense steps at about 45% and 80% of the steps and at the end reset the error.
 
 use flashdiff_models::Denoiser;
@@ -27,12 +28,17 @@ impl Method for Ras {
         select(model, r, final_full).map_err(EngineError::Config)
     }
 
+    fn forecasts(&self, cfg: &RequestConfig) -> bool {
+        cfg.extrapolate
+    }
+
     fn feeds_gate(&self) -> bool {
         false
     }
 
-    fn before_commit(&self, r: &mut Request) {
+    fn before_commit(&self, r: &mut Request) -> Result<(), EngineError> {
         r.ras_prev = Some(r.state.get(Region::Velocity).to_vec());
+        Ok(())
     }
 }
 

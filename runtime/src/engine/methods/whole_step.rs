@@ -1,12 +1,15 @@
-//! Whole-step caching (TeaCache / first-block-cache style): the whole step is skipped,
-//! advancing every token with the cached velocity, while the accumulated relative L1 change
-//! of block 0's modulated input stays under the request's `cache_threshold`.
+//! Whole-step caching (TeaCache / first-block-cache style): the whole step is skipped while
+//! the accumulated relative L1 change of block 0's modulated input stays under the request's
+//! `cache_threshold`, advancing every token with its velocity forecast from the computed
+//! steps (TaylorSeer-style, first order; `reuse: stale` reuses the last one as TeaCache
+//! does).
 
 use std::time::Instant;
 
 use flashdiff_models::{Denoiser, ModelError, StepInput, Tensor};
 
 use super::Method;
+use crate::engine::forecast::forecast_velocity;
 use crate::engine::request::Request;
 use crate::engine::{LayoutKind, RequestConfig};
 use crate::state::Region;
@@ -18,7 +21,11 @@ impl Method for WholeStep {
         (1, cfg.layout == LayoutKind::Uniform)
     }
 
-    /// Skips the step (advancing with the cached velocity) when the accumulated relative L1
+    fn forecasts(&self, cfg: &RequestConfig) -> bool {
+        cfg.extrapolate
+    }
+
+    /// Skips the step (advancing with the forecast or cached velocity) when the accumulated relative L1
     /// change of block 0's modulated input is under the threshold.
     fn skip_step(&self, model: &dyn Denoiser, r: &mut Request) -> Result<bool, ModelError> {
         let t0 = Instant::now();
@@ -56,6 +63,9 @@ impl Method for WholeStep {
         r.tea = Some((m, if skip { acc } else { 0.0 }));
         r.report.time.gate += t0.elapsed();
         if skip {
+            if let Some(tr) = r.track.as_ref() {
+                forecast_velocity(&mut r.state, tr, r.step, dims.channels);
+            }
             let (v, x) = r.state.get_pair(Region::Velocity, Region::X);
             for (xi, vi) in x.iter_mut().zip(v) {
                 *xi -= h * vi;

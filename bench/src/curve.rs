@@ -1,0 +1,534 @@
+//! `flashdiff bench --study curve`: quality against work for FlashDiff and every other way to
+//! save work on the same engine and workers, each over its own knob, on held-out prompts.
+//!
+//! Every method is measured against full computation from the same seed: work (the share of
+//! full computation's model work, warm-up included), mean and worst-prompt fidelity (image:
+//! PSNR, video: PSNR over the clip, sound: SNR), SSIM (images), agreement of the built-in
+//! checker with its verdict on full computation, and in-engine latency. The verdict
+//! interpolates each curve linearly in work and compares FlashDiff's with every other
+//! method's at every work level both reach within the judged range, for the mean and for the
+//! worst prompt; it prints the worst margin and where it occurs.
+
+use std::path::Path;
+
+use serde_json::{json, Value};
+
+use crate::{ms, prepare, work, write_outputs, BenchConfig};
+use flashdiff_models::scene::{self, IMAGE};
+use flashdiff_models::{Kind, Sample};
+use flashdiff_runtime::engine::{Engine, EngineError, LayoutKind, Mode, Output, RequestConfig};
+
+/// The work range the verdict is judged over.
+pub const JUDGED: (f64, f64) = (0.25, 0.6);
+
+/// One setting of one method.
+struct Setting {
+    method: &'static str,
+    label: String,
+    cfg: RequestConfig,
+}
+
+/// What each method is and how it reuses what it does not compute.
+const METHODS: [(&str, &str); 9] = [
+    ("flashdiff", "saliency patches, gate on predicted change, forecast K/V and velocity; knob: ε, then K at ε 1"),
+    ("random-patches", "ablation: FlashDiff's number of patches per step, drawn at random; same knob"),
+    ("teacache", "whole-step caching on block 0's accumulated input change, skipped steps forecast (first order); knob: threshold"),
+    ("teacache-stale", "whole-step caching as its authors run it: skipped steps reuse the last velocity; knob: threshold"),
+    ("ras", "RAS: the regions whose velocity changed most, dense reset steps, the others forecast; knob: share recomputed"),
+    ("ras-stale", "RAS as its authors run it: the others reuse their velocity and K/V; knob: share recomputed"),
+    ("fewer-steps", "full computation with fewer steps; knob: steps"),
+    ("distrifusion", "DistriFusion as published: one patch per worker, in parallel, one-step-old K/V of the others, no skipping"),
+    ("full", "full computation: the reference"),
+];
+
+/// Every setting the study runs, full computation first.
+fn settings(base: &RequestConfig, workers: u32) -> Vec<Setting> {
+    let mut v = vec![Setting {
+        method: "full",
+        label: "-".into(),
+        cfg: RequestConfig {
+            mode: Mode::Full,
+            ..base.clone()
+        },
+    }];
+    let gate_knob = [
+        (0.02f32, 3u32),
+        (0.05, 3),
+        (0.1, 3),
+        (0.2, 3),
+        (0.3, 3),
+        (0.5, 3),
+        (1.0, 3),
+        (1.0, 5),
+        (1.0, 8),
+        (1.0, 12),
+    ];
+    for (method, mode) in [
+        ("flashdiff", Mode::FlashDiff),
+        ("random-patches", Mode::RandomPatches),
+    ] {
+        for (e, k) in gate_knob {
+            v.push(Setting {
+                method,
+                label: format!("ε {e} K {k}"),
+                cfg: RequestConfig {
+                    mode,
+                    epsilon: e,
+                    max_skip: k,
+                    ..base.clone()
+                },
+            });
+        }
+    }
+    for (method, forecast) in [("teacache", true), ("teacache-stale", false)] {
+        for t in [0.03f32, 0.05, 0.1, 0.2, 0.3, 0.5, 0.8, 1.2] {
+            v.push(Setting {
+                method,
+                label: format!("{t}"),
+                cfg: RequestConfig {
+                    mode: Mode::TeaCache,
+                    cache_threshold: t,
+                    extrapolate: forecast,
+                    ..base.clone()
+                },
+            });
+        }
+    }
+    for (method, forecast) in [("ras", true), ("ras-stale", false)] {
+        for q in [0.1f32, 0.2, 0.3, 0.5, 0.75] {
+            v.push(Setting {
+                method,
+                label: format!("{q}"),
+                cfg: RequestConfig {
+                    mode: Mode::Ras,
+                    ras_ratio: q,
+                    extrapolate: forecast,
+                    ..base.clone()
+                },
+            });
+        }
+    }
+    for n in [8u32, 12, 16, 20, 25, 30, 35, 40] {
+        if n < base.steps {
+            v.push(Setting {
+                method: "fewer-steps",
+                label: format!("{n} steps"),
+                cfg: RequestConfig {
+                    mode: Mode::Full,
+                    steps: n,
+                    warmup: base.warmup.min(n - 1),
+                    ..base.clone()
+                },
+            });
+        }
+    }
+    let r = workers.max(2);
+    v.push(Setting {
+        method: "distrifusion",
+        label: format!("R {r}"),
+        cfg: RequestConfig {
+            mode: Mode::NoSkip,
+            patches: Some(r),
+            layout: LayoutKind::Uniform,
+            extrapolate: false,
+            monotasks: Some(u32::MAX),
+            ..base.clone()
+        },
+    });
+    v
+}
+
+/// A held-out prompt and the checker's per-part verdict on a sample.
+type Checker = Box<dyn Fn(&Sample) -> Vec<bool>>;
+
+fn prompt_and_checker(kind: Kind, seed: u64) -> (String, Checker) {
+    match kind {
+        Kind::Image => {
+            let s = scene::sample(seed);
+            let p = scene::prompt_text(&s);
+            (
+                p,
+                Box::new(move |o: &Sample| {
+                    let v = flashdiff_eval::image::check(&o.rgb, &s);
+                    vec![v.background, v.present, v.shape]
+                }),
+            )
+        }
+        _ => {
+            let (p, check) = crate::media::prompt_and_checker(kind, seed);
+            (p, Box::new(move |o: &Sample| check(o).1))
+        }
+    }
+}
+
+/// Fidelity against full computation (dB) and SSIM (images; NaN otherwise).
+fn fidelity(kind: Kind, o: &Sample, full: &Sample) -> (f64, f64) {
+    match kind {
+        Kind::Image => (
+            flashdiff_eval::metrics::psnr(&o.rgb, &full.rgb).min(99.0),
+            flashdiff_eval::metrics::ssim(&o.rgb, &full.rgb, IMAGE, IMAGE),
+        ),
+        Kind::Video => (
+            flashdiff_eval::metrics::video_quality(o, full)
+                .map_or(f64::NAN, |q| q.clip_psnr.min(99.0)),
+            f64::NAN,
+        ),
+        _ => (
+            flashdiff_eval::metrics::audio_quality(o, full).map_or(f64::NAN, |q| q.snr.min(99.0)),
+            f64::NAN,
+        ),
+    }
+}
+
+/// Sums over the prompts of one setting.
+#[derive(Default)]
+struct Acc {
+    work: f64,
+    db: f64,
+    worst_db: Option<f64>,
+    worst_prompt: u64,
+    ssim: f64,
+    agree: usize,
+    skipped: f64,
+    ms: f64,
+    n: usize,
+}
+
+impl Acc {
+    fn add(&mut self, o: &Output, steps: u32, (db, ssim): (f64, f64), agree: bool, seed: u64) {
+        self.work += work(o, steps);
+        self.db += db;
+        if self.worst_db.is_none_or(|w| db < w) {
+            self.worst_db = Some(db);
+            self.worst_prompt = seed;
+        }
+        self.ssim += ssim;
+        self.agree += usize::from(agree);
+        self.skipped += 1.0 - o.report.computed as f64 / o.report.patch_steps.max(1) as f64;
+        self.ms += ms(o.report.latency);
+        self.n += 1;
+    }
+}
+
+/// Runs the curve study on `engine`'s model over `cfg.prompts` held-out prompts, writes
+/// `curve.json`, `report.md` and `quality_vs_work.svg` into `out`, returns the report.
+pub fn run(
+    engine: &mut Engine,
+    cfg: &BenchConfig,
+    out: &Path,
+    progress: &mut dyn FnMut(&str),
+) -> Result<String, EngineError> {
+    let base = prepare(cfg, out)?;
+    let kind = engine.model().kind();
+    let list = settings(&base, engine.workers());
+    let mut acc: Vec<Acc> = list.iter().map(|_| Acc::default()).collect();
+    for i in 0..cfg.prompts as u64 {
+        let seed = cfg.seed + i;
+        progress(&format!(
+            "prompt {}/{}: {} settings",
+            i + 1,
+            cfg.prompts,
+            list.len()
+        ));
+        let (prompt, check) = prompt_and_checker(kind, seed);
+        let mut full: Option<(Output, Vec<bool>)> = None;
+        for (s, a) in list.iter().zip(&mut acc) {
+            let o = engine.generate(
+                &prompt,
+                RequestConfig {
+                    seed,
+                    ..s.cfg.clone()
+                },
+                &mut |_| {},
+            )?;
+            let parts = check(&o.sample);
+            let (q, agree) = match &full {
+                Some((f, fparts)) => (fidelity(kind, &o.sample, &f.sample), parts == *fparts),
+                None => (fidelity(kind, &o.sample, &o.sample), true),
+            };
+            a.add(&o, cfg.steps, q, agree, seed);
+            if full.is_none() {
+                full = Some((o, parts));
+            }
+        }
+    }
+    let points: Vec<Value> = list
+        .iter()
+        .zip(&acc)
+        .map(|(s, a)| {
+            let n = a.n.max(1) as f64;
+            json!({
+                "method": s.method,
+                "setting": s.label,
+                "work": a.work / n,
+                "db": a.db / n,
+                "worst_db": a.worst_db.unwrap_or(f64::NAN),
+                "worst_prompt_seed": a.worst_prompt,
+                "ssim": a.ssim / n,
+                "agreement": a.agree as f64 / n,
+                "patch_steps_skipped": a.skipped / n,
+                "latency_ms": a.ms / n,
+            })
+        })
+        .collect();
+    let md = report(kind, cfg, engine.workers(), &points);
+    plot(out, kind, &points).map_err(|e| EngineError::Config(format!("plotting: {e}")))?;
+    let doc = json!({
+        "config": {"model_kind": format!("{kind:?}"), "prompts": cfg.prompts, "seed": cfg.seed, "steps": cfg.steps, "patches": cfg.patches, "workers": engine.workers(), "judged_work": [JUDGED.0, JUDGED.1]},
+        "points": points,
+    });
+    write_outputs(out, &doc, &md)?;
+    let _ = std::fs::rename(out.join("bench.json"), out.join("curve.json"));
+    Ok(md)
+}
+
+/// A method's curve: (work, value) sorted by work.
+fn curve(points: &[Value], method: &str, key: &str) -> Vec<(f64, f64)> {
+    let mut c: Vec<(f64, f64)> = points
+        .iter()
+        .filter(|p| p["method"] == method)
+        .map(|p| (f(p, "work"), f(p, key)))
+        .filter(|p| p.0.is_finite() && p.1.is_finite())
+        .collect();
+    c.sort_by(|a, b| a.0.total_cmp(&b.0));
+    c
+}
+
+fn f(v: &Value, k: &str) -> f64 {
+    v[k].as_f64().unwrap_or(f64::NAN)
+}
+
+/// The curve's value at work `w`, linear between its neighbouring points; `None` outside it.
+pub fn interpolate(c: &[(f64, f64)], w: f64) -> Option<f64> {
+    if c.len() == 1 {
+        return ((c[0].0 - w).abs() < 1e-9).then_some(c[0].1);
+    }
+    c.windows(2).find(|p| p[0].0 <= w && w <= p[1].0).map(|p| {
+        let span = p[1].0 - p[0].0;
+        if span <= 1e-12 {
+            p[0].1.max(p[1].1)
+        } else {
+            p[0].1 + (p[1].1 - p[0].1) * (w - p[0].0) / span
+        }
+    })
+}
+
+/// FlashDiff's margin over `other` at every work level in `range` both curves reach (a grid
+/// of 1/200 of full work, plus every point of either curve): the worst margin and its work
+/// level, and the part of the range compared; `None` when the curves share no work level there.
+pub fn worst_margin(
+    ours: &[(f64, f64)],
+    other: &[(f64, f64)],
+    range: (f64, f64),
+) -> Option<(f64, f64, (f64, f64))> {
+    let lo = range.0.max(ours.first()?.0).max(other.first()?.0);
+    let hi = range.1.min(ours.last()?.0).min(other.last()?.0);
+    if lo > hi {
+        return None;
+    }
+    let mut levels: Vec<f64> = (0..=200)
+        .map(|i| lo + (hi - lo) * i as f64 / 200.0)
+        .collect();
+    levels.extend(
+        ours.iter()
+            .chain(other)
+            .map(|p| p.0)
+            .filter(|&w| lo <= w && w <= hi),
+    );
+    levels
+        .into_iter()
+        .filter_map(|w| Some((interpolate(ours, w)? - interpolate(other, w)?, w)))
+        .min_by(|a, b| a.0.total_cmp(&b.0))
+        .map(|(m, w)| (m, w, (lo, hi)))
+}
+
+fn report(kind: Kind, cfg: &BenchConfig, workers: u32, points: &[Value]) -> String {
+    let unit = if kind == Kind::Audio { "SNR" } else { "PSNR" };
+    let mut md = format!(
+        "# FlashDiff bench: quality against work ({kind:?} model)\n\n{} held-out prompts (seeds from {}), {} steps, {} patches for the patch methods, {workers} worker(s). Work: the share of full computation's model work, warm-up included. {unit} against full computation from the same seed (capped at 99 dB); worst: the worst prompt; agreement: the built-in checker gives the same verdict as on full computation.\n\n| method | what it is |\n| --- | --- |\n",
+        cfg.prompts, cfg.seed, cfg.steps, cfg.patches
+    );
+    for (m, what) in METHODS {
+        md.push_str(&format!("| {m} | {what} |\n"));
+    }
+    md.push_str(&format!(
+        "\n## Every setting\n\n| method | setting | work | {unit} mean dB | {unit} worst dB | SSIM | agreement | patch-steps skipped | latency ms |\n| --- | --- | --- | --- | --- | --- | --- | --- | --- |\n"
+    ));
+    for p in points {
+        md.push_str(&format!(
+            "| {} | {} | {:.3} | {:.2} | {:.2} | {} | {:.0}% | {:.0}% | {:.0} |\n",
+            p["method"].as_str().unwrap_or(""),
+            p["setting"].as_str().unwrap_or(""),
+            f(p, "work"),
+            f(p, "db"),
+            f(p, "worst_db"),
+            if f(p, "ssim").is_finite() {
+                format!("{:.4}", f(p, "ssim"))
+            } else {
+                "-".into()
+            },
+            100.0 * f(p, "agreement"),
+            100.0 * f(p, "patch_steps_skipped"),
+            f(p, "latency_ms"),
+        ));
+    }
+    md.push_str(&format!(
+        "\n## Verdict: FlashDiff against every other method over work {:.2}-{:.2}\n\nEach curve is linear in work between its settings; the margin is FlashDiff's {unit} minus the other's at the same work, at every level both curves reach in the range. \"ahead\" needs a margin of at least 0 everywhere, for the mean and for the worst prompt.\n\n| method | compared over work | worst margin, mean | worst margin, worst prompt | verdict |\n| --- | --- | --- | --- | --- |\n",
+        JUDGED.0, JUDGED.1
+    ));
+    let mut all_ahead = true;
+    for (m, _) in METHODS
+        .iter()
+        .filter(|(m, _)| *m != "flashdiff" && *m != "full")
+    {
+        let mean = worst_margin(
+            &curve(points, "flashdiff", "db"),
+            &curve(points, m, "db"),
+            JUDGED,
+        );
+        let worst = worst_margin(
+            &curve(points, "flashdiff", "worst_db"),
+            &curve(points, m, "worst_db"),
+            JUDGED,
+        );
+        let (Some((mm, mw, range)), Some((wm, ww, _))) = (mean, worst) else {
+            md.push_str(&format!(
+                "| {m} | the curves share no work level in the range | - | - | not compared |\n"
+            ));
+            continue;
+        };
+        let ahead = mm >= 0.0 && wm >= 0.0;
+        all_ahead &= ahead;
+        md.push_str(&format!(
+            "| {m} | {:.3}-{:.3} | {mm:+.2} dB at work {mw:.3} | {wm:+.2} dB at work {ww:.3} | {} |\n",
+            range.0,
+            range.1,
+            if ahead { "ahead" } else { "**behind**" }
+        ));
+    }
+    let fd = curve(points, "flashdiff", "db");
+    if let (Some(lo), Some(hi)) = (fd.first(), fd.last()) {
+        md.push_str(&format!(
+            "\nFlashDiff's settings reach work {:.3}-{:.3}{}.\n",
+            lo.0,
+            hi.0,
+            if lo.0 > JUDGED.0 {
+                format!(
+                    "; below {:.3} it has no point, so the range {:.2}-{:.3} is not judged",
+                    lo.0, JUDGED.0, lo.0
+                )
+            } else {
+                String::new()
+            }
+        ));
+    }
+    md.push_str(&format!(
+        "\nOverall: {} against every compared method in the compared ranges.\n\nPlot: `quality_vs_work.svg` (solid: mean, dashed: worst prompt).\n",
+        if all_ahead { "ahead" } else { "**not ahead**" }
+    ));
+    md
+}
+
+type PlotResult = Result<(), Box<dyn std::error::Error>>;
+
+/// Mean (solid) and worst-prompt (dashed) quality against work, a colour per method.
+fn plot(out: &Path, kind: Kind, points: &[Value]) -> PlotResult {
+    use plotters::prelude::*;
+    let path = out.join("quality_vs_work.svg");
+    let root = SVGBackend::new(&path, (820, 520)).into_drawing_area();
+    root.fill(&WHITE)?;
+    let ymax = points
+        .iter()
+        .map(|p| f(p, "db"))
+        .filter(|v| v.is_finite())
+        .fold(30.0f64, f64::max)
+        .min(100.0)
+        + 5.0;
+    let unit = if kind == Kind::Audio { "SNR" } else { "PSNR" };
+    let mut chart = ChartBuilder::on(&root)
+        .caption(
+            format!("{unit} against full computation vs work ({kind:?})"),
+            ("sans-serif", 18),
+        )
+        .margin(12)
+        .x_label_area_size(40)
+        .y_label_area_size(50)
+        .build_cartesian_2d(0f64..1.05f64, 0f64..ymax)?;
+    chart
+        .configure_mesh()
+        .x_desc("share of full computation's work")
+        .y_desc(format!("{unit} dB"))
+        .draw()?;
+    let colours = crate::colours();
+    for (i, (m, _)) in METHODS.iter().filter(|(m, _)| *m != "full").enumerate() {
+        let c = colours[i % colours.len()];
+        let mean = curve(points, m, "db");
+        let worst = curve(points, m, "worst_db");
+        chart
+            .draw_series(LineSeries::new(mean.clone(), c.stroke_width(2)))?
+            .label(*m)
+            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], c));
+        chart.draw_series(mean.iter().map(|&p| Circle::new(p, 3, c.filled())))?;
+        for pair in worst.windows(2) {
+            // Dashed: every other tenth of each segment.
+            for k in (0..10).step_by(2) {
+                let at = |t: f64| {
+                    (
+                        pair[0].0 + (pair[1].0 - pair[0].0) * t,
+                        pair[0].1 + (pair[1].1 - pair[0].1) * t,
+                    )
+                };
+                chart.draw_series(LineSeries::new(
+                    [at(k as f64 / 10.0), at((k + 1) as f64 / 10.0)],
+                    c,
+                ))?;
+            }
+        }
+        if worst.len() == 1 {
+            chart.draw_series(std::iter::once(Cross::new(worst[0], 4, c)))?;
+        }
+    }
+    chart
+        .configure_series_labels()
+        .border_style(BLACK)
+        .background_style(WHITE)
+        .position(SeriesLabelPosition::LowerRight)
+        .draw()?;
+    root.present()?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn interpolation_is_linear_and_undefined_outside() {
+        let c = [(0.2, 10.0), (0.4, 20.0), (0.8, 40.0)];
+        let near = |w: f64, want: f64| {
+            let got = interpolate(&c, w).expect("inside");
+            assert!((got - want).abs() < 1e-9, "at {w}: {got}, want {want}");
+        };
+        near(0.3, 15.0);
+        near(0.6, 30.0);
+        near(0.2, 10.0);
+        assert_eq!(interpolate(&c, 0.1), None);
+        assert_eq!(interpolate(&c, 0.9), None);
+    }
+
+    #[test]
+    fn the_worst_margin_is_found_between_points_and_inside_the_range() {
+        // Ours is 5 dB above at the ends and 1 dB below at 0.5 (the other curve's kink).
+        let ours = [(0.2, 15.0), (0.8, 45.0)];
+        let other = [(0.2, 10.0), (0.5, 31.0), (0.8, 40.0)];
+        let (m, w, range) = worst_margin(&ours, &other, (0.25, 0.6)).expect("overlap");
+        assert!((m + 1.0).abs() < 1e-9, "margin {m}");
+        assert!((w - 0.5).abs() < 1e-9, "at {w}");
+        assert_eq!(range, (0.25, 0.6));
+        // Outside the judged range the kink does not count.
+        let (m, _, _) = worst_margin(&ours, &other, (0.6, 0.8)).expect("overlap");
+        assert!(m > 0.0);
+        // No shared work level.
+        assert!(worst_margin(&[(0.1, 1.0), (0.2, 2.0)], &other, (0.25, 0.6)).is_none());
+    }
+}
