@@ -128,8 +128,13 @@ struct BenchArgs {
     quick: bool,
     /// Run one study alone: "wall-time" (full computation against `generate`'s defaults, in
     /// the engine and as whole processes). Image models only.
-    #[arg(long, value_parser = ["wall-time"])]
+    #[arg(long, value_parser = ["wall-time"], conflicts_with = "study")]
     only: Option<String>,
+    /// Run a study instead of the whole bench: "curve" (quality against work for FlashDiff
+    /// and every other method over its own knob; held-out prompts: image 64, video 32, sound
+    /// 64, 8 with --quick).
+    #[arg(long, value_parser = ["curve"])]
+    study: Option<String>,
     /// Held-out prompts.
     #[arg(long, value_parser = clap::value_parser!(u32).range(1..=10_000))]
     prompts: Option<u32>,
@@ -1311,6 +1316,16 @@ fn bench(a: BenchArgs) -> Result<(), String> {
     let t0 = std::time::Instant::now();
     let mut progress = |m: &str| eprintln!("[{:>5.0}s] {m}", t0.elapsed().as_secs_f64());
     let report = match engine.model().kind() {
+        kind if a.study.is_some() => {
+            let prompts = match (a.prompts, a.quick, kind) {
+                (Some(n), _, _) => n,
+                (None, true, _) => 8,
+                (None, false, Kind::Video) => 32,
+                (None, false, _) => 64,
+            };
+            let cfg = flashdiff_bench::BenchConfig { prompts, ..cfg };
+            flashdiff_bench::curve::run(&mut engine, &cfg, &out, &mut progress)
+        }
         Kind::Image if a.only.is_some() => {
             flashdiff_bench::wall_time(&engine, &cfg, &out, &mut progress)
         }
@@ -1322,7 +1337,14 @@ fn bench(a: BenchArgs) -> Result<(), String> {
     }
     .map_err(|e| e.to_string())?;
     println!("{report}");
-    let wrote = if a.only.is_some() {
+    let wrote = if a.study.is_some() {
+        format!(
+            "{}/curve.json, {}/report.md and {}/quality_vs_work.svg",
+            out.display(),
+            out.display(),
+            out.display()
+        )
+    } else if a.only.is_some() {
         format!("{}/report.md", out.display())
     } else {
         format!(
