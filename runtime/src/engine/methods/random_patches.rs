@@ -7,38 +7,35 @@ use flashdiff_models::Denoiser;
 use rand::rngs::StdRng;
 use rand::SeedableRng;
 
-use super::{gate_choose, Method};
+use super::flashdiff::FlashDiff;
+use super::Method;
 use crate::engine::request::Request;
-use crate::engine::{EngineError, LayoutKind, RequestConfig};
+use crate::engine::{EngineError, RequestConfig};
 use crate::state::Region;
 
 pub(super) struct RandomPatches;
 
 impl Method for RandomPatches {
     fn partition(&self, cfg: &RequestConfig, adaptive_r: u32) -> (u32, bool) {
-        (
-            cfg.patches.unwrap_or(adaptive_r),
-            cfg.layout == LayoutKind::Uniform,
-        )
+        FlashDiff.partition(cfg, adaptive_r)
     }
 
     fn epsilon(&self, cfg: &RequestConfig) -> f32 {
-        cfg.epsilon
+        FlashDiff.epsilon(cfg)
     }
 
     fn forecasts(&self, cfg: &RequestConfig) -> bool {
-        cfg.extrapolate
+        FlashDiff.forecasts(cfg)
     }
 
     fn choose(
         &self,
-        _: &dyn Denoiser,
+        model: &dyn Denoiser,
         r: &mut Request,
         load: f32,
         final_full: bool,
     ) -> Result<(), EngineError> {
-        let adaptive = r.cfg.adaptive_epsilon;
-        gate_choose(r, load, final_full, adaptive)?;
+        FlashDiff.choose(model, r, load, final_full)?;
         r.gate_chose.clone_from(&r.active);
         let k = r.active.iter().filter(|&&a| a).count();
         let patches = r.active.len();
