@@ -331,8 +331,9 @@ typedef struct fd_request_config {
    */
   uint8_t priority;
   /**
-   * Reused values in modes 0 and 1 (other patches' K/V, skipped patches' velocity):
-   * 0 = extrapolated along their slope (default), 1 = as last computed (the paper's rule).
+   * Reused values in modes 0, 1 and 4 (other patches' K/V, skipped patches' and skipped
+   * steps' velocity): 0 = extrapolated along their slope (default), 1 = as last computed
+   * (the paper's rule; whole-step caching as TeaCache runs it).
    */
   uint32_t reuse;
   /**

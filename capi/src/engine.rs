@@ -56,8 +56,9 @@ pub struct fd_request_config {
     pub cache_threshold: f32,
     /// Priority 0..7, higher first.
     pub priority: u8,
-    /// Reused values in modes 0 and 1 (other patches' K/V, skipped patches' velocity):
-    /// 0 = extrapolated along their slope (default), 1 = as last computed (the paper's rule).
+    /// Reused values in modes 0, 1 and 4 (other patches' K/V, skipped patches' and skipped
+    /// steps' velocity): 0 = extrapolated along their slope (default), 1 = as last computed
+    /// (the paper's rule; whole-step caching as TeaCache runs it).
     pub reuse: u32,
     /// Monotasks per step: a step's active patches run packed into at most this many
     /// forwards; patches of one forward see each other's fresh K/V. Default 1 (the output

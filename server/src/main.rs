@@ -200,8 +200,9 @@ struct Knobs {
     /// saliency | uniform.
     #[arg(long, default_value = "saliency", value_parser = ["saliency", "uniform"])]
     layout: String,
-    /// extrapolate | stale: other patches' K/V and skipped patches' velocity extrapolated
-    /// along their slope, or reused as last computed (the paper's rule).
+    /// extrapolate | stale: reused K/V and skipped tokens' velocity (every method that
+    /// skips) extrapolated along their slope, or reused as last computed (the paper's rule;
+    /// TeaCache's and RAS's authors').
     #[arg(long, default_value = "extrapolate", value_parser = parse_reuse_flag)]
     reuse: Reuse,
     /// N | workers | per-patch: a step's active patches run packed into at most N forwards

@@ -18,7 +18,8 @@ use super::request::Request;
 use super::{adaptive_epsilon, EngineError, Mode, RequestConfig};
 
 /// A skipping method. Methods hold no state of their own: what they remember between steps
-/// lives in the request ([`Request::tea`], [`Request::ras_prev`], [`Request::gate_chose`]) so that checkpoints carry it.
+/// lives in the request ([`Request::tea`], [`Request::ras_prev`]) so that checkpoints carry
+/// it; what lasts one step only ([`Request::gate_chose`]) is set again by every `choose`.
 pub(super) trait Method: Sync {
     /// How the warm-up's partition cuts the latent: the patch count (`adaptive_r` is the
     /// engine's adaptive controller's current choice) and whether the cut is uniform

@@ -25,8 +25,8 @@ impl Method for WholeStep {
         cfg.extrapolate
     }
 
-    /// Skips the step (advancing with the forecast or cached velocity) when the accumulated relative L1
-    /// change of block 0's modulated input is under the threshold.
+    /// Skips the step (advancing with the forecast or cached velocity) when the accumulated
+    /// relative L1 change of block 0's modulated input is under the threshold.
     fn skip_step(&self, model: &dyn Denoiser, r: &mut Request) -> Result<bool, ModelError> {
         let t0 = Instant::now();
         let h = model.time(r.step, r.cfg.steps) - model.time(r.step + 1, r.cfg.steps);
