@@ -3,7 +3,7 @@
 
 use std::io::Cursor;
 
-use crate::models::Sample;
+use crate::models::{Kind, Sample};
 
 /// Why a sample could not be encoded.
 #[derive(Debug)]
@@ -16,6 +16,36 @@ impl std::fmt::Display for MediaError {
 }
 
 impl std::error::Error for MediaError {}
+
+/// The file extension a kind of sample is written as.
+pub fn extension(kind: Kind) -> &'static str {
+    match kind {
+        Kind::Image => "png",
+        Kind::Video => "gif",
+        Kind::Audio => "wav",
+    }
+}
+
+/// A sample as the bytes of its file, as `flashdiff generate` writes it: PNG or animated GIF
+/// (8 frames a second), small ones enlarged ([`zoom`]), or WAV.
+pub fn encode(sample: &Sample, kind: Kind) -> Result<Vec<u8>, MediaError> {
+    match kind {
+        Kind::Image => Ok(crate::image::png(
+            &sample.rgb,
+            sample.width,
+            sample.height,
+            zoom(sample),
+        )),
+        Kind::Video => gif(sample, zoom(sample), 12),
+        Kind::Audio => wav(sample),
+    }
+}
+
+/// How many times an image or a video frame is enlarged in its file: the built-in models'
+/// 32-pixel ones 8x, none from 256 pixels on.
+pub fn zoom(sample: &Sample) -> usize {
+    (256 / sample.width.max(1)).clamp(1, 8)
+}
 
 /// Encodes the frames of a video sample as a looping animated GIF, each frame scaled up
 /// `scale` times (nearest neighbour) and shown `delay_cs` hundredths of a second. Colours

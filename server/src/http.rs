@@ -605,25 +605,6 @@ fn step_event(hub: &Hub, ev: &StepEvent, grid: [usize; 3]) {
     }
 }
 
-fn report_json(o: &Output) -> Value {
-    let r = &o.report;
-    json!({
-        "steps": r.steps,
-        "warmup": r.warmup,
-        "patches": r.patches,
-        "patch_steps": r.patch_steps,
-        "computed": r.computed,
-        "skipped_share": r.skipped_share(),
-        "work_skipped": r.work_skipped,
-        "active_per_step": r.active_per_step,
-        "latency_ms": r.latency.as_secs_f64() * 1e3,
-        "reuse_error": r.reuse_error(),
-        "mean_epsilon": r.mean_epsilon(),
-        "deadline_met": r.deadline_met,
-        "patch_of": o.layout.patch_of(),
-    })
-}
-
 fn finish_ok(hub: &Hub, o: Output) {
     let id = o.report.id;
     let m = &hub.metrics;
@@ -640,7 +621,7 @@ fn finish_ok(hub: &Hub, o: Output) {
     };
     // Encoded, saved and journaled without the job table's lock, and before anyone can
     // read "succeeded".
-    let report = report_json(&o);
+    let report = flashdiff_runtime::engine::report_json(&o);
     let png = image::png(&o.sample.rgb, o.sample.width, o.sample.height, scale);
     if let Err(e) = journal(hub, |s| {
         s.save_result(id, &png, &report)?;
@@ -810,7 +791,7 @@ fn parse_fields(
                 ))
             }
             Some(w) => w,
-            None => crate::fit_warmup(warmups.model, cfg.steps),
+            None => flashdiff_runtime::engine::fit_warmup(warmups.model, cfg.steps),
         };
     }
     Ok(GenRequest {

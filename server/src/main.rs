@@ -11,15 +11,15 @@ use clap::{Args, Parser, Subcommand};
 use flashdiff_eval::image::Verdict;
 use flashdiff_runtime::engine::{
     builtin_weights, default_weights, Engine, LayoutKind, Mode, Output, RequestConfig, StepEvent,
-    BUILTIN_MODELS, DEFAULT_CACHE_THRESHOLD, DEFAULT_PATCHES, DEFAULT_STEPS, DEFAULT_WARMUP,
-    ENGINE_DEFAULT_EPSILON, ENGINE_DEFAULT_MAX_SKIP,
+    BUILTIN_MODELS, DEFAULT_CACHE_THRESHOLD, DEFAULT_STEPS, DEFAULT_WARMUP, ENGINE_DEFAULT_EPSILON,
+    ENGINE_DEFAULT_MAX_SKIP,
 };
+use flashdiff_runtime::media;
 use flashdiff_runtime::models::registry::ModelSpec;
 use flashdiff_runtime::models::scene;
 use flashdiff_runtime::models::{clips, sounds};
 use flashdiff_runtime::models::{Kind, Sample};
 use flashdiff_runtime::schema::{Count, RequestFields, IMAGE_FIELDS};
-use flashdiff_runtime::{image, media};
 
 /// flashdiff: diffusion serving with semantic patches and selective refinement (CPU,
 /// built-in model).
@@ -604,43 +604,13 @@ fn ms(d: std::time::Duration) -> f64 {
     d.as_secs_f64() * 1e3
 }
 
-/// The file extension a kind of sample is written as.
-fn extension(kind: Kind) -> &'static str {
-    match kind {
-        Kind::Image => "png",
-        Kind::Video => "gif",
-        Kind::Audio => "wav",
-    }
-}
-
-/// A sample as the bytes of its file: PNG or animated GIF (8 frames a second), small ones
-/// enlarged ([`zoom`]), or WAV.
-fn encode(sample: &Sample, kind: Kind) -> Result<Vec<u8>, String> {
-    match kind {
-        Kind::Image => Ok(image::png(
-            &sample.rgb,
-            sample.width,
-            sample.height,
-            zoom(sample),
-        )),
-        Kind::Video => media::gif(sample, zoom(sample), 12).map_err(|e| e.to_string()),
-        Kind::Audio => media::wav(sample).map_err(|e| e.to_string()),
-    }
-}
-
-/// How many times an image or a video frame is enlarged in its file: the built-in models'
-/// 32-pixel ones 8x, none from 256 pixels on.
-fn zoom(sample: &Sample) -> usize {
-    (256 / sample.width.max(1)).clamp(1, 8)
-}
-
 fn describe(sample: &Sample, kind: Kind) -> String {
     match kind {
-        Kind::Image if zoom(sample) > 1 => format!(
+        Kind::Image if media::zoom(sample) > 1 => format!(
             "{}x{} pixels, shown {}x",
             sample.width,
             sample.height,
-            zoom(sample)
+            media::zoom(sample)
         ),
         Kind::Image => format!("{}x{} pixels", sample.width, sample.height),
         Kind::Video => format!(
@@ -648,7 +618,7 @@ fn describe(sample: &Sample, kind: Kind) -> String {
             sample.frames,
             sample.width,
             sample.height,
-            zoom(sample)
+            media::zoom(sample)
         ),
         Kind::Audio => {
             let ch = sample.audio_channels.max(1);
@@ -669,7 +639,7 @@ fn describe(sample: &Sample, kind: Kind) -> String {
 /// The output path: as given (its extension must match the model's kind), or
 /// flashdiff.png / .gif / .wav.
 fn output_path(given: Option<PathBuf>, kind: Kind) -> Result<PathBuf, String> {
-    let ext = extension(kind);
+    let ext = media::extension(kind);
     let Some(p) = given else {
         return Ok(PathBuf::from(format!("flashdiff.{ext}")));
     };
@@ -723,27 +693,22 @@ fn with_model_warmup(
     model: &dyn flashdiff_runtime::models::Denoiser,
 ) -> RequestConfig {
     RequestConfig {
-        warmup: given.unwrap_or_else(|| fit_warmup(model.default_warmup(), cfg.steps)),
+        warmup: given.unwrap_or_else(|| {
+            flashdiff_runtime::engine::fit_warmup(model.default_warmup(), cfg.steps)
+        }),
         ..cfg
     }
-}
-
-/// A warm-up nobody asked for: the model's `default`, shortened to fit below `steps` (the
-/// engine refuses a warm-up of `steps` or more, and a request should not fail over a
-/// setting it did not give).
-pub(crate) fn fit_warmup(default: u32, steps: u32) -> u32 {
-    default.min(steps.saturating_sub(1)).max(1)
 }
 
 fn generate(a: GenerateArgs) -> Result<(), String> {
     let prompt = a.prompt.clone();
     let mut engine = make_engine(&a.run, 1)?;
-    // The default patch count, on a latent of fewer tokens, is one patch a token.
-    let tokens = engine.model().dims().grid.tokens() as u32;
-    let patches = a
-        .sampling
-        .patches
-        .map_or(Some(DEFAULT_PATCHES.min(tokens)), |p| p.0);
+    let patches = a.sampling.patches.map_or(
+        Some(flashdiff_runtime::engine::lone_request_patches(
+            engine.model(),
+        )),
+        |p| p.0,
+    );
     let cfg = with_model_warmup(
         a.knobs.request(a.sampling.steps, patches, a.sampling.seed),
         a.knobs.warmup,
@@ -754,8 +719,11 @@ fn generate(a: GenerateArgs) -> Result<(), String> {
     let out = engine
         .generate(&prompt, cfg.clone(), &mut progress_bar())
         .map_err(|e| e.to_string())?;
-    std::fs::write(&output, encode(&out.sample, kind)?)
-        .map_err(|e| format!("cannot write {}: {e}", output.display()))?;
+    std::fs::write(
+        &output,
+        media::encode(&out.sample, kind).map_err(|e| e.to_string())?,
+    )
+    .map_err(|e| format!("cannot write {}: {e}", output.display()))?;
     let r = &out.report;
     println!(
         "wrote {} ({})",
@@ -868,7 +836,7 @@ fn serve(o: ServeArgs) -> Result<(), String> {
                 } else {
                     "sound"
                 },
-                extension(kind)
+                media::extension(kind)
             ));
         }
         engine.validate(&base).map_err(|e| e.to_string())?;
@@ -1119,9 +1087,12 @@ fn result_line(
             };
             let image = match out_dir {
                 Some(d) => {
-                    let p = d.join(format!("{}.{}", rep.id, extension(kind)));
-                    std::fs::write(&p, encode(&o2.sample, kind)?)
-                        .map_err(|e| format!("cannot write {}: {e}", p.display()))?;
+                    let p = d.join(format!("{}.{}", rep.id, media::extension(kind)));
+                    std::fs::write(
+                        &p,
+                        media::encode(&o2.sample, kind).map_err(|e| e.to_string())?,
+                    )
+                    .map_err(|e| format!("cannot write {}: {e}", p.display()))?;
                     json_str(&p.display().to_string())
                 }
                 None => "null".into(),

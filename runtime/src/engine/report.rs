@@ -122,3 +122,26 @@ pub struct StepEvent<'a> {
     /// The patch of every latent token, once the warm-up has partitioned the latent.
     pub patch_of: Option<&'a [u32]>,
 }
+
+/// A finished request's report as JSON, as the HTTP API's jobs and the Python package give
+/// it: the step and patch counts, the work skipped, latency, reuse error, and the layout's
+/// patch of every token.
+pub fn report_json(o: &Output) -> serde_json::Value {
+    let r = &o.report;
+    serde_json::json!({
+        "steps": r.steps,
+        "warmup": r.warmup,
+        "patches": r.patches,
+        "patch_steps": r.patch_steps,
+        "computed": r.computed,
+        "computed_tokens": r.computed_tokens,
+        "skipped_share": r.skipped_share(),
+        "work_skipped": r.work_skipped,
+        "active_per_step": r.active_per_step,
+        "latency_ms": r.latency.as_secs_f64() * 1e3,
+        "reuse_error": r.reuse_error(),
+        "mean_epsilon": r.mean_epsilon(),
+        "deadline_met": r.deadline_met,
+        "patch_of": o.layout.patch_of(),
+    })
+}

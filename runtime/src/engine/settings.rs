@@ -206,6 +206,20 @@ impl Default for RequestConfig {
     }
 }
 
+/// A warm-up nobody asked for: the model's `default`, shortened to fit below `steps` (the
+/// engine refuses a warm-up of `steps` or more, and a request should not fail over a
+/// setting it did not give).
+pub fn fit_warmup(default: u32, steps: u32) -> u32 {
+    default.min(steps.saturating_sub(1)).max(1)
+}
+
+/// The patch count of a lone request that gives none: [`DEFAULT_PATCHES`], or one patch a
+/// token on a smaller latent (a lone request cannot search R as the adaptive controller
+/// does over a stream). What `flashdiff generate` and the Python package use.
+pub fn lone_request_patches(model: &dyn Denoiser) -> u32 {
+    DEFAULT_PATCHES.min(model.dims().grid.tokens() as u32)
+}
+
 /// Checks a request's settings against `model`; the error names the setting (as the
 /// request's field: `"max_skip"` is the CLI's `--max-skip`) and its valid range. What
 /// [`super::Engine::validate`] and [`super::Engine::submit`] do, for callers without an engine.

@@ -1,0 +1,186 @@
+"""FlashDiff from Python.
+
+The policies work on numpy arrays (read in place when they are C-contiguous and of the
+right dtype, converted otherwise):
+
+>>> import numpy as np, flashdiff
+>>> layout = flashdiff.partition_saliency(np.random.rand(8, 8).astype(np.float32), 4)
+>>> layout.patches, layout.patch_of.shape
+(4, (64,))
+
+The engine generates with a built-in model, taking the same settings as the CLI, JSON lines
+and HTTP (one request schema):
+
+>>> engine = flashdiff.Engine("tinydit")                      # doctest: +SKIP
+>>> out = engine.generate("a red circle left of a blue square", seed=3, steps=50)  # doctest: +SKIP
+>>> out.sample.shape, out.report["work_skipped"]              # doctest: +SKIP
+
+Every refusal raises :class:`flashdiff.Error` (a ``ValueError``) with the Rust error's text.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any, Dict, Optional, Sequence
+
+import numpy as np
+
+from . import _native
+from ._native import (  # noqa: F401  (re-exported)
+    MODELS,
+    Error,
+    Gate,
+    Layout,
+    Scheduler,
+    partition_uniform,
+    split_words,
+)
+
+__all__ = [
+    "MODELS",
+    "Engine",
+    "Error",
+    "Gate",
+    "Layout",
+    "Output",
+    "Scheduler",
+    "partition_saliency",
+    "partition_uniform",
+    "saliency_map",
+    "salient_mask",
+    "split_words",
+]
+
+
+def salient_mask(words: Sequence[str]) -> np.ndarray:
+    """Which of ``words`` are salient (content words): a bool array."""
+    return _native.salient_mask(list(words))
+
+
+def saliency_map(attn: Any, salient: Any) -> np.ndarray:
+    """The saliency of every latent token: the mean cross-attention of its row of ``attn``
+    (``tokens x prompt_len``) over the salient prompt tokens (``salient``, a bool each)."""
+    return _native.saliency_map(
+        np.ascontiguousarray(attn, dtype=np.float32),
+        np.ascontiguousarray(salient, dtype=np.bool_),
+    )
+
+
+def partition_saliency(saliency: Any, patches: int) -> Layout:
+    """Cuts the latent into ``patches`` semantically coherent, balanced patches; the map's
+    shape, ``(height, width)`` or ``(frames, height, width)``, is the latent's grid."""
+    return _native.partition_saliency(np.ascontiguousarray(saliency, dtype=np.float32), patches)
+
+
+@dataclass
+class Output:
+    """A finished request."""
+
+    kind: str
+    """``image``, ``video`` or ``audio``."""
+    sample: np.ndarray
+    """RGB in [0, 1] as ``(height, width, 3)`` or ``(frames, height, width, 3)``; a sound as
+    ``(samples, channels)`` in [-1, 1]."""
+    sample_rate: int
+    """Samples per second of a sound (0 otherwise)."""
+    report: Dict[str, Any]
+    """Steps, patches, patch-steps computed, work skipped, latency, the layout's patch of
+    every token: the HTTP API's job report."""
+    file: bytes
+    """The file ``flashdiff generate`` writes for it (PNG, GIF or WAV)."""
+    extension: str
+    """``png``, ``gif`` or ``wav``."""
+
+    def save(self, path: str) -> None:
+        """Writes :attr:`file` to ``path``."""
+        with open(path, "wb") as f:
+            f.write(self.file)
+
+
+def _output(d: Dict[str, Any]) -> Output:
+    return Output(
+        kind=d["kind"],
+        sample=d["sample"],
+        sample_rate=d["sample_rate"],
+        report=json.loads(d["report"]),
+        file=d["file"],
+        extension=d["extension"],
+    )
+
+
+def _request(prompt: Optional[str], settings: Dict[str, Any]) -> str:
+    fields = dict(settings)
+    if prompt is not None:
+        fields["prompt"] = prompt
+    try:
+        return json.dumps(fields)
+    except (TypeError, ValueError) as e:
+        raise Error(f"settings: not representable as request fields: {e}") from None
+
+
+class Engine:
+    """A serving engine over one built-in model (``tinydit``, ``tinyvideo``, ``tinyaudio``)
+    or a TinyDiT-family weights file, on in-process workers.
+
+    Settings are the request schema's fields (``steps``, ``seed``, ``patches``, ``epsilon``,
+    ``max_skip``, ``mode``, ``layout``, ``reuse``, ``monotasks``, ``cache_threshold``,
+    ``priority``, ``deadline_ms``, ``warmup``, ``adaptive_epsilon``), with the CLI's defaults
+    for a lone request. Safe to share between threads; the GIL is released while the model
+    runs.
+    """
+
+    def __init__(self, model: str = "tinydit", weights: Optional[str] = None, workers: int = 1):
+        self._e = _native.Engine(model, weights, workers)
+
+    @property
+    def model(self) -> str:
+        return self._e.model
+
+    @property
+    def kind(self) -> str:
+        return self._e.kind
+
+    @property
+    def workers(self) -> int:
+        return self._e.workers
+
+    def settings(self, prompt: str = "", **settings: Any) -> Dict[str, Any]:
+        """The settings a request would run with; raises on a bad one as ``generate`` does."""
+        return json.loads(self._e.settings(_request(prompt, settings)))
+
+    def generate(self, prompt: str, **settings: Any) -> Output:
+        """Runs one request to the end."""
+        return _output(self._e.generate(_request(prompt, settings)))
+
+    def submit(self, prompt: str, **settings: Any) -> int:
+        """Admits a request; returns its id. Advance with :meth:`step`."""
+        return self._e.submit(_request(prompt, settings))
+
+    def step(self, timeout_ms: int = 5) -> int:
+        """One scheduling round; returns the requests still in flight."""
+        return self._e.step(timeout_ms)
+
+    def poll(self, id: int) -> str:
+        """``pending``, ``done``, ``failed`` or ``unknown``."""
+        return self._e.poll(id)
+
+    def result(self, id: int) -> Output:
+        """A finished request's output, once; raises with the reason when it failed."""
+        return _output(self._e.result(id))
+
+    def cancel(self, id: int) -> None:
+        """Cancels a request in flight."""
+        self._e.cancel(id)
+
+
+def _version() -> str:
+    try:
+        from importlib.metadata import version
+
+        return version("flashdiff")
+    except Exception:  # not installed (imported from a checkout)
+        return "0.0.0"
+
+
+__version__ = _version()

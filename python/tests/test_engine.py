@@ -1,0 +1,148 @@
+"""The engine from Python: the CLI's output byte for byte, the request schema's settings and
+errors, and the serving loop (submit, step, poll, result, cancel)."""
+
+import os
+import pathlib
+import shutil
+import subprocess
+import threading
+
+import numpy as np
+import pytest
+
+import flashdiff
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+PROMPT = "a yellow square center on a blue background"
+
+
+def cli():
+    """The `flashdiff` executable: $FLASHDIFF_CLI, else the workspace's build."""
+    given = os.environ.get("FLASHDIFF_CLI")
+    if given:
+        return given
+    for profile in ("release", "debug"):
+        p = ROOT / "target" / profile / "flashdiff"
+        if p.exists():
+            return str(p)
+    return shutil.which("flashdiff")
+
+
+@pytest.fixture(scope="module")
+def engine():
+    return flashdiff.Engine("tinydit")
+
+
+def test_generate_equals_the_cli_byte_for_byte(engine, tmp_path):
+    exe = cli()
+    if exe is None:
+        pytest.skip("no flashdiff executable: build it (cargo build) or set FLASHDIFF_CLI")
+    out = tmp_path / "cli.png"
+    subprocess.run(
+        [exe, "generate", PROMPT, "--seed", "7", "--steps", "30", "-o", str(out)],
+        check=True,
+        capture_output=True,
+    )
+    got = engine.generate(PROMPT, seed=7, steps=30)
+    assert got.extension == "png"
+    assert got.file == out.read_bytes()
+    assert got.sample.shape == (32, 32, 3) and got.sample.dtype == np.float32
+    assert 0.0 <= got.sample.min() and got.sample.max() <= 1.0
+    r = got.report
+    assert r["steps"] == 30 and r["warmup"] == 5 and r["patches"] == 16
+    assert r["computed"] <= r["patch_steps"]
+    assert sum(r["active_per_step"]) == r["computed"]
+    assert len(r["patch_of"]) == 64
+
+
+def test_settings_are_the_request_schema(engine):
+    d = engine.settings("x")
+    assert (d["steps"], d["patches"], d["warmup"], d["mode"]) == (50, 16, 5, "flashdiff")
+    d = engine.settings("x", steps=4, patches="auto", reuse="stale", mode="ras")
+    assert (d["steps"], d["patches"], d["warmup"], d["reuse"], d["mode"]) == (4, None, 3, "stale", "ras")
+    for bad, text in [
+        ({"steps": 1}, '"steps" 1: must be in 2..=1000'),
+        ({"steps": "many"}, '"steps"'),
+        ({"stepz": 3}, "unknown field `stepz`"),
+        ({"mode": "fast"}, '"mode"'),
+        ({"epsilon": 2.0}, '"epsilon"'),
+        ({"n": 2}, '"n": not a setting'),
+        ({"model": "tinyvideo"}, '"model"'),
+        ({"seed": object()}, "settings: not representable"),
+    ]:
+        with pytest.raises(flashdiff.Error) as e:
+            engine.generate("x", **bad)
+        assert text in str(e.value), (bad, str(e.value))
+
+
+def test_skipping_work_follows_epsilon(engine):
+    full = engine.generate(PROMPT, mode="full", steps=20)
+    lazy = engine.generate(PROMPT, epsilon=1.0, steps=20)
+    none = engine.generate(PROMPT, epsilon=0.0, steps=20)
+    assert full.report["work_skipped"] == 0.0
+    assert none.report["computed"] == none.report["patch_steps"]
+    assert lazy.report["computed"] < none.report["computed"]
+    np.testing.assert_array_equal(none.sample.shape, full.sample.shape)
+
+
+def test_serving_loop(engine):
+    a = engine.submit(PROMPT, seed=1, steps=12)
+    b = engine.submit("a red circle", seed=2, steps=12, priority=3)
+    c = engine.submit("a green triangle", steps=12)
+    assert {engine.poll(i) for i in (a, b, c)} == {"pending"}
+    with pytest.raises(flashdiff.Error, match="still pending"):
+        engine.result(a)
+    engine.cancel(c)
+    assert engine.poll(c) == "failed"
+    with pytest.raises(flashdiff.Error, match="cancel"):
+        engine.result(c)
+    while engine.step(50) > 0:
+        pass
+    assert engine.poll(a) == "done" and engine.poll(b) == "done"
+    ra = engine.result(a)
+    assert ra.report["steps"] == 12
+    assert engine.poll(a) == "unknown"
+    with pytest.raises(flashdiff.Error, match="unknown"):
+        engine.result(a)
+    # The loop's result equals a lone generate of the same request.
+    assert ra.file == engine.generate(PROMPT, seed=1, steps=12).file
+    with pytest.raises(flashdiff.Error):
+        engine.cancel(12345)
+    with pytest.raises(flashdiff.Error, match="10000"):
+        engine.step(60000)
+
+
+def test_threads_share_an_engine(engine):
+    want = engine.generate(PROMPT, seed=5, steps=10).file
+    got = []
+
+    def work():
+        got.append(engine.generate(PROMPT, seed=5, steps=10).file)
+
+    ts = [threading.Thread(target=work) for _ in range(3)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+    assert got == [want] * 3
+
+
+@pytest.mark.parametrize("model,kind,ext", [("tinyvideo", "video", "gif"), ("tinyaudio", "audio", "wav")])
+def test_other_built_in_models(model, kind, ext):
+    e = flashdiff.Engine(model)
+    assert e.kind == kind
+    o = e.generate("a red circle moving right on a blue background" if kind == "video" else "a high beep then a low hum", steps=14)
+    assert o.extension == ext and o.file
+    if kind == "video":
+        assert o.sample.ndim == 4 and o.sample.shape[-1] == 3
+    else:
+        assert o.sample.ndim == 2 and o.sample_rate > 0
+
+
+def test_bad_engines():
+    with pytest.raises(flashdiff.Error, match="not a built-in model"):
+        flashdiff.Engine("flux")
+    with pytest.raises(flashdiff.Error):
+        flashdiff.Engine("tinydit", weights="/nonexistent.safetensors")
+    with pytest.raises(flashdiff.Error):
+        flashdiff.Engine("tinydit", workers=0)
