@@ -1,0 +1,460 @@
+"""FlashDiff inside a diffusers pipeline.
+
+>>> from diffusers import FluxPipeline                          # doctest: +SKIP
+>>> import flashdiff.diffusers
+>>> pipe = FluxPipeline.from_pretrained("black-forest-labs/FLUX.1-dev")   # doctest: +SKIP
+>>> flashdiff.diffusers.enable(pipe, epsilon=0.1, patches=16)  # doctest: +SKIP
+>>> image = pipe("a red fox in the snow").images[0]            # doctest: +SKIP
+>>> flashdiff.diffusers.report(pipe)                           # doctest: +SKIP
+
+What it does to each call, per sample (each row of the transformer's batch, so classifier-free
+guidance and batches give every sample what it would get alone):
+
+1. The first ``warmup`` steps run in full. The last of them also measures, in the
+   dual-stream blocks, how much every image token attends to the prompt's salient words
+   (the pipeline's T5 pieces mapped to words); that saliency map is cut into ``patches``
+   patches by the Rust partitioner.
+2. Each later step, the Rust gate decides which patches run, from each patch's
+   self-attention mass (the paper's refinement importance, measured in the last dual-stream
+   block). The transformer then runs on those patches' image tokens only (their RoPE ids
+   gathered with them) and the whole text stream; attention reads the other image tokens'
+   K/V from a per-block cache, forecast along their slope; skipped tokens' velocity is
+   forecast the same way. The last step runs every patch.
+3. Few-step models (at most 8 steps) run unchanged unless ``force=True``, with a warning.
+
+It is installed per pipeline instance, through the attention-processor API and a wrapper of
+the transformer's ``forward``; classes are never patched. ``disable`` puts back what was
+there. State is per call (a call is recognised by the scheduler's new ``timesteps``) and is
+sized by the call's real step count. One device-to-host read per sample per step (the
+patches' importance) and one host-to-device copy (the active tokens' indices).
+
+Supported: ``FluxPipeline`` and ``FluxTransformer2DModel`` (driven by a scheduler the caller
+passes). Other pipelines are refused with an error that says so.
+"""
+
+from __future__ import annotations
+
+import types
+import warnings
+from typing import Any, Dict, List, Optional
+
+import numpy as np
+
+from . import Error, Gate, partition_saliency, salient_mask
+
+_ATTR = "_flashdiff_adapter"
+
+
+def _torch():
+    try:
+        import torch
+    except ImportError as e:  # pragma: no cover - exercised only without torch
+        raise Error("flashdiff.diffusers needs PyTorch and diffusers installed") from e
+    return torch
+
+
+class _Row:
+    """One sample of one call: its layout, gate and caches."""
+
+    def __init__(self) -> None:
+        self.layout = None
+        self.gate: Optional[Gate] = None
+        self.tokens: List[Any] = []  # image-token indices of each patch, on the device
+        self.sizes: Optional[np.ndarray] = None
+        self.kv: Dict[str, List[Any]] = {}  # block -> [k, v, k_slope, v_slope, last_step]
+        self.vel: Optional[List[Any]] = None  # [v, slope, last_step]
+        self.saliency: Optional[Any] = None  # summed image-to-text attention, (N, T)
+        self.computed: List[int] = []  # image tokens computed per step after the warm-up
+
+
+class _Call:
+    """One pipeline call."""
+
+    def __init__(self, timesteps: Any, steps: int, plain: bool) -> None:
+        self.timesteps = timesteps
+        self.steps = steps
+        self.plain = plain
+        self.rows: Dict[Any, _Row] = {}
+        self.step = -1
+        self.branch = 0
+
+
+class _Ctx:
+    """What the attention processors need during one forward of one row."""
+
+    def __init__(self, row: _Row, mode: str, step: int, text: int) -> None:
+        self.row = row
+        self.mode = mode  # "record" (all tokens, natural order) or "partial"
+        self.step = step
+        self.text = text
+        self.positions = None  # partial: sequence positions of the fresh rows
+        self.active_tokens = None  # partial: image-token indices, gathered order
+        self.want_saliency = False
+        self.salient = None  # bool (T,) tensor
+        self.importance = None  # partial: (patches,) tensor
+
+
+class _Adapter:
+    def __init__(self, transformer: Any, scheduler: Any, pipe: Any, settings: Dict[str, Any]):
+        self.transformer = transformer
+        self.scheduler = scheduler
+        self.pipe = pipe
+        self.s = settings
+        self.call: Optional[_Call] = None
+        self.ctx: Optional[_Ctx] = None
+        self.prompts: Optional[List[str]] = None
+        self.saved_processors = dict(transformer.attn_processors)
+        self.orig_forward = transformer.forward
+        names = list(self.saved_processors)
+        self.dual = [n for n in names if n.startswith("transformer_blocks.")]
+        self.importance_block = self.dual[-1] if self.dual else names[-1]
+        transformer.set_attn_processor({n: _Processor(self, n) for n in names})
+        transformer.forward = types.MethodType(_forward, transformer)
+        if pipe is not None and hasattr(pipe, "encode_prompt"):
+            self.orig_encode = pipe.encode_prompt
+            adapter = self
+
+            def encode_prompt(self_pipe: Any, prompt: Any = None, *a: Any, **k: Any) -> Any:
+                adapter.prompts = [prompt] if isinstance(prompt, str) else list(prompt or [])
+                return adapter.orig_encode(prompt, *a, **k)
+
+            pipe.encode_prompt = types.MethodType(encode_prompt, pipe)
+
+    def remove(self) -> None:
+        self.transformer.set_attn_processor(self.saved_processors)
+        del self.transformer.forward
+        if self.pipe is not None and hasattr(self, "orig_encode"):
+            del self.pipe.encode_prompt
+
+    def begin(self) -> _Call:
+        """The call this forward belongs to: a new one when the scheduler's timesteps are new."""
+        ts = self.scheduler.timesteps
+        if self.call is None or self.call.timesteps is not ts:
+            steps = len(ts)
+            plain = steps <= 8 and not self.s["force"]
+            if plain:
+                warnings.warn(
+                    f"flashdiff: {steps} steps is a few-step schedule; running it unchanged "
+                    "(pass force=True to enable() to skip anyway)",
+                    stacklevel=3,
+                )
+            elif self.s["warmup"] >= steps:
+                raise Error(f"warmup {self.s['warmup']}: must be below the call's {steps} steps")
+            self.call = _Call(ts, steps, plain)
+        c = self.call
+        si = self.scheduler.step_index
+        n = 0 if si is None else int(si)
+        if n != c.step:
+            c.step, c.branch = n, 0
+        else:
+            c.branch += 1
+        return c
+
+    def salient_tokens(self, row_index: int, batch: int, text: int, device: Any) -> Any:
+        """Which text positions are the prompt's salient words (all, without a prompt)."""
+        torch = _torch()
+        mask = torch.ones(text, dtype=torch.bool, device=device)
+        tok = getattr(self.pipe, "tokenizer_2", None) if self.pipe is not None else None
+        if not self.prompts or tok is None:
+            return mask
+        per = max(1, batch // max(1, len(self.prompts)))
+        prompt = self.prompts[min(row_index // per, len(self.prompts) - 1)]
+        pieces = tok.tokenize(prompt)
+        words: List[str] = []
+        word_of: List[int] = []
+        for p in pieces:
+            if p.startswith("\u2581") or not words:
+                words.append(p.lstrip("\u2581"))
+            else:
+                words[-1] += p
+            word_of.append(len(words) - 1)
+        sal = salient_mask(words)
+        m = [bool(sal[w]) for w in word_of][:text]
+        if not any(m):
+            return mask
+        mask[:] = False
+        mask[: len(m)] = torch.tensor(m, device=device)
+        return mask
+
+
+def _forecast(last: Any, slope: Any, last_step: Any, n: int, extrapolate: bool) -> Any:
+    if not extrapolate:
+        return last.clone()
+    gap = (n - last_step).to(last.dtype)
+    return last + gap.view(-1, *([1] * (last.dim() - 1))) * slope
+
+
+def _refresh(store: List[Any], pos: Any, fresh: Any, n: int) -> None:
+    """Writes fresh rows at `pos` of a [last, slope, last_step] store, updating slopes."""
+    last, slope, last_step = store
+    gap = (n - last_step[pos]).to(fresh.dtype).clamp(min=1)
+    slope[pos] = (fresh - last[pos]) / gap.view(-1, *([1] * (fresh.dim() - 1)))
+    last[pos] = fresh
+    last_step[pos] = n
+
+
+class _Processor:
+    """FLUX's attention with FlashDiff's K/V cache (sequence dim 1: (B, L, H, D))."""
+
+    _attention_backend = None
+    _parallel_config = None
+
+    def __init__(self, adapter: _Adapter, name: str) -> None:
+        self.a = adapter
+        self.name = name
+
+    def __call__(
+        self,
+        attn: Any,
+        hidden_states: Any,
+        encoder_hidden_states: Any = None,
+        attention_mask: Any = None,
+        image_rotary_emb: Any = None,
+    ) -> Any:
+        torch = _torch()
+        from diffusers.models.transformers import transformer_flux as tf
+
+        q, k, v, eq, ek, ev = tf._get_qkv_projections(attn, hidden_states, encoder_hidden_states)
+        q = attn.norm_q(q.unflatten(-1, (-1, attn.head_dim)))
+        k = attn.norm_k(k.unflatten(-1, (-1, attn.head_dim)))
+        v = v.unflatten(-1, (-1, attn.head_dim))
+        if attn.added_kv_proj_dim is not None:
+            eq = attn.norm_added_q(eq.unflatten(-1, (-1, attn.head_dim)))
+            ek = attn.norm_added_k(ek.unflatten(-1, (-1, attn.head_dim)))
+            ev = ev.unflatten(-1, (-1, attn.head_dim))
+            q, k, v = torch.cat([eq, q], 1), torch.cat([ek, k], 1), torch.cat([ev, v], 1)
+        if image_rotary_emb is not None:
+            q = tf.apply_rotary_emb(q, image_rotary_emb, sequence_dim=1)
+            k = tf.apply_rotary_emb(k, image_rotary_emb, sequence_dim=1)
+        ctx = self.a.ctx
+        if ctx is not None:
+            k, v = self.keys_values(ctx, q, k, v)
+        out = tf.dispatch_attention_fn(q, k, v, attn_mask=attention_mask, backend=self._attention_backend)
+        out = out.flatten(2, 3).to(q.dtype)
+        if encoder_hidden_states is not None:
+            eo, out = out.split_with_sizes([encoder_hidden_states.shape[1], out.shape[1] - encoder_hidden_states.shape[1]], 1)
+            out = attn.to_out[1](attn.to_out[0](out.contiguous()))
+            return out, attn.to_add_out(eo.contiguous())
+        return out
+
+    def keys_values(self, ctx: _Ctx, q: Any, k: Any, v: Any) -> Any:
+        torch = _torch()
+        row, n, extrap = ctx.row, ctx.step, self.a.s["reuse"] == "extrapolate"
+        k0, v0 = k[0].detach(), v[0].detach()
+        if ctx.mode == "record":
+            store = row.kv.get(self.name)
+            if store is None:
+                z = torch.zeros_like(k0)
+                steps = torch.zeros(k0.shape[0], dtype=torch.long, device=k0.device)
+                row.kv[self.name] = [[k0.clone(), z, steps.clone()], [v0.clone(), torch.zeros_like(v0), steps.clone()]]
+            else:
+                pos = torch.arange(k0.shape[0], device=k0.device)
+                _refresh(store[0], pos, k0, n)
+                _refresh(store[1], pos, v0, n)
+            if ctx.want_saliency and self.name in self.a.dual:
+                t = ctx.text
+                probs = self.attention_probs(q[:, t:], k)  # (N, T + N)
+                m = probs[:, :t][:, ctx.salient].mean(dim=1) if bool(ctx.salient.any()) else probs[:, :t].mean(dim=1)
+                row.saliency = m if row.saliency is None else row.saliency + m
+            return k, v
+        ks, vs = row.kv[self.name]
+        kf = _forecast(ks[0], ks[1], ks[2], n, extrap)
+        vf = _forecast(vs[0], vs[1], vs[2], n, extrap)
+        pos = ctx.positions
+        kf[pos] = k0
+        vf[pos] = v0
+        _refresh(ks, pos, k0, n)
+        _refresh(vs, pos, v0, n)
+        kf, vf = kf.unsqueeze(0), vf.unsqueeze(0)
+        if self.name == self.a.importance_block:
+            t = ctx.text
+            probs = self.attention_probs(q[:, t:], kf)[:, t:]  # (n_active, N)
+            ctx.importance = self.patch_mass(ctx, probs)
+        return kf, vf
+
+    @staticmethod
+    def attention_probs(q: Any, k: Any) -> Any:
+        """Softmax attention of `q` rows over `k`, averaged over heads: (rows, keys)."""
+        torch = _torch()
+        scale = q.shape[-1] ** -0.5
+        acc = None
+        for h in range(q.shape[2]):
+            p = torch.softmax((q[0, :, h].float() @ k[0, :, h].float().T) * scale, dim=-1)
+            acc = p if acc is None else acc + p
+        return acc / q.shape[2]
+
+    @staticmethod
+    def patch_mass(ctx: _Ctx, probs: Any) -> Any:
+        """R_i = (1/|A_i|^2) sum over active tokens u of patch i of their mass into patch i."""
+        torch = _torch()
+        row = ctx.row
+        patch_of = row.patch_of_t
+        mine = patch_of[ctx.active_tokens]  # patch of each active query
+        into = torch.zeros(probs.shape[0], len(row.tokens), device=probs.device, dtype=probs.dtype)
+        into.index_add_(1, patch_of, probs)
+        own = into.gather(1, mine.view(-1, 1)).squeeze(1)
+        r = torch.zeros(len(row.tokens), device=probs.device, dtype=probs.dtype)
+        r.index_add_(0, mine, own)
+        return r / row.sizes_t.to(probs.dtype) ** 2
+
+
+def _forward(self: Any, hidden_states: Any, encoder_hidden_states: Any = None, pooled_projections: Any = None,
+             timestep: Any = None, img_ids: Any = None, txt_ids: Any = None, guidance: Any = None,
+             joint_attention_kwargs: Any = None, return_dict: bool = True, **kw: Any) -> Any:
+    torch = _torch()
+    a: _Adapter = getattr(self, _ATTR)
+    call = a.begin()
+
+    def orig(hs: Any, ehs: Any, pooled: Any, t: Any, ids: Any, g: Any) -> Any:
+        return a.orig_forward(hs, encoder_hidden_states=ehs, pooled_projections=pooled, timestep=t,
+                              img_ids=ids, txt_ids=txt_ids, guidance=g,
+                              joint_attention_kwargs=joint_attention_kwargs, return_dict=False, **kw)[0]
+
+    if call.plain:
+        a.ctx = None
+        out = orig(hidden_states, encoder_hidden_states, pooled_projections, timestep, img_ids, guidance)
+    else:
+        if img_ids.ndim == 3:
+            img_ids = img_ids[0]
+        n, warm, text = call.step, a.s["warmup"], encoder_hidden_states.shape[1]
+        batch = hidden_states.shape[0]
+        outs = []
+        for b in range(batch):
+            sl = slice(b, b + 1)
+            row = call.rows.setdefault((call.branch, b), _Row())
+            args = (encoder_hidden_states[sl], pooled_projections[sl], timestep[sl],
+                    None if guidance is None else guidance[sl])
+            if n < warm:
+                ctx = _Ctx(row, "record", n, text)
+                ctx.want_saliency = n == warm - 1
+                if ctx.want_saliency:
+                    ctx.salient = a.salient_tokens(b, batch, text, hidden_states.device)
+                a.ctx = ctx
+                o = orig(hidden_states[sl], args[0], args[1], args[2], img_ids, args[3])
+                a.ctx = None
+                _record_velocity(row, o[0].detach(), n)
+                if ctx.want_saliency:
+                    _partition(a, row, img_ids)
+            else:
+                o = _partial(a, call, row, hidden_states[sl], img_ids, args, text, orig)
+            outs.append(o)
+        out = torch.cat(outs, 0)
+    if return_dict:
+        from diffusers.models.modeling_outputs import Transformer2DModelOutput
+
+        return Transformer2DModelOutput(sample=out)
+    return (out,)
+
+
+def _record_velocity(row: _Row, v: Any, n: int) -> None:
+    torch = _torch()
+    if row.vel is None:
+        row.vel = [v.clone(), torch.zeros_like(v), torch.full((v.shape[0],), n, dtype=torch.long, device=v.device)]
+    else:
+        _refresh(row.vel, torch.arange(v.shape[0], device=v.device), v, n)
+
+
+def _partition(a: _Adapter, row: _Row, img_ids: Any) -> None:
+    """The saliency map of the last warm-up step, cut into patches by the Rust partitioner."""
+    torch = _torch()
+    h = int(img_ids[:, 1].max().item()) + 1
+    w = int(img_ids[:, 2].max().item()) + 1
+    sal = row.saliency.float().cpu().numpy().astype(np.float32)
+    if sal.size != h * w:
+        raise Error(f"latent of {sal.size} tokens is not the {h}x{w} grid its ids give")
+    patches = min(a.s["patches"], h * w)
+    row.layout = partition_saliency(sal.reshape(h, w), patches)
+    dev = img_ids.device
+    row.tokens = [torch.from_numpy(row.layout.patch_tokens(p).astype(np.int64)).to(dev) for p in range(patches)]
+    row.patch_of_t = torch.from_numpy(row.layout.patch_of.astype(np.int64)).to(dev)
+    row.sizes_t = torch.from_numpy(row.layout.sizes().astype(np.int64)).to(dev)
+    row.gate = Gate(patches, epsilon=a.s["epsilon"], max_skip=a.s["max_skip"])
+
+
+def _partial(a: _Adapter, call: _Call, row: _Row, hs: Any, img_ids: Any, args: Any, text: int, orig: Any) -> Any:
+    torch = _torch()
+    n = call.step
+    patches = len(row.tokens)
+    last = n >= call.steps - 1
+    if last:
+        active = np.ones(patches, dtype=bool)
+    else:
+        active, _ = row.gate.decide()
+    chosen = [p for p in range(patches) if active[p]]
+    idx = torch.cat([row.tokens[p] for p in chosen])
+    ctx = _Ctx(row, "partial", n, text)
+    ctx.active_tokens = idx
+    ctx.positions = torch.cat([torch.arange(text, device=idx.device), idx + text])
+    a.ctx = ctx
+    try:
+        o = orig(hs[:, idx], args[0], args[1], args[2], img_ids[idx], args[3])
+    finally:
+        a.ctx = None
+    fresh = o[0].detach()
+    extrap = a.s["reuse"] == "extrapolate"
+    vel = _forecast(row.vel[0], row.vel[1], row.vel[2], n, extrap)
+    vel[idx] = fresh
+    _refresh(row.vel, idx, fresh, n)
+    row.computed.append(int(idx.numel()))
+    if not last and ctx.importance is not None:
+        imp = ctx.importance.float().cpu().numpy().astype(np.float32)  # the step's one read
+        row.gate.observe(np.where(active, imp, 0.0).astype(np.float32))
+    return vel.unsqueeze(0).to(o.dtype)
+
+
+def _parts(target: Any) -> Any:
+    transformer = getattr(target, "transformer", None)
+    if transformer is None:
+        return None, target, None
+    return target, transformer, getattr(target, "scheduler", None)
+
+
+def enable(target: Any, epsilon: float = 0.1, patches: int = 16, max_skip: int = 3, warmup: int = 5,
+           reuse: str = "extrapolate", force: bool = False, scheduler: Any = None) -> None:
+    """Enables FlashDiff on a ``FluxPipeline`` (or a ``FluxTransformer2DModel`` with the
+    ``scheduler`` that drives it). ``epsilon`` is the gate's threshold (0 never skips),
+    ``patches`` the patch count, ``max_skip`` the longest run of skips, ``warmup`` the full
+    steps before partitioning, ``reuse`` ``"extrapolate"`` or ``"stale"``."""
+    pipe, transformer, sched = _parts(target)
+    sched = scheduler or sched
+    name = type(transformer).__name__
+    if name != "FluxTransformer2DModel":
+        raise Error(f"{type(target).__name__}: not supported (FluxPipeline and FluxTransformer2DModel are)")
+    if sched is None:
+        raise Error("a bare transformer needs the scheduler that drives it: enable(t, scheduler=...)")
+    if not (0.0 <= epsilon <= 1.0):
+        raise Error(f"epsilon {epsilon}: must be in [0, 1]")
+    if patches < 1 or max_skip < 0 or warmup < 1:
+        raise Error(f"patches {patches}, max_skip {max_skip}, warmup {warmup}: need patches >= 1, max_skip >= 0, warmup >= 1")
+    if reuse not in ("extrapolate", "stale"):
+        raise Error(f"reuse {reuse!r}: expected extrapolate or stale")
+    if getattr(transformer, _ATTR, None) is not None:
+        disable(target)
+    settings = dict(epsilon=epsilon, patches=patches, max_skip=max_skip, warmup=warmup, reuse=reuse, force=force)
+    setattr(transformer, _ATTR, _Adapter(transformer, sched, pipe, settings))
+
+
+def disable(target: Any) -> None:
+    """Puts back the processors and ``forward`` that ``enable`` replaced."""
+    _, transformer, _ = _parts(target)
+    a = getattr(transformer, _ATTR, None)
+    if a is None:
+        return
+    a.remove()
+    delattr(transformer, _ATTR)
+
+
+def report(target: Any) -> Dict[str, Any]:
+    """The last call's work: steps, warm-up, and per sample its patches and the image tokens
+    computed each step after the warm-up, against the tokens of a full step."""
+    _, transformer, _ = _parts(target)
+    a = getattr(transformer, _ATTR, None)
+    if a is None or a.call is None:
+        raise Error("no call has run with FlashDiff enabled")
+    c = a.call
+    rows = []
+    for (branch, b), r in sorted(c.rows.items()):
+        tokens = 0 if r.layout is None else int(r.layout.patch_of.size)
+        rows.append(dict(branch=branch, sample=b, patches=0 if r.layout is None else r.layout.patches,
+                         tokens=tokens, computed_per_step=list(r.computed)))
+    return dict(steps=c.steps, warmup=a.s["warmup"], plain=c.plain, samples=rows)

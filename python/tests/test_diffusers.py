@@ -1,0 +1,141 @@
+"""FlashDiff inside diffusers, on a tiny FLUX transformer built from a small config (no
+download), driven by an Euler loop (diffusers' FlowMatchEulerDiscreteScheduler) with random
+prompt embeddings."""
+
+import warnings
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+diffusers = pytest.importorskip("diffusers")
+
+import flashdiff  # noqa: E402
+import flashdiff.diffusers as fdd  # noqa: E402
+
+H = W = 8
+TEXT = 6
+
+
+@pytest.fixture()
+def model():
+    torch.manual_seed(0)
+    t = diffusers.FluxTransformer2DModel(
+        patch_size=1, in_channels=8, num_layers=2, num_single_layers=2, attention_head_dim=16,
+        num_attention_heads=2, joint_attention_dim=32, pooled_projection_dim=16,
+        guidance_embeds=False, axes_dims_rope=[4, 4, 8],
+    ).eval()
+    return t, diffusers.FlowMatchEulerDiscreteScheduler()
+
+
+def inputs(batch, seed):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(batch, H * W, 8, generator=g)
+    e = torch.randn(batch, TEXT, 32, generator=g)
+    pooled = torch.randn(batch, 16, generator=g)
+    return x, e, pooled
+
+
+def euler(model, steps, x, e, pooled, count=None):
+    t, sched = model
+    ids = torch.zeros(H, W, 3)
+    ids[..., 1] = torch.arange(H)[:, None]
+    ids[..., 2] = torch.arange(W)[None, :]
+    ids = ids.reshape(-1, 3)
+    sched.set_timesteps(steps)
+    with torch.no_grad():
+        for ts in sched.timesteps:
+            v = t(x, encoder_hidden_states=e, pooled_projections=pooled,
+                  timestep=(ts / 1000).expand(x.shape[0]), img_ids=ids, txt_ids=torch.zeros(TEXT, 3)).sample
+            x = sched.step(v, ts, x).prev_sample
+    return x
+
+
+def image_tokens_seen(t):
+    """Counts the image tokens the transformer embeds (its work), per forward."""
+    seen = []
+    t.x_embedder.register_forward_hook(lambda m, i, o: seen.append(o.shape[0] * o.shape[1]))
+    return seen
+
+
+def test_epsilon_zero_equals_the_unmodified_transformer(model):
+    x, e, p = inputs(1, 0)
+    ref = euler(model, 20, x, e, p)
+    fdd.enable(model[0], epsilon=0.0, patches=8, scheduler=model[1])
+    got = euler(model, 20, x, e, p)
+    torch.testing.assert_close(got, ref, atol=1e-5, rtol=0)
+    r = fdd.report(model[0])
+    assert r["steps"] == 20 and r["samples"][0]["computed_per_step"] == [H * W] * 15
+    fdd.disable(model[0])
+    assert torch.equal(euler(model, 20, x, e, p), ref)
+
+
+def test_skipping_computes_what_the_report_says(model):
+    x, e, p = inputs(1, 1)
+    ref = euler(model, 20, x, e, p)
+    t = model[0]
+    fdd.enable(t, epsilon=0.3, patches=8, scheduler=model[1])
+    seen = image_tokens_seen(t)
+    got = euler(model, 20, x, e, p)
+    per_step = fdd.report(t)["samples"][0]["computed_per_step"]
+    # The warm-up's 5 full steps, then what the report counts: the transformer's work.
+    assert seen == [H * W] * 5 + per_step
+    assert sum(per_step) < 0.6 * H * W * len(per_step), per_step
+    assert per_step[-1] == H * W  # the last step runs every patch
+    rel = ((got - ref).pow(2).mean().sqrt() / ref.std()).item()
+    assert rel < 0.05, rel
+
+
+def test_batch_of_two_equals_two_single_runs(model):
+    x, e, p = inputs(2, 2)
+    fdd.enable(model[0], epsilon=0.3, patches=8, scheduler=model[1])
+    both = euler(model, 16, x, e, p)
+    for b in range(2):
+        one = euler(model, 16, x[b:b + 1], e[b:b + 1], p[b:b + 1])
+        torch.testing.assert_close(both[b:b + 1], one, atol=1e-6, rtol=0)
+
+
+def test_a_call_is_unaffected_by_the_one_before(model):
+    x, e, p = inputs(2, 3)
+    fdd.enable(model[0], epsilon=0.3, patches=8, scheduler=model[1])
+    fresh = euler(model, 20, x, e, p)
+    xa, ea, pa = inputs(1, 4)
+    euler(model, 12, xa, ea, pa)  # another step count and batch size first
+    again = euler(model, 20, x, e, p)
+    assert torch.equal(again, fresh)
+    assert fdd.report(model[0])["steps"] == 20 and len(fdd.report(model[0])["samples"]) == 2
+
+
+def test_few_step_schedules_run_unchanged_and_say_so(model):
+    x, e, p = inputs(1, 5)
+    ref = euler(model, 4, x, e, p)
+    fdd.enable(model[0], epsilon=0.5, patches=8, scheduler=model[1])
+    with pytest.warns(UserWarning, match="few-step"):
+        got = euler(model, 4, x, e, p)
+    assert torch.equal(got, ref) and fdd.report(model[0])["plain"]
+    fdd.enable(model[0], epsilon=0.5, patches=8, warmup=2, force=True, scheduler=model[1])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        euler(model, 4, x, e, p)
+    assert not fdd.report(model[0])["plain"]
+
+
+def test_bad_settings_are_refused(model):
+    t, sched = model
+    for kw, text in [
+        (dict(epsilon=2.0), "epsilon"),
+        (dict(patches=0), "patches"),
+        (dict(reuse="old"), "reuse"),
+    ]:
+        with pytest.raises(flashdiff.Error, match=text):
+            fdd.enable(t, scheduler=sched, **kw)
+    with pytest.raises(flashdiff.Error, match="scheduler"):
+        fdd.enable(t)
+    with pytest.raises(flashdiff.Error, match="not supported"):
+        fdd.enable(torch.nn.Linear(2, 2), scheduler=sched)
+    with pytest.raises(flashdiff.Error, match="no call"):
+        fdd.report(t)
+    fdd.enable(t, warmup=30, scheduler=sched)
+    x, e, p = inputs(1, 6)
+    with pytest.raises(flashdiff.Error, match="warmup"):
+        euler(model, 20, x, e, p)
