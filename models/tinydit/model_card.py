@@ -55,7 +55,7 @@ Batch {cfg['train']['batch']}, AdamW lr {cfg['train']['lr']} (warm-up {cfg['trai
 with a warm-up of its decay, seed {cfg['train']['seed']}, {cfg['train']['threads']} CPU threads, flush-to-zero on.
 Shipped weights: EMA at step **{step}**, training loss {loss:.4f}, about {secs / 3600:.1f} h of
 CPU training time (logged seconds per step; the machine was shared with builds, so wall time
-was longer). The state to resume from is in `checkpoint/` (`ckpt.pt`, `train.log`, `config.json`): copy it to a run folder and run `train.py --out` on that folder.
+was longer). `checkpoint/` holds the run's `train.log` and `config.json`; its training state (`ckpt.pt`) stays in the run folder, out of the repository: `train.py --out` on that folder resumes it, and on an empty folder trains from scratch.
 
 ## Quality (full computation, 50 steps, {ev['samples']} prompts from held-out seed 2026)
 
@@ -75,7 +75,7 @@ reproduces the table ({ev['sampling_seconds']} s of sampling here).
 
 - `tinydit.safetensors`: weights (f32), config, vocabulary and saliency blocks in the metadata.
 - `golden.safetensors`: reference outputs for the Rust parity tests (`runtime/tests/parity.rs`).
-- `checkpoint/ckpt.pt`: model, EMA, optimizer and RNG state to resume training.
+- `checkpoint/config.json`, `checkpoint/train.log`: the run's settings and loss.
 """
 open(os.path.join(here, "MODEL_CARD.md"), "w").write(card)
 print("wrote MODEL_CARD.md")

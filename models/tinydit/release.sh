@@ -11,4 +11,4 @@ python3 golden.py --weights tinydit.safetensors --out golden.safetensors
 python3 evaluate.py --weights tinydit.safetensors --n 256 --json eval.json
 python3 model_card.py "$run"
 mkdir -p checkpoint
-cp "$run/ckpt.pt" "$run/train.log" "$run/config.json" checkpoint/
+cp "$run/train.log" "$run/config.json" checkpoint/   # the training state stays in RUN_DIR

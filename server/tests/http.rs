@@ -525,6 +525,11 @@ fn rendered_dom(browser: &std::path::Path, url: &str) -> String {
 #[test]
 fn the_page_generates_in_a_real_browser() {
     let Some(b) = browser() else {
+        // CI provides the browser (`.ci/run` installs it): there a missing one is a failure.
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "no Chromium found under CI: install the `chromium` package or set FLASHDIFF_BROWSER"
+        );
         eprintln!(
             "skipped: no Chromium found (install the `chromium` package or set FLASHDIFF_BROWSER)"
         );
