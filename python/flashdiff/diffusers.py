@@ -103,6 +103,7 @@ class _Adapter:
         self.call: Optional[_Call] = None
         self.ctx: Optional[_Ctx] = None
         self.prompts: Optional[List[str]] = None
+        self.salient: Any = None  # set_salient: bool (batch, text) for a bare transformer
         self.saved_processors = dict(transformer.attn_processors)
         self.orig_forward = transformer.forward
         names = list(self.saved_processors)
@@ -153,6 +154,11 @@ class _Adapter:
     def salient_tokens(self, row_index: int, batch: int, text: int, device: Any) -> Any:
         """Which text positions are the prompt's salient words (all, without a prompt)."""
         torch = _torch()
+        if self.salient is not None:
+            m = self.salient[min(row_index, self.salient.shape[0] - 1)]
+            if m.shape[0] != text or not bool(m.any()):
+                raise Error(f"set_salient: {m.shape[0]} positions with {int(m.sum())} salient; the text has {text}")
+            return m.to(device)
         mask = torch.ones(text, dtype=torch.bool, device=device)
         tok = getattr(self.pipe, "tokenizer_2", None) if self.pipe is not None else None
         if not self.prompts or tok is None:
@@ -442,6 +448,20 @@ def disable(target: Any) -> None:
         return
     a.remove()
     delattr(transformer, _ATTR)
+
+
+def set_salient(target: Any, mask: Any) -> None:
+    """For a bare transformer, which text positions are the prompt's salient words: a bool
+    array ``(batch, text)`` (or ``(text,)`` for every sample), used by the next calls'
+    saliency maps. Without it every text position counts (a pipeline maps its tokenizer's
+    pieces to words itself)."""
+    torch = _torch()
+    _, transformer, _ = _parts(target)
+    a = getattr(transformer, _ATTR, None)
+    if a is None:
+        raise Error("FlashDiff is not enabled on this transformer: call enable() first")
+    m = torch.as_tensor(np.asarray(mask, dtype=bool))
+    a.salient = m.view(1, -1) if m.dim() == 1 else m
 
 
 def report(target: Any) -> Dict[str, Any]:
