@@ -48,3 +48,8 @@ pub use partition::{
 };
 pub use saliency::saliency_map;
 pub use salient::{is_function_word, normalize_word, salient_mask, split_words};
+
+/// The README's example, run as a doctest.
+#[doc = include_str!("../README.md")]
+#[cfg(doctest)]
+pub struct ReadmeDoctests;

@@ -119,3 +119,8 @@ pub struct Monotask {
     /// phantom load.
     pub charged: f64,
 }
+
+/// The README's example, run as a doctest.
+#[doc = include_str!("../README.md")]
+#[cfg(doctest)]
+pub struct ReadmeDoctests;

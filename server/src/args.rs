@@ -396,7 +396,7 @@ pub(crate) fn parse_monotasks(v: &str) -> Result<Monotasks, String> {
 
 impl Knobs {
     /// The request these knobs make; a warm-up not given is the generic default until
-    /// [`with_model_warmup`] sets the model's.
+    /// [`crate::generate::with_model_warmup`] sets the model's.
     pub(crate) fn request(&self, steps: u32, patches: Option<u32>, seed: u64) -> RequestConfig {
         RequestConfig {
             steps,
