@@ -184,6 +184,7 @@ fn two_hundred_jobs_survive_killed_workers_and_two_killed_servers() {
     let mut got = std::collections::HashMap::new();
     let (mut rng, mut worker_kills, mut server_kills) = (0x9E37_79B9_7F4A_7C15u64, 0, 0);
     let mut resumed = 0;
+    let mut last_kill_at = 0;
     let t0 = Instant::now();
     while got.len() < JOBS as usize {
         assert!(
@@ -194,7 +195,11 @@ fn two_hundred_jobs_survive_killed_workers_and_two_killed_servers() {
         rng ^= rng >> 7;
         rng ^= rng << 17;
         let kids = children(server.child.id());
-        if rng % 3 == 0 && !kids.is_empty() {
+        // A kill only after two more jobs finished since the last: the engine fails a request
+        // whose monotask is lost with its worker three times (by design), and on a loaded
+        // machine kills paced by the clock alone could land on one slow monotask thrice.
+        if rng % 3 == 0 && !kids.is_empty() && got.len() >= last_kill_at + 2 {
+            last_kill_at = got.len();
             let victim = kids[(rng >> 8) as usize % kids.len()];
             // SAFETY: kill(2) on a live child of the server we started; SIGKILL ends it.
             if unsafe { libc::kill(victim, libc::SIGKILL) } == 0 {
