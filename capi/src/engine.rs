@@ -134,16 +134,7 @@ struct State {
 impl State {
     /// Moves what the engine finished into the results.
     fn collect(&mut self) {
-        for r in self.inner.take_finished() {
-            match r {
-                Ok(o) => {
-                    self.results.insert(o.report.id, Ok(o));
-                }
-                Err((id, err)) => {
-                    self.results.insert(id, Err(err.to_string()));
-                }
-            }
-        }
+        self.inner.collect_finished(&mut self.results);
     }
 }
 

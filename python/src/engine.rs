@@ -31,16 +31,7 @@ struct State {
 
 impl State {
     fn collect(&mut self) {
-        for r in self.inner.take_finished() {
-            match r {
-                Ok(o) => {
-                    self.results.insert(o.report.id, Ok(o));
-                }
-                Err((id, e)) => {
-                    self.results.insert(id, Err(e.to_string()));
-                }
-            }
-        }
+        self.inner.collect_finished(&mut self.results);
     }
 }
 

@@ -350,6 +350,22 @@ impl Engine {
         std::mem::take(&mut self.finished)
     }
 
+    /// Moves the requests finished since the last call into `results`, by id: each output,
+    /// or its error's text. What a caller that polls by id (the C ABI, the Python package)
+    /// keeps between calls.
+    pub fn collect_finished(&mut self, results: &mut HashMap<u64, Result<Output, String>>) {
+        for r in self.take_finished() {
+            match r {
+                Ok(o) => {
+                    results.insert(o.report.id, Ok(o));
+                }
+                Err((id, e)) => {
+                    results.insert(id, Err(e.to_string()));
+                }
+            }
+        }
+    }
+
     /// The active patches of a request's current step (after the gate decided it; empty
     /// before the first step after the warm-up), `None` when it is not in flight.
     pub fn active_patches(&self, id: u64) -> Option<&[bool]> {
