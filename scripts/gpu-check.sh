@@ -46,7 +46,7 @@ for dtype in f32 bf16; do
     | grep -E "^flux_subset|time:|peak"
 done
 echo "== FLUX.1 dev and SD3.5 pipelines on small random weights (T5, CLIP, VAE on the GPU)"
-cargo build --release -p flashdiff-models --features cuda --example tiny_pipeline
+cargo build --release -p flashdiff-models --features cuda,fixtures --example tiny_pipeline
 for m in flux-dev sd3.5; do
   target/release/examples/tiny_pipeline "/tmp/gpu-check-$m" "$m"
   for dtype in f32 bf16; do

@@ -1,5 +1,5 @@
 //! Writes a small random pipeline folder (diffusers layout, the real structure of every part,
-//! toy sizes): `cargo run --release -p flashdiff-models --example tiny_pipeline -- DIR MODEL`
+//! toy sizes): `cargo run --release -p flashdiff-models --features fixtures --example tiny_pipeline -- DIR MODEL`
 //! with MODEL one of flux-dev, flux-schnell, sd3, sd3.5; then `flashdiff generate --model
 //! MODEL --weights DIR --size 128x128 "a red cat"`.
 

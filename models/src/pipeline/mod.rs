@@ -39,6 +39,7 @@ mod clip;
 pub mod oobleck;
 mod sd3;
 mod text;
+#[cfg(feature = "fixtures")]
 pub mod tiny;
 pub mod umt5;
 mod vae;
