@@ -28,8 +28,9 @@ there. State is per call (a call is recognised by the scheduler's new ``timestep
 sized by the call's real step count. One device-to-host read per sample per step (the
 patches' importance) and one host-to-device copy (the active tokens' indices).
 
-Supported: ``FluxPipeline`` and ``FluxTransformer2DModel`` (driven by a scheduler the caller
-passes). Other pipelines are refused with an error that says so.
+Supported: ``FluxPipeline``, ``StableDiffusion3Pipeline`` (SD3 and SD3.5) and their
+transformers (driven by a scheduler the caller passes). Other pipelines are refused with an
+error that says so.
 """
 
 from __future__ import annotations
@@ -87,7 +88,6 @@ class _Ctx:
         self.mode = mode  # "record" (all tokens, natural order) or "partial"
         self.step = step
         self.text = text
-        self.positions = None  # partial: sequence positions of the fresh rows
         self.active_tokens = None  # partial: image-token indices, gathered order
         self.want_saliency = False
         self.salient = None  # bool (T,) tensor
@@ -107,10 +107,17 @@ class _Adapter:
         self.saved_processors = dict(transformer.attn_processors)
         self.orig_forward = transformer.forward
         names = list(self.saved_processors)
-        self.dual = [n for n in names if n.startswith("transformer_blocks.")]
+        self.sd3 = type(transformer).__name__ == "SD3Transformer2DModel"
+        # The joint (image + text) attention blocks: where saliency and importance are read.
+        self.dual = [n for n in names if n.startswith("transformer_blocks.") and ".attn." in n]
         self.importance_block = self.dual[-1] if self.dual else names[-1]
-        transformer.set_attn_processor({n: _Processor(self, n) for n in names})
-        transformer.forward = types.MethodType(_forward, transformer)
+        proc = _SD3Processor if self.sd3 else _Processor
+        transformer.set_attn_processor({n: proc(self, n) for n in names})
+        transformer.forward = types.MethodType(_forward_sd3 if self.sd3 else _forward, transformer)
+        self.hooks = []
+        if self.sd3:
+            self.hooks = [transformer.pos_embed.register_forward_hook(_gather_tokens(self)),
+                          transformer.proj_out.register_forward_hook(_scatter_tokens(self))]
         if pipe is not None and hasattr(pipe, "encode_prompt"):
             self.orig_encode = pipe.encode_prompt
             adapter = self
@@ -122,6 +129,8 @@ class _Adapter:
             pipe.encode_prompt = types.MethodType(encode_prompt, pipe)
 
     def remove(self) -> None:
+        for h in self.hooks:
+            h.remove()
         self.transformer.set_attn_processor(self.saved_processors)
         del self.transformer.forward
         if self.pipe is not None and hasattr(self, "orig_encode"):
@@ -160,7 +169,10 @@ class _Adapter:
                 raise Error(f"set_salient: {m.shape[0]} positions with {int(m.sum())} salient; the text has {text}")
             return m.to(device)
         mask = torch.ones(text, dtype=torch.bool, device=device)
-        tok = getattr(self.pipe, "tokenizer_2", None) if self.pipe is not None else None
+        # T5's pieces carry the words: FLUX's second tokenizer; SD3's third, whose rows follow
+        # CLIP's 77.
+        name, offset = ("tokenizer_3", 77) if self.sd3 else ("tokenizer_2", 0)
+        tok = getattr(self.pipe, name, None) if self.pipe is not None else None
         if not self.prompts or tok is None:
             return mask
         per = max(1, batch // max(1, len(self.prompts)))
@@ -175,11 +187,11 @@ class _Adapter:
                 words[-1] += p
             word_of.append(len(words) - 1)
         sal = salient_mask(words)
-        m = [bool(sal[w]) for w in word_of][:text]
+        m = [bool(sal[w]) for w in word_of][: max(0, text - offset)]
         if not any(m):
             return mask
         mask[:] = False
-        mask[: len(m)] = torch.tensor(m, device=device)
+        mask[offset : offset + len(m)] = torch.tensor(m, device=device)
         return mask
 
 
@@ -217,6 +229,9 @@ class _Processor:
         attention_mask: Any = None,
         image_rotary_emb: Any = None,
     ) -> Any:
+        if self.a.ctx is None:  # a call FlashDiff leaves alone: the processor it replaced
+            return self.a.saved_processors[self.name](attn, hidden_states, encoder_hidden_states,
+                                                      attention_mask, image_rotary_emb)
         torch = _torch()
         from diffusers.models.transformers import transformer_flux as tf
 
@@ -232,9 +247,7 @@ class _Processor:
         if image_rotary_emb is not None:
             q = tf.apply_rotary_emb(q, image_rotary_emb, sequence_dim=1)
             k = tf.apply_rotary_emb(k, image_rotary_emb, sequence_dim=1)
-        ctx = self.a.ctx
-        if ctx is not None:
-            k, v = self.keys_values(ctx, q, k, v)
+        k, v = self.keys_values(self.a.ctx, q, k, v)
         out = tf.dispatch_attention_fn(q, k, v, attn_mask=attention_mask, backend=self._attention_backend)
         out = out.flatten(2, 3).to(q.dtype)
         if encoder_hidden_states is not None:
@@ -266,14 +279,14 @@ class _Processor:
         ks, vs = row.kv[self.name]
         kf = _forecast(ks[0], ks[1], ks[2], n, extrap)
         vf = _forecast(vs[0], vs[1], vs[2], n, extrap)
-        pos = ctx.positions
+        t = k0.shape[0] - ctx.active_tokens.numel()  # this block's text rows (0: image only)
+        pos = torch.cat([torch.arange(t, device=k0.device), ctx.active_tokens + t])
         kf[pos] = k0
         vf[pos] = v0
         _refresh(ks, pos, k0, n)
         _refresh(vs, pos, v0, n)
         kf, vf = kf.unsqueeze(0), vf.unsqueeze(0)
         if self.name == self.a.importance_block:
-            t = ctx.text
             probs = self.attention_probs(q[:, t:], kf)[:, t:]  # (n_active, N)
             ctx.importance = self.patch_mass(ctx, probs)
         return kf, vf
@@ -340,7 +353,9 @@ def _forward(self: Any, hidden_states: Any, encoder_hidden_states: Any = None, p
                 a.ctx = None
                 _record_velocity(row, o[0].detach(), n)
                 if ctx.want_saliency:
-                    _partition(a, row, img_ids)
+                    h = int(img_ids[:, 1].max().item()) + 1
+                    w = int(img_ids[:, 2].max().item()) + 1
+                    _partition(a, row, h, w, img_ids.device)
             else:
                 o = _partial(a, call, row, hidden_states[sl], img_ids, args, text, orig)
             outs.append(o)
@@ -360,37 +375,47 @@ def _record_velocity(row: _Row, v: Any, n: int) -> None:
         _refresh(row.vel, torch.arange(v.shape[0], device=v.device), v, n)
 
 
-def _partition(a: _Adapter, row: _Row, img_ids: Any) -> None:
+def _partition(a: _Adapter, row: _Row, h: int, w: int, dev: Any) -> None:
     """The saliency map of the last warm-up step, cut into patches by the Rust partitioner."""
     torch = _torch()
-    h = int(img_ids[:, 1].max().item()) + 1
-    w = int(img_ids[:, 2].max().item()) + 1
     sal = row.saliency.float().cpu().numpy().astype(np.float32)
     if sal.size != h * w:
         raise Error(f"latent of {sal.size} tokens is not the {h}x{w} grid its ids give")
     patches = min(a.s["patches"], h * w)
     row.layout = partition_saliency(sal.reshape(h, w), patches)
-    dev = img_ids.device
     row.tokens = [torch.from_numpy(row.layout.patch_tokens(p).astype(np.int64)).to(dev) for p in range(patches)]
     row.patch_of_t = torch.from_numpy(row.layout.patch_of.astype(np.int64)).to(dev)
     row.sizes_t = torch.from_numpy(row.layout.sizes().astype(np.int64)).to(dev)
     row.gate = Gate(patches, epsilon=a.s["epsilon"], max_skip=a.s["max_skip"])
 
 
-def _partial(a: _Adapter, call: _Call, row: _Row, hs: Any, img_ids: Any, args: Any, text: int, orig: Any) -> Any:
+def _choose(call: _Call, row: _Row) -> Any:
+    """The step's active patches (all at the last step), their image tokens, and whether it
+    is the last step."""
     torch = _torch()
-    n = call.step
     patches = len(row.tokens)
-    last = n >= call.steps - 1
+    last = call.step >= call.steps - 1
     if last:
         active = np.ones(patches, dtype=bool)
     else:
         active, _ = row.gate.decide()
-    chosen = [p for p in range(patches) if active[p]]
-    idx = torch.cat([row.tokens[p] for p in chosen])
+    idx = torch.cat([row.tokens[p] for p in range(patches) if active[p]])
+    return active, idx, last
+
+
+def _observe(row: _Row, ctx: _Ctx, active: Any, last: bool) -> None:
+    """Feeds the gate the step's importance: the step's one device-to-host read."""
+    if not last and ctx.importance is not None:
+        imp = ctx.importance.float().cpu().numpy().astype(np.float32)
+        row.gate.observe(np.where(active, imp, 0.0).astype(np.float32))
+
+
+def _partial(a: _Adapter, call: _Call, row: _Row, hs: Any, img_ids: Any, args: Any, text: int, orig: Any) -> Any:
+    torch = _torch()
+    n = call.step
+    active, idx, last = _choose(call, row)
     ctx = _Ctx(row, "partial", n, text)
     ctx.active_tokens = idx
-    ctx.positions = torch.cat([torch.arange(text, device=idx.device), idx + text])
     a.ctx = ctx
     try:
         o = orig(hs[:, idx], args[0], args[1], args[2], img_ids[idx], args[3])
@@ -402,10 +427,147 @@ def _partial(a: _Adapter, call: _Call, row: _Row, hs: Any, img_ids: Any, args: A
     vel[idx] = fresh
     _refresh(row.vel, idx, fresh, n)
     row.computed.append(int(idx.numel()))
-    if not last and ctx.importance is not None:
-        imp = ctx.importance.float().cpu().numpy().astype(np.float32)  # the step's one read
-        row.gate.observe(np.where(active, imp, 0.0).astype(np.float32))
+    _observe(row, ctx, active, last)
     return vel.unsqueeze(0).to(o.dtype)
+
+
+class _SD3Processor(_Processor):
+    """SD3 / SD3.5's joint attention (image rows first, then text; no RoPE) and their
+    image-only second attention, with FlashDiff's K/V cache. Rows are put text first, the
+    shared layout of the cache, for the attention, and back after."""
+
+    def __call__(self, attn: Any, hidden_states: Any, encoder_hidden_states: Any = None,
+                 attention_mask: Any = None, *args: Any, **kwargs: Any) -> Any:
+        if self.a.ctx is None:  # a call FlashDiff leaves alone: the processor it replaced
+            return self.a.saved_processors[self.name](attn, hidden_states, encoder_hidden_states,
+                                                      attention_mask, *args, **kwargs)
+        torch = _torch()
+        import torch.nn.functional as F
+
+        b, heads = hidden_states.shape[0], attn.heads
+
+        def split(x: Any) -> Any:
+            return x.view(b, -1, heads, x.shape[-1] // heads)  # (B, L, H, D)
+
+        q, k, v = split(attn.to_q(hidden_states)), split(attn.to_k(hidden_states)), split(attn.to_v(hidden_states))
+        if attn.norm_q is not None:
+            q = attn.norm_q(q)
+        if attn.norm_k is not None:
+            k = attn.norm_k(k)
+        n_img = q.shape[1]
+        if encoder_hidden_states is not None:
+            eq = split(attn.add_q_proj(encoder_hidden_states))
+            ek = split(attn.add_k_proj(encoder_hidden_states))
+            ev = split(attn.add_v_proj(encoder_hidden_states))
+            if attn.norm_added_q is not None:
+                eq = attn.norm_added_q(eq)
+            if attn.norm_added_k is not None:
+                ek = attn.norm_added_k(ek)
+            q, k, v = torch.cat([eq, q], 1), torch.cat([ek, k], 1), torch.cat([ev, v], 1)
+        k, v = self.keys_values(self.a.ctx, q, k, v)
+        out = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2))
+        out = out.transpose(1, 2).reshape(b, -1, heads * q.shape[-1]).to(q.dtype)
+        text = out.shape[1] - n_img
+        img = attn.to_out[1](attn.to_out[0](out[:, text:]))
+        if encoder_hidden_states is None:
+            return img
+        txt = out[:, :text]
+        if not attn.context_pre_only:
+            txt = attn.to_add_out(txt)
+        return img, txt
+
+
+def _gather_tokens(a: _Adapter) -> Any:
+    """After SD3's patch embedding (positions added): only the active tokens go on."""
+
+    def hook(module: Any, inputs: Any, out: Any) -> Any:
+        ctx = a.ctx
+        if ctx is None or ctx.mode != "partial":
+            return out
+        return out[:, ctx.active_tokens]
+
+    return hook
+
+
+def _scatter_tokens(a: _Adapter) -> Any:
+    """Before SD3's unpatchify: the computed tokens' outputs among every other token's
+    forecast, which the row keeps (token space: patch x patch x channels)."""
+
+    def hook(module: Any, inputs: Any, out: Any) -> Any:
+        torch = _torch()
+        ctx = a.ctx
+        if ctx is None:
+            return out
+        row, n = ctx.row, ctx.step
+        fresh = out[0].detach()
+        if ctx.mode == "record":
+            _record_velocity(row, fresh, n)
+            return out
+        vel = _forecast(row.vel[0], row.vel[1], row.vel[2], n, a.s["reuse"] == "extrapolate")
+        idx = ctx.active_tokens
+        vel[idx] = fresh
+        _refresh(row.vel, idx, fresh, n)
+        return vel.unsqueeze(0).to(out.dtype)
+
+    return hook
+
+
+def _forward_sd3(self: Any, hidden_states: Any, encoder_hidden_states: Any = None, pooled_projections: Any = None,
+                 timestep: Any = None, block_controlnet_hidden_states: Any = None, joint_attention_kwargs: Any = None,
+                 return_dict: bool = True, skip_layers: Any = None) -> Any:
+    torch = _torch()
+    a: _Adapter = getattr(self, _ATTR)
+    call = a.begin()
+
+    def orig(hs: Any, ehs: Any, pooled: Any, t: Any) -> Any:
+        return a.orig_forward(hs, encoder_hidden_states=ehs, pooled_projections=pooled, timestep=t,
+                              block_controlnet_hidden_states=block_controlnet_hidden_states,
+                              joint_attention_kwargs=joint_attention_kwargs, return_dict=False,
+                              skip_layers=skip_layers)[0]
+
+    if call.plain:
+        a.ctx = None
+        out = orig(hidden_states, encoder_hidden_states, pooled_projections, timestep)
+    else:
+        if block_controlnet_hidden_states is not None:
+            raise Error("flashdiff.diffusers: ControlNet residuals are not supported with FlashDiff enabled")
+        n, warm, text = call.step, a.s["warmup"], encoder_hidden_states.shape[1]
+        p = self.config.patch_size
+        h, w = hidden_states.shape[-2] // p, hidden_states.shape[-1] // p
+        outs = []
+        for b in range(hidden_states.shape[0]):
+            sl = slice(b, b + 1)
+            row = call.rows.setdefault((call.branch, b), _Row())
+            if n < warm:
+                ctx = _Ctx(row, "record", n, text)
+                ctx.want_saliency = n == warm - 1
+                if ctx.want_saliency:
+                    ctx.salient = a.salient_tokens(b, hidden_states.shape[0], text, hidden_states.device)
+                a.ctx = ctx
+                try:
+                    o = orig(hidden_states[sl], encoder_hidden_states[sl], pooled_projections[sl], timestep[sl])
+                finally:
+                    a.ctx = None
+                if ctx.want_saliency:
+                    _partition(a, row, h, w, hidden_states.device)
+            else:
+                active, idx, last = _choose(call, row)
+                ctx = _Ctx(row, "partial", n, text)
+                ctx.active_tokens = idx
+                a.ctx = ctx
+                try:
+                    o = orig(hidden_states[sl], encoder_hidden_states[sl], pooled_projections[sl], timestep[sl])
+                finally:
+                    a.ctx = None
+                row.computed.append(int(idx.numel()))
+                _observe(row, ctx, active, last)
+            outs.append(o)
+        out = torch.cat(outs, 0)
+    if return_dict:
+        from diffusers.models.modeling_outputs import Transformer2DModelOutput
+
+        return Transformer2DModelOutput(sample=out)
+    return (out,)
 
 
 def _parts(target: Any) -> Any:
@@ -424,8 +586,9 @@ def enable(target: Any, epsilon: float = 0.1, patches: int = 16, max_skip: int =
     pipe, transformer, sched = _parts(target)
     sched = scheduler or sched
     name = type(transformer).__name__
-    if name != "FluxTransformer2DModel":
-        raise Error(f"{type(target).__name__}: not supported (FluxPipeline and FluxTransformer2DModel are)")
+    if name not in ("FluxTransformer2DModel", "SD3Transformer2DModel"):
+        raise Error(f"{type(target).__name__}: not supported (FluxPipeline, StableDiffusion3Pipeline and their "
+                    "transformers are)")
     if sched is None:
         raise Error("a bare transformer needs the scheduler that drives it: enable(t, scheduler=...)")
     if not (0.0 <= epsilon <= 1.0):

@@ -1,5 +1,5 @@
-"""FlashDiff inside diffusers, on a tiny FLUX transformer built from a small config (no
-download), driven by an Euler loop (diffusers' FlowMatchEulerDiscreteScheduler) with random
+"""FlashDiff inside diffusers, on tiny FLUX, SD3 and SD3.5 transformers built from small configs
+(no download), driven by an Euler loop (diffusers' FlowMatchEulerDiscreteScheduler) with random
 prompt embeddings."""
 
 import warnings
@@ -17,49 +17,95 @@ H = W = 8
 TEXT = 6
 
 
-@pytest.fixture()
-def model():
+class Flux:
+    """A tiny FLUX transformer: latents as (batch, tokens, channels) with RoPE ids."""
+
+    name = "flux"
+
+    def make(self):
+        return diffusers.FluxTransformer2DModel(
+            patch_size=1, in_channels=8, num_layers=2, num_single_layers=2, attention_head_dim=16,
+            num_attention_heads=2, joint_attention_dim=32, pooled_projection_dim=16,
+            guidance_embeds=False, axes_dims_rope=[4, 4, 8],
+        )
+
+    def noise(self, batch, g):
+        return torch.randn(batch, H * W, 8, generator=g)
+
+    def forward(self, t, x, e, pooled, ts):
+        ids = torch.zeros(H, W, 3)
+        ids[..., 1] = torch.arange(H)[:, None]
+        ids[..., 2] = torch.arange(W)[None, :]
+        return t(x, encoder_hidden_states=e, pooled_projections=pooled, timestep=(ts / 1000).expand(x.shape[0]),
+                 img_ids=ids.reshape(-1, 3), txt_ids=torch.zeros(TEXT, 3)).sample
+
+    def embedder(self, t):
+        return t.x_embedder
+
+
+class SD3:
+    """A tiny SD3 (or, with a second attention and Q/K norms, SD3.5) transformer: latents as
+    images, 2x2 patches, an 8x8 token grid."""
+
+    def __init__(self, dual):
+        self.dual = dual
+        self.name = "sd3.5" if dual else "sd3"
+
+    def make(self):
+        return diffusers.SD3Transformer2DModel(
+            sample_size=16, patch_size=2, in_channels=4, num_layers=3, attention_head_dim=8, num_attention_heads=2,
+            joint_attention_dim=32, caption_projection_dim=16, pooled_projection_dim=16, out_channels=4,
+            pos_embed_max_size=16, dual_attention_layers=(0,) if self.dual else (),
+            qk_norm="rms_norm" if self.dual else None,
+        )
+
+    def noise(self, batch, g):
+        return torch.randn(batch, 4, 2 * H, 2 * W, generator=g)
+
+    def forward(self, t, x, e, pooled, ts):
+        return t(x, encoder_hidden_states=e, pooled_projections=pooled, timestep=ts.expand(x.shape[0])).sample
+
+    def embedder(self, t):
+        return t.pos_embed
+
+
+KINDS = [Flux(), SD3(False), SD3(True)]
+
+
+@pytest.fixture(params=KINDS, ids=lambda k: k.name)
+def model(request):
     torch.manual_seed(0)
-    t = diffusers.FluxTransformer2DModel(
-        patch_size=1, in_channels=8, num_layers=2, num_single_layers=2, attention_head_dim=16,
-        num_attention_heads=2, joint_attention_dim=32, pooled_projection_dim=16,
-        guidance_embeds=False, axes_dims_rope=[4, 4, 8],
-    ).eval()
-    return t, diffusers.FlowMatchEulerDiscreteScheduler()
+    kind = request.param
+    return kind.make().eval(), diffusers.FlowMatchEulerDiscreteScheduler(), kind
 
 
-def inputs(batch, seed):
+def inputs(model, batch, seed):
     g = torch.Generator().manual_seed(seed)
-    x = torch.randn(batch, H * W, 8, generator=g)
+    x = model[2].noise(batch, g)
     e = torch.randn(batch, TEXT, 32, generator=g)
     pooled = torch.randn(batch, 16, generator=g)
     return x, e, pooled
 
 
-def euler(model, steps, x, e, pooled, count=None):
-    t, sched = model
-    ids = torch.zeros(H, W, 3)
-    ids[..., 1] = torch.arange(H)[:, None]
-    ids[..., 2] = torch.arange(W)[None, :]
-    ids = ids.reshape(-1, 3)
+def euler(model, steps, x, e, pooled):
+    t, sched, kind = model
     sched.set_timesteps(steps)
     with torch.no_grad():
         for ts in sched.timesteps:
-            v = t(x, encoder_hidden_states=e, pooled_projections=pooled,
-                  timestep=(ts / 1000).expand(x.shape[0]), img_ids=ids, txt_ids=torch.zeros(TEXT, 3)).sample
+            v = kind.forward(t, x, e, pooled, ts)
             x = sched.step(v, ts, x).prev_sample
     return x
 
 
-def image_tokens_seen(t):
+def image_tokens_seen(model):
     """Counts the image tokens the transformer embeds (its work), per forward."""
     seen = []
-    t.x_embedder.register_forward_hook(lambda m, i, o: seen.append(o.shape[0] * o.shape[1]))
+    model[2].embedder(model[0]).register_forward_hook(lambda m, i, o: seen.append(o.shape[0] * o.shape[1]))
     return seen
 
 
 def test_epsilon_zero_equals_the_unmodified_transformer(model):
-    x, e, p = inputs(1, 0)
+    x, e, p = inputs(model, 1, 0)
     ref = euler(model, 20, x, e, p)
     fdd.enable(model[0], epsilon=0.0, patches=8, scheduler=model[1])
     got = euler(model, 20, x, e, p)
@@ -71,11 +117,11 @@ def test_epsilon_zero_equals_the_unmodified_transformer(model):
 
 
 def test_skipping_computes_what_the_report_says(model):
-    x, e, p = inputs(1, 1)
+    x, e, p = inputs(model, 1, 1)
     ref = euler(model, 20, x, e, p)
     t = model[0]
     fdd.enable(t, epsilon=0.3, patches=8, scheduler=model[1])
-    seen = image_tokens_seen(t)
+    seen = image_tokens_seen(model)
     got = euler(model, 20, x, e, p)
     per_step = fdd.report(t)["samples"][0]["computed_per_step"]
     # The warm-up's 5 full steps, then what the report counts: the transformer's work.
@@ -87,7 +133,7 @@ def test_skipping_computes_what_the_report_says(model):
 
 
 def test_batch_of_two_equals_two_single_runs(model):
-    x, e, p = inputs(2, 2)
+    x, e, p = inputs(model, 2, 2)
     fdd.enable(model[0], epsilon=0.3, patches=8, scheduler=model[1])
     both = euler(model, 16, x, e, p)
     for b in range(2):
@@ -96,10 +142,10 @@ def test_batch_of_two_equals_two_single_runs(model):
 
 
 def test_a_call_is_unaffected_by_the_one_before(model):
-    x, e, p = inputs(2, 3)
+    x, e, p = inputs(model, 2, 3)
     fdd.enable(model[0], epsilon=0.3, patches=8, scheduler=model[1])
     fresh = euler(model, 20, x, e, p)
-    xa, ea, pa = inputs(1, 4)
+    xa, ea, pa = inputs(model, 1, 4)
     euler(model, 12, xa, ea, pa)  # another step count and batch size first
     again = euler(model, 20, x, e, p)
     assert torch.equal(again, fresh)
@@ -107,7 +153,7 @@ def test_a_call_is_unaffected_by_the_one_before(model):
 
 
 def test_few_step_schedules_run_unchanged_and_say_so(model):
-    x, e, p = inputs(1, 5)
+    x, e, p = inputs(model, 1, 5)
     ref = euler(model, 4, x, e, p)
     fdd.enable(model[0], epsilon=0.5, patches=8, scheduler=model[1])
     with pytest.warns(UserWarning, match="few-step"):
@@ -121,7 +167,7 @@ def test_few_step_schedules_run_unchanged_and_say_so(model):
 
 
 def test_bad_settings_are_refused(model):
-    t, sched = model
+    t, sched, _ = model
     for kw, text in [
         (dict(epsilon=2.0), "epsilon"),
         (dict(patches=0), "patches"),
@@ -136,6 +182,6 @@ def test_bad_settings_are_refused(model):
     with pytest.raises(flashdiff.Error, match="no call"):
         fdd.report(t)
     fdd.enable(t, warmup=30, scheduler=sched)
-    x, e, p = inputs(1, 6)
+    x, e, p = inputs(model, 1, 6)
     with pytest.raises(flashdiff.Error, match="warmup"):
         euler(model, 20, x, e, p)
