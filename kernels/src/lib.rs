@@ -37,3 +37,8 @@ pub use ftz::flush_denormals_to_zero;
 pub use gather::{gather_rows_f32, scatter_rows_f32};
 pub use linear::linear_f32;
 pub use norm::{layer_norm_f32, modulate_f32};
+
+/// The README's example, run as a doctest.
+#[doc = include_str!("../README.md")]
+#[cfg(doctest)]
+pub struct ReadmeDoctests;

@@ -417,3 +417,8 @@ mod tests {
         }
     }
 }
+
+/// The README's example, run as a doctest.
+#[doc = include_str!("../README.md")]
+#[cfg(doctest)]
+pub struct ReadmeDoctests;

@@ -25,3 +25,8 @@ pub mod schema;
 pub mod state;
 
 pub use flashdiff_models as models;
+
+/// The README's example, run as a doctest.
+#[doc = include_str!("../README.md")]
+#[cfg(doctest)]
+pub struct ReadmeDoctests;
