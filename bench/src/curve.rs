@@ -9,6 +9,7 @@
 //! method's at every work level both reach within the judged range, for the mean and for the
 //! worst prompt; it prints the worst margin and where it occurs.
 
+use crate::plots::PlotResult;
 use std::path::Path;
 
 use serde_json::{json, Value};
@@ -428,8 +429,6 @@ fn report(kind: Kind, cfg: &BenchConfig, workers: u32, points: &[Value]) -> Stri
     ));
     md
 }
-
-type PlotResult = Result<(), Box<dyn std::error::Error>>;
 
 /// Mean (solid) and worst-prompt (dashed) quality against work, a colour per method.
 fn plot(out: &Path, kind: Kind, points: &[Value]) -> PlotResult {
