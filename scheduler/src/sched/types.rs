@@ -33,7 +33,7 @@ pub struct SchedulerConfig {
     pub transfer_cost: f64,
     /// Executions of one monotask before its request fails.
     pub max_attempts: u32,
-    /// Keep an event log for the checker ([`Scheduler::take_events`]).
+    /// Keep an event log for the checker ([`super::Scheduler::take_events`]).
     pub record_events: bool,
     /// Order within a priority level.
     pub order: QueueOrder,
@@ -56,7 +56,7 @@ pub const MAX_ATTEMPTS: u32 = 1000;
 /// Largest `depth`.
 pub const MAX_DEPTH: u32 = 64;
 
-/// What [`Scheduler::worker_lost`] did.
+/// What [`super::Scheduler::worker_lost`] did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct Lost {
     /// Monotasks placed on other workers.
