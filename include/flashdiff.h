@@ -302,7 +302,8 @@ typedef struct fd_request_config {
    */
   uint32_t patches;
   /**
-   * Gate threshold in [0, 1].
+   * Change budget ε in [0, 1]: a step is computed once any patch has accumulated this
+   * relative change of the model's first-block input since it last ran.
    */
   float epsilon;
   /**

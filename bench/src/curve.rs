@@ -30,9 +30,12 @@ struct Setting {
 }
 
 /// What each method is and how it reuses what it does not compute.
-const METHODS: [(&str, &str); 9] = [
-    ("flashdiff", "saliency patches, gate on predicted change, forecast K/V and velocity; knob: ε, then K at ε 1"),
-    ("random-patches", "ablation: FlashDiff's number of patches per step, drawn at random; same knob"),
+const METHODS: [(&str, &str); 12] = [
+    ("flashdiff", "saliency patches, each accumulating block 0's input change; a step runs whole once any patch reaches ε or K skips, else every token is forecast; knob: ε, then K at ε 1"),
+    ("flashdiff-uniform", "ablation: FlashDiff on a uniform grid of patches instead of the saliency cut; same knob"),
+    ("per-patch", "ablation: a computed step runs only the patches at their budget, the others stand in with forecast K/V and velocity; same knob"),
+    ("random-patches", "ablation: per-patch's number of patches per step, drawn at random; same knob"),
+    ("patch-gate", "ablation: the paper's memoryless gate on normalised importance change (at least one patch a step); knob: ε, then K at ε 1"),
     ("teacache", "whole-step caching on block 0's accumulated input change, skipped steps forecast (first order); knob: threshold"),
     ("teacache-stale", "whole-step caching as its authors run it: skipped steps reuse the last velocity; knob: threshold"),
     ("ras", "RAS: the regions whose velocity changed most, dense reset steps, the others forecast; knob: share recomputed"),
@@ -52,6 +55,44 @@ fn settings(base: &RequestConfig, workers: u32) -> Vec<Setting> {
             ..base.clone()
         },
     }];
+    // ε at the default K, then K at ε 1 (where no patch reaches its budget and K alone
+    // spaces the computed steps).
+    let k = base.max_skip;
+    let budget_knob = [
+        (0.02f32, k),
+        (0.05, k),
+        (0.1, k),
+        (0.15, k),
+        (0.2, k),
+        (0.3, k),
+        (0.5, k),
+        (1.0, k),
+        (1.0, k + 1),
+        (1.0, k + 2),
+        (1.0, k + 3),
+        (1.0, k + 5),
+        (1.0, k + 9),
+    ];
+    for (method, mode, layout) in [
+        ("flashdiff", Mode::FlashDiff, base.layout),
+        ("flashdiff-uniform", Mode::FlashDiff, LayoutKind::Uniform),
+        ("per-patch", Mode::PerPatch, base.layout),
+        ("random-patches", Mode::RandomPatches, base.layout),
+    ] {
+        for (e, k) in budget_knob {
+            v.push(Setting {
+                method,
+                label: format!("ε {e} K {k}"),
+                cfg: RequestConfig {
+                    mode,
+                    epsilon: e,
+                    max_skip: k,
+                    layout,
+                    ..base.clone()
+                },
+            });
+        }
+    }
     let gate_knob = [
         (0.02f32, 3u32),
         (0.05, 3),
@@ -64,25 +105,20 @@ fn settings(base: &RequestConfig, workers: u32) -> Vec<Setting> {
         (1.0, 8),
         (1.0, 12),
     ];
-    for (method, mode) in [
-        ("flashdiff", Mode::FlashDiff),
-        ("random-patches", Mode::RandomPatches),
-    ] {
-        for (e, k) in gate_knob {
-            v.push(Setting {
-                method,
-                label: format!("ε {e} K {k}"),
-                cfg: RequestConfig {
-                    mode,
-                    epsilon: e,
-                    max_skip: k,
-                    ..base.clone()
-                },
-            });
-        }
+    for (e, k) in gate_knob {
+        v.push(Setting {
+            method: "patch-gate",
+            label: format!("ε {e} K {k}"),
+            cfg: RequestConfig {
+                mode: Mode::PatchGate,
+                epsilon: e,
+                max_skip: k,
+                ..base.clone()
+            },
+        });
     }
     for (method, forecast) in [("teacache", true), ("teacache-stale", false)] {
-        for t in [0.03f32, 0.05, 0.1, 0.2, 0.3, 0.5, 0.8, 1.2] {
+        for t in [0.03f32, 0.05, 0.1, 0.15, 0.2, 0.25, 0.3, 0.4, 0.5, 0.8, 1.2] {
             v.push(Setting {
                 method,
                 label: format!("{t}"),

@@ -41,7 +41,8 @@ pub struct fd_request_config {
     pub warmup: u32,
     /// Patch count; 0 lets the adaptive controller choose.
     pub patches: u32,
-    /// Gate threshold in [0, 1].
+    /// Change budget ε in [0, 1]: a step is computed once any patch has accumulated this
+    /// relative change of the model's first-block input since it last ran.
     pub epsilon: f32,
     /// Longest run of skips per patch.
     pub max_skip: u32,

@@ -9,8 +9,10 @@ fn from_gate(e: GateError) -> Fail {
     let status = match e {
         GateError::NoPatches | GateError::TooManyPatches(_) => fd_status::FD_ERR_PATCH_COUNT,
         GateError::BadLoad(_) => fd_status::FD_ERR_VALUE,
-        GateError::BadEpsilon(_) | GateError::BadEta(_) => fd_status::FD_ERR_CONFIG,
-        GateError::BadImportance { .. } => fd_status::FD_ERR_VALUE,
+        GateError::BadEpsilon(_) | GateError::BadEta(_) | GateError::BadShare(_) => {
+            fd_status::FD_ERR_CONFIG
+        }
+        GateError::BadImportance { .. } | GateError::BadChange { .. } => fd_status::FD_ERR_VALUE,
         GateError::BadPatch { .. } => fd_status::FD_ERR_INDEX,
         GateError::NotActive { .. } => fd_status::FD_ERR_NOT_ACTIVE,
         GateError::BadBuffer { .. } => fd_status::FD_ERR_LENGTH,

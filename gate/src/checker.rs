@@ -121,3 +121,99 @@ impl GateChecker {
         self.last[patch] = Some(v);
     }
 }
+
+/// Shadows one [`Budget`](crate::budget::Budget): call
+/// [`observed`](BudgetChecker::observed) with every change reported and
+/// [`check`](BudgetChecker::check) with every decision (or, for a choice other than the
+/// decision, [`ran`](BudgetChecker::ran)). It accumulates in f64 and tolerates disagreement
+/// only within 1e-4 (relative) of a bar, where f32 rounding may fall either way.
+#[derive(Debug, Clone)]
+pub struct BudgetChecker {
+    cfg: crate::budget::BudgetConfig,
+    acc: Vec<Option<f64>>,
+    run: Vec<u32>,
+}
+
+impl BudgetChecker {
+    /// A checker for a fresh budget of `patches` patches.
+    pub fn new(patches: usize, cfg: crate::budget::BudgetConfig) -> Self {
+        Self {
+            cfg,
+            acc: vec![None; patches],
+            run: vec![0; patches],
+        }
+    }
+
+    /// ε changed (load-adaptive hook).
+    pub fn set_epsilon(&mut self, epsilon: f32) {
+        self.cfg.epsilon = epsilon;
+    }
+
+    /// A step's change per patch was reported (and accepted).
+    pub fn observed(&mut self, change: &[f32]) {
+        for (a, &c) in self.acc.iter_mut().zip(change) {
+            if let Some(a) = a {
+                *a += c as f64;
+            }
+        }
+    }
+
+    /// Checks one decision of the budget, then records it as run.
+    pub fn check(&mut self, active: &[bool]) -> Result<(), String> {
+        let n = self.run.len();
+        if active.len() != n {
+            return Err(format!(
+                "decision for {} patches, expected {n}",
+                active.len()
+            ));
+        }
+        let eps = self.cfg.epsilon as f64;
+        let near = |a: f64, bar: f64| (a - bar).abs() <= 1e-4 * bar.abs().max(1e-6);
+        // Each patch: due at the bar `bar`, with `None` where rounding may go either way.
+        let due = |p: usize, bar: f64| -> Option<bool> {
+            if self.run[p] >= self.cfg.max_skip {
+                return Some(true);
+            }
+            match self.acc[p] {
+                None => Some(true),
+                Some(a) if near(a, bar) => None,
+                Some(a) => Some(a >= bar),
+            }
+        };
+        let over: Vec<Option<bool>> = (0..n).map(|p| due(p, eps)).collect();
+        let computed = active.iter().any(|&a| a);
+        if over.iter().all(|&o| o == Some(false)) && computed {
+            return Err("a patch ran although none reached the budget or the K bound".into());
+        }
+        if over.contains(&Some(true)) && !computed {
+            return Err("no patch ran although one reached the budget or the K bound".into());
+        }
+        if computed {
+            let bar = self.cfg.share as f64 * eps;
+            for (p, &on) in active.iter().enumerate() {
+                if due(p, bar).is_some_and(|d| d != on) {
+                    return Err(format!(
+                        "patch {p}: {} with accumulated change {:?} against {bar} (skipped {} in a row)",
+                        if on { "ran" } else { "skipped" },
+                        self.acc[p],
+                        self.run[p]
+                    ));
+                }
+            }
+        }
+        self.ran(active);
+        Ok(())
+    }
+
+    /// Records which patches ran (a choice other than the budget's own).
+    pub fn ran(&mut self, active: &[bool]) {
+        for ((a, run), &on) in self.acc.iter_mut().zip(&mut self.run).zip(active) {
+            if on {
+                *a = Some(0.0);
+                *run = 0;
+            } else {
+                *run = run.saturating_add(1);
+            }
+        }
+    }
+}

@@ -55,3 +55,59 @@ pub fn gate(data: &[u8]) {
         }
     }
 }
+
+/// Runs one fuzz case of the change budget. Panics on any violated property.
+pub fn budget(data: &[u8]) {
+    use crate::budget::{relative_change, Budget, BudgetConfig};
+    use crate::checker::BudgetChecker;
+    if data.len() < 4 {
+        return;
+    }
+    let r = 1 + data[0] as usize % 32;
+    let cfg = BudgetConfig {
+        epsilon: data[1] as f32 / 255.0,
+        share: (data[2] & 0x0F) as f32 / 15.0,
+        max_skip: (data[2] >> 4) as u32 * 4,
+    };
+    let mut b = Budget::new(r, cfg).expect("valid config");
+    let mut checker = BudgetChecker::new(r, cfg);
+    let hook = LoadAdaptiveEpsilon::default();
+    let mut active = vec![false; r];
+    let mut bytes = data[3..].iter().copied().cycle().take(8192);
+    // A per-token signal (one token per patch, width 1) drives the changes.
+    let mut before: Vec<f32> = (0..r).map(|p| 1.0 + p as f32).collect();
+    let patch_of: Vec<u32> = (0..r as u32).collect();
+    for _ in 0..data.len().min(64) {
+        if bytes.next() == Some(0xFF) {
+            let e = hook.epsilon(bytes.next().unwrap_or(0) as f32 / 100.0);
+            b.set_epsilon(e).expect("hook stays in bounds");
+            checker.set_epsilon(e);
+        }
+        b.decide(&mut active);
+        checker
+            .check(&active)
+            .unwrap_or_else(|e| panic!("checker: {e}"));
+        b.ran(&active).expect("sized");
+        let now: Vec<f32> = before
+            .iter()
+            .map(|&x| match bytes.next().unwrap_or(0) {
+                0xFE => f32::NAN,
+                0xFD => f32::INFINITY,
+                v => x + (v as f32 - 128.0) / 64.0,
+            })
+            .collect();
+        let Ok(change) = relative_change(&now, &before, 1, &patch_of, r) else {
+            panic!("sized buffers refused");
+        };
+        match b.observe(&change) {
+            Ok(()) => checker.observed(&change),
+            Err(GateError::BadChange { patch, .. }) => {
+                assert!(!change[patch].is_finite() || change[patch] < 0.0)
+            }
+            Err(e) => panic!("unexpected {e}"),
+        }
+        if now.iter().all(|x| x.is_finite()) {
+            before = now;
+        }
+    }
+}

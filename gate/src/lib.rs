@@ -32,6 +32,7 @@
 //! # Ok::<(), flashdiff_gate::GateError>(())
 //! ```
 
+pub mod budget;
 pub mod checker;
 mod epsilon;
 #[cfg(feature = "fuzzing")]
@@ -94,6 +95,15 @@ pub enum GateError {
         /// The value given.
         value: f32,
     },
+    /// A budget's share outside `[0, 1]` or not finite.
+    BadShare(f32),
+    /// A patch's change (or accumulated change) NaN, infinite or negative.
+    BadChange {
+        /// Patch index.
+        patch: usize,
+        /// The value given.
+        value: f32,
+    },
     /// Patch index out of range.
     BadPatch {
         /// Index given.
@@ -132,6 +142,11 @@ impl fmt::Display for GateError {
             Self::BadImportance { patch, value } => write!(
                 f,
                 "importance of patch {patch} is {value}: must be finite and >= 0"
+            ),
+            Self::BadShare(s) => write!(f, "share {s} must be a finite number in [0, 1]"),
+            Self::BadChange { patch, value } => write!(
+                f,
+                "change of patch {patch} is {value}: must be finite and >= 0"
             ),
             Self::BadPatch { patch, patches } => {
                 write!(

@@ -29,6 +29,7 @@ import numpy as np
 from . import _native
 from ._native import (  # noqa: F401  (re-exported)
     MODELS,
+    Budget,
     Error,
     Gate,
     Layout,
@@ -39,6 +40,7 @@ from ._native import (  # noqa: F401  (re-exported)
 
 __all__ = [
     "MODELS",
+    "Budget",
     "Engine",
     "Error",
     "Gate",
@@ -47,6 +49,7 @@ __all__ = [
     "Scheduler",
     "partition_saliency",
     "partition_uniform",
+    "relative_change",
     "saliency_map",
     "salient_mask",
     "split_words",
@@ -71,6 +74,17 @@ def partition_saliency(saliency: Any, patches: int) -> Layout:
     """Cuts the latent into ``patches`` semantically coherent, balanced patches; the map's
     shape, ``(height, width)`` or ``(frames, height, width)``, is the latent's grid."""
     return _native.partition_saliency(np.ascontiguousarray(saliency, dtype=np.float32), patches)
+
+
+def relative_change(now: Any, before: Any, patch_of: Any, patches: int) -> np.ndarray:
+    """Each patch's relative L1 change between two snapshots of a per-token signal
+    (``tokens x width``): what a :class:`Budget` observes each step."""
+    return _native.relative_change(
+        np.ascontiguousarray(now, dtype=np.float32),
+        np.ascontiguousarray(before, dtype=np.float32),
+        np.ascontiguousarray(patch_of, dtype=np.uint32),
+        patches,
+    )
 
 
 @dataclass

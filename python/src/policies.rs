@@ -6,6 +6,9 @@ use numpy::{PyArray1, PyReadonlyArray1, PyReadonlyArrayDyn, PyUntypedArrayMethod
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList};
 
+use flashdiff_gate::budget::{
+    relative_change as r_relative_change, Budget as RBudget, BudgetConfig,
+};
 use flashdiff_gate::{Gate as RGate, GateConfig};
 use flashdiff_partitioner::{
     partition_saliency as r_partition_saliency, partition_uniform as r_partition_uniform,
@@ -236,6 +239,100 @@ impl Gate {
     fn weights<'py>(&self, py: Python<'py>) -> Bound<'py, PyArray1<f32>> {
         PyArray1::from_slice(py, self.inner.weights())
     }
+}
+
+/// FlashDiff's change budget for one request: each patch accumulates its change since it
+/// last ran; a step is computed once any patch reaches ε (or K skips).
+#[pyclass(module = "flashdiff._native")]
+pub struct Budget {
+    inner: RBudget,
+}
+
+#[pymethods]
+impl Budget {
+    /// A budget for `patches` patches: ε (the engine's default 0.1), `share` (0: a computed
+    /// step runs every patch; 1: only the patches at their budget) and K.
+    #[new]
+    #[pyo3(signature = (patches, epsilon=0.1, share=0.0, max_skip=3))]
+    fn new(patches: usize, epsilon: f32, share: f32, max_skip: u32) -> PyResult<Self> {
+        let cfg = BudgetConfig {
+            epsilon,
+            share,
+            max_skip,
+        };
+        Ok(Self {
+            inner: RBudget::new(patches, cfg).map_err(fail)?,
+        })
+    }
+
+    /// Patch count.
+    #[getter]
+    fn patches(&self) -> usize {
+        self.inner.patches()
+    }
+
+    /// `(epsilon, share, max_skip)`.
+    #[getter]
+    fn config(&self) -> (f32, f32, u32) {
+        let c = self.inner.config();
+        (c.epsilon, c.share, c.max_skip)
+    }
+
+    /// Changes ε from the next decision on.
+    fn set_epsilon(&mut self, epsilon: f32) -> PyResult<()> {
+        self.inner.set_epsilon(epsilon).map_err(fail)
+    }
+
+    /// Adds one step's change per patch (finite, >= 0).
+    fn observe(&mut self, change: PyReadonlyArray1<'_, f32>) -> PyResult<()> {
+        let v = contiguous(&change, "change")?;
+        self.inner.observe(v).map_err(fail)
+    }
+
+    /// The step's decision: a bool per patch, all false when the step is forecast whole.
+    /// Call `ran` with what actually ran.
+    fn decide<'py>(&self, py: Python<'py>) -> Bound<'py, PyArray1<bool>> {
+        let mut active = vec![false; self.inner.patches()];
+        self.inner.decide(&mut active);
+        PyArray1::from_vec(py, active)
+    }
+
+    /// Records which patches ran: their accumulated change restarts at 0.
+    fn ran(&mut self, active: PyReadonlyArray1<'_, bool>) -> PyResult<()> {
+        let v = contiguous(&active, "active")?;
+        self.inner.ran(v).map_err(fail)
+    }
+
+    /// Each patch's accumulated change since it last ran (infinite before its first report).
+    fn accumulated<'py>(&self, py: Python<'py>) -> Bound<'py, PyArray1<f32>> {
+        PyArray1::from_slice(py, self.inner.accumulated())
+    }
+}
+
+/// Each patch's relative L1 change between two snapshots of a per-token signal
+/// (`tokens x width`, float32), grouped by `patch_of`.
+#[pyfunction]
+pub fn relative_change<'py>(
+    py: Python<'py>,
+    now: PyReadonlyArrayDyn<'_, f32>,
+    before: PyReadonlyArrayDyn<'_, f32>,
+    patch_of: PyReadonlyArray1<'_, u32>,
+    patches: usize,
+) -> PyResult<Bound<'py, PyArray1<f32>>> {
+    let (n, b, p) = (
+        contiguous(&now, "now")?,
+        contiguous(&before, "before")?,
+        contiguous(&patch_of, "patch_of")?,
+    );
+    if p.is_empty() || n.len() % p.len() != 0 {
+        return Err(fail(format!(
+            "now has {} values, not a whole number per token of patch_of ({} tokens)",
+            n.len(),
+            p.len()
+        )));
+    }
+    let c = r_relative_change(n, b, n.len() / p.len(), p, patches).map_err(fail)?;
+    Ok(PyArray1::from_vec(py, c))
 }
 
 /// The scheduler of patch-steps across workers (monotasks: a warm-up, or a step's patches).
@@ -524,6 +621,8 @@ pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(partition_uniform, m)?)?;
     m.add_class::<Layout>()?;
     m.add_class::<Gate>()?;
+    m.add_class::<Budget>()?;
+    m.add_function(wrap_pyfunction!(relative_change, m)?)?;
     m.add_class::<Scheduler>()?;
     Ok(())
 }

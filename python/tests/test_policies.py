@@ -143,3 +143,43 @@ def test_policies_from_threads():
     for t in ts:
         t.join()
     assert len(got) == 80 and all(np.array_equal(g, want) for g in got)
+
+
+def test_budget_skips_quiet_steps_and_runs_the_moving_patch():
+    b = flashdiff.Budget(3, epsilon=0.3, share=1.0, max_skip=100)
+    first = b.decide()
+    assert first.tolist() == [True, True, True]  # nothing reported yet
+    b.ran(first)
+    b.observe(np.array([0.1, 0.1, 0.1], dtype=np.float32))
+    quiet = b.decide()
+    assert not quiet.any()  # forecast whole
+    b.ran(quiet)
+    b.observe(np.array([0.25, 0.0, 0.1], dtype=np.float32))
+    assert b.decide().tolist() == [True, False, False]
+    np.testing.assert_allclose(b.accumulated(), [0.35, 0.1, 0.2], rtol=1e-6)
+    whole = flashdiff.Budget(3, epsilon=0.3, share=0.0)
+    whole.ran(whole.decide())
+    whole.observe(np.array([0.4, 0.0, 0.0], dtype=np.float32))
+    assert whole.decide().tolist() == [True, True, True]  # share 0: the step runs whole
+
+
+def test_budget_refuses_bad_input_with_the_rust_text():
+    with pytest.raises(flashdiff.Error, match="share 2 must be a finite number in"):
+        flashdiff.Budget(2, share=2.0)
+    b = flashdiff.Budget(2)
+    with pytest.raises(flashdiff.Error, match="change of patch 1 is -1"):
+        b.observe(np.array([0.1, -1.0], dtype=np.float32))
+    with pytest.raises(flashdiff.Error, match="expected one per patch"):
+        b.ran(np.array([True], dtype=np.bool_))
+
+
+def test_relative_change_is_each_patchs_l1_ratio():
+    rng = np.random.default_rng(3)
+    before = rng.uniform(0.1, 2.0, size=(6, 4)).astype(np.float32)
+    now = before + rng.normal(size=(6, 4)).astype(np.float32)
+    patch_of = np.array([0, 1, 1, 0, 2, 2])
+    got = flashdiff.relative_change(now, before, patch_of, 3)
+    for p in range(3):
+        rows = patch_of == p
+        want = np.abs(now[rows] - before[rows]).sum() / np.abs(before[rows]).sum()
+        assert got[p] == pytest.approx(want, rel=1e-5)

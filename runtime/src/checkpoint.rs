@@ -1,6 +1,6 @@
 //! A request's checkpoint: everything needed to continue it from its last committed step in
 //! another process (after the coordinator or server died): settings, prompt, step, patch
-//! layout, gate state, extrapolation state, report counters and the committed regions of
+//! layout, gate and budget state, extrapolation state, report counters and the committed regions of
 //! its state. One file per request, replaced atomically (written to a temporary name, then
 //! renamed) at every step boundary; mode 0600. Format: a 24-byte header (magic "FDCK",
 //! format version, payload length, CRC-32 of the payload) and an rkyv archive, mapped and
@@ -13,7 +13,7 @@ use std::path::{Path, PathBuf};
 use rkyv::rancor::Error as RkyvError;
 
 const MAGIC: [u8; 4] = *b"FDCK";
-const VERSION: u32 = 1;
+const VERSION: u32 = 2;
 const HEADER: usize = 24;
 /// Largest checkpoint accepted (far above any model's request state today).
 pub const MAX_CHECKPOINT: u64 = 1 << 34;
@@ -64,6 +64,15 @@ mod records {
 
     /// Extrapolation state of every token.
     #[derive(Archive, Serialize, Deserialize, Debug, Clone, PartialEq)]
+    pub struct BudgetRecord {
+        pub epsilon: f32,
+        pub share: f32,
+        pub max_skip: u32,
+        pub accumulated: Vec<f32>,
+        pub skipped_run: Vec<u32>,
+    }
+
+    #[derive(Archive, Serialize, Deserialize, Debug, Clone, PartialEq)]
     pub struct TrackRecord {
         pub kv_weight: f32,
         pub k_base: Vec<f32>,
@@ -108,6 +117,7 @@ mod records {
         pub patches: u32,
         pub active: Vec<bool>,
         pub gate: GateRecord,
+        pub budget: Option<BudgetRecord>,
         pub track: Option<TrackRecord>,
         pub tea: Option<(Vec<f32>, f32)>,
         pub ras_prev: Option<Vec<f32>>,
@@ -273,6 +283,13 @@ pub fn sample() -> Checkpoint {
             weights: vec![0.25; 4],
             steps: 2,
         },
+        budget: Some(BudgetRecord {
+            epsilon: 0.1,
+            share: 0.0,
+            max_skip: 3,
+            accumulated: vec![0.0, 0.05, f32::INFINITY, 0.0],
+            skipped_run: vec![0, 1, 0, 0],
+        }),
         track: None,
         tea: None,
         ras_prev: Some(vec![1.0, 2.0]),

@@ -49,7 +49,7 @@ pub struct RequestFields {
     pub warmup: Option<u64>,
     /// Patch count R, or `"auto"` for the adaptive controller.
     pub patches: Option<Count>,
-    /// Gate threshold ε.
+    /// ε: the change budget (the patch gate's threshold in `patch-gate` mode).
     pub epsilon: Option<f64>,
     /// Whether ε follows the engine's load.
     pub adaptive_epsilon: Option<bool>,

@@ -171,7 +171,8 @@ pub(crate) struct Knobs {
     /// steps - 1 when there are fewer steps.
     #[arg(long)]
     pub(crate) warmup: Option<u32>,
-    /// Gate threshold in [0, 1].
+    /// Change budget ε in [0, 1]: a step is computed once any patch's accumulated change of
+    /// block 0's input reaches it (patch-gate mode: the gate's weight threshold).
     #[arg(long, default_value_t = ENGINE_DEFAULT_EPSILON)]
     pub(crate) epsilon: f32,
     /// Let ε follow the load: --epsilon at one request per worker, half of it with slack,
@@ -184,7 +185,8 @@ pub(crate) struct Knobs {
     /// Scheduling priority, in 0..8 (higher first).
     #[arg(long, default_value_t = 0)]
     pub(crate) priority: u8,
-    /// flashdiff | no-skip | full | naive-patch | teacache | ras.
+    /// flashdiff | no-skip | full | naive-patch | teacache | ras | random-patches |
+    /// per-patch | patch-gate (the last three: ablations of FlashDiff's choice).
     #[arg(long, default_value = "flashdiff", value_parser = parse_mode)]
     pub(crate) mode: Mode,
     /// saliency | uniform.

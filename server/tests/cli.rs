@@ -674,6 +674,9 @@ fn generate_runs_a_flux_pipeline_folder() {
                 ])
                 .arg(dir.join("model"))
                 .args(["--size", "128x96", "--steps", "12", "--guidance", "4"])
+                // Random weights move block 0's input by more than any change budget each
+                // step, so the patch skipping is exercised through the paper's gate.
+                .args(["--mode", "patch-gate"])
                 .args([
                     "a red dishwasher on the left of a blue table",
                     "--compare",
@@ -717,6 +720,8 @@ fn generate_runs_a_flux_pipeline_folder() {
                 "64x48",
                 "--steps",
                 "10",
+                "--mode", // random weights: see the FLUX case
+                "patch-gate",
                 "a red cat on a blue table",
                 "-o",
             ])
@@ -799,6 +804,7 @@ fn generate_runs_a_wan_folder() {
                 .args(["generate", "--model", "wan2.1", "--weights"])
                 .arg(dir.join("model"))
                 .args(["--size", "64x48", "--frames", "9", "--steps", "12"])
+                .args(["--epsilon", "1"]) // as for FLUX: random weights
                 .args(["a red fox running in the snow", "--compare", "-o"])
                 .arg(&gif),
             &[

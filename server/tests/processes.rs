@@ -10,7 +10,7 @@ fn cfg(mode: Mode) -> RequestConfig {
         steps: 12,
         warmup: 3,
         patches: Some(6),
-        epsilon: 0.15,
+        epsilon: 0.3,
         max_skip: 2,
         seed: 7,
         mode,
@@ -109,9 +109,16 @@ fn worker_processes_serve_a_pipeline_and_any_built_in_model() {
         ),
     ];
     for (spec, prompt) in cases {
+        // Random FLUX weights move block 0's input by more than any change budget each step:
+        // the patch skipping of a pipeline in worker processes is exercised through the gate.
+        let mode = if spec.name == "flux-dev" {
+            Mode::PatchGate
+        } else {
+            Mode::FlashDiff
+        };
         let c = RequestConfig {
             patches: Some(4),
-            ..cfg(Mode::FlashDiff)
+            ..cfg(mode)
         };
         let device = flashdiff_runtime::models::Device::Cpu;
         let mut threads = Engine::load(&spec, 2, &device).unwrap();

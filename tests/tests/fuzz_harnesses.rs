@@ -18,6 +18,11 @@ proptest! {
     }
 
     #[test]
+    fn budget_harness(data in prop::collection::vec(any::<u8>(), 0..300)) {
+        flashdiff_gate::fuzzing::budget(&data);
+    }
+
+    #[test]
     fn records_harness(data in prop::collection::vec(any::<u8>(), 0..200)) {
         flashdiff_runtime::fuzzing::records(&data);
     }

@@ -157,8 +157,8 @@ impl Engine {
             cfg,
             submitted,
             tea: None,
+            budget: None,
             ras_prev: None,
-            gate_chose: Vec::new(),
             track: None,
             checkpointed: None,
         };

@@ -3,6 +3,7 @@
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
+use flashdiff_gate::budget::{Budget, BudgetConfig, BudgetState};
 use flashdiff_gate::{Gate, GateConfig};
 use flashdiff_models::{Dims, ModelError, Tensor};
 use flashdiff_partitioner::{Grid, PatchLayout};
@@ -82,7 +83,7 @@ impl Engine {
                 c.step, cfg.warmup, cfg.steps
             )));
         }
-        let (layout, gate, track) =
+        let (layout, gate, budget, track) =
             restore_policies(&c, self.model.dims()).map_err(|e| match e {
                 EngineError::Config(m) => bad(m),
                 e => e,
@@ -126,8 +127,8 @@ impl Engine {
                 cfg,
                 submitted,
                 tea: c.tea,
+                budget,
                 ras_prev: c.ras_prev,
-                gate_chose: Vec::new(),
                 track,
                 checkpointed: Some(Instant::now()),
             },
@@ -191,7 +192,7 @@ pub fn from_config_record(c: &checkpoint::ConfigRecord) -> Result<RequestConfig,
 fn restore_policies(
     c: &Checkpoint,
     dims: &Dims,
-) -> Result<(PatchLayout, Gate, Option<Track>), EngineError> {
+) -> Result<(PatchLayout, Gate, Option<Budget>, Option<Track>), EngineError> {
     let bad = |m: &str| EngineError::Config(m.to_string());
     let g = dims.grid;
     let grid = Grid::new(g.frames as u32, g.height as u32, g.width as u32)?;
@@ -213,6 +214,24 @@ fn restore_policies(
     if gate.patches() != layout.patches() as usize || c.active.len() != gate.patches() {
         return Err(bad("gate and layout disagree on the patch count"));
     }
+    let budget = match &c.budget {
+        Some(b) => {
+            let budget = Budget::from_state(BudgetState {
+                cfg: BudgetConfig {
+                    epsilon: b.epsilon,
+                    share: b.share,
+                    max_skip: b.max_skip,
+                },
+                accumulated: b.accumulated.clone(),
+                skipped_run: b.skipped_run.clone(),
+            })?;
+            if budget.patches() != gate.patches() {
+                return Err(bad("budget and layout disagree on the patch count"));
+            }
+            Some(budget)
+        }
+        None => None,
+    };
     let tokens = g.tokens();
     let vel = tokens * dims.channels;
     let kv = dims.kv_layers * tokens * dims.kv_dim;
@@ -223,7 +242,7 @@ fn restore_policies(
         return Err(bad("cached velocities of the wrong size"));
     }
     let Some(t) = &c.track else {
-        return Ok((layout, gate, None));
+        return Ok((layout, gate, budget, None));
     };
     let ok = [&t.k_base, &t.v_base_kv, &t.k_slope, &t.v_slope_kv]
         .iter()
@@ -242,7 +261,7 @@ fn restore_policies(
         v_slope: t.v_slope.clone(),
         last: t.last.clone(),
     };
-    Ok((layout, gate, Some(track)))
+    Ok((layout, gate, budget, Some(track)))
 }
 
 /// Copies a checkpoint's committed regions into a fresh state, refusing wrong sizes.
@@ -332,6 +351,16 @@ fn to_checkpoint(id: u64, r: &Request) -> Option<Checkpoint> {
             weights: gate.weights,
             steps: gate.steps,
         },
+        budget: r.budget.as_ref().map(|b| {
+            let st = b.state();
+            checkpoint::BudgetRecord {
+                epsilon: st.cfg.epsilon,
+                share: st.cfg.share,
+                max_skip: st.cfg.max_skip,
+                accumulated: st.accumulated.clone(),
+                skipped_run: st.skipped_run.clone(),
+            }
+        }),
         track: r.track.as_ref().map(|t| checkpoint::TrackRecord {
             kv_weight: t.kv_weight,
             k_base: t.kv_base[0].clone(),

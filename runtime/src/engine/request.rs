@@ -3,6 +3,7 @@
 
 use std::time::Instant;
 
+use flashdiff_gate::budget::Budget;
 use flashdiff_gate::Gate;
 use flashdiff_models::Tensor;
 use flashdiff_partitioner::PatchLayout;
@@ -34,10 +35,10 @@ pub(super) struct Request {
     pub(super) submitted: Instant,
     /// TeaCache: block 0's modulated input at the previous step, and the accumulated change.
     pub(super) tea: Option<(Vec<f32>, f32)>,
+    /// FlashDiff's change budget, from the first step after the partition.
+    pub(super) budget: Option<Budget>,
     /// RAS: cached velocities before the last commit.
     pub(super) ras_prev: Option<Vec<f32>>,
-    /// The gate's own choice of this step's patches, when the method computes others.
-    pub(super) gate_chose: Vec<bool>,
     /// Extrapolation state ([`RequestConfig::extrapolate`]), from the first commit on.
     pub(super) track: Option<Track>,
     /// When its last checkpoint was written.

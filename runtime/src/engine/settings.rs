@@ -20,9 +20,10 @@ pub const FINAL_FULL_STEPS: u32 = 1;
 /// Default whole-step caching threshold (TeaCache's published range is 0.1-0.3).
 pub const DEFAULT_CACHE_THRESHOLD: f32 = 0.1;
 
-/// Default gate threshold of the engine (the gate crate's own default, 0.05, is the paper's).
-/// 0.1 keeps the image checker's verdict equal to full computation's on at least 95% of the
-/// bench's held-out prompts; 0.2 does not (docs/benchmarks.md, "Defaults").
+/// Default ε: FlashDiff's change budget (the relative change of block 0's input a patch may
+/// accumulate before its step is computed), and the patch gate's weight threshold. At 0.1
+/// FlashDiff does about half of full computation's work on the image model with the
+/// checker's verdict equal to full computation's (docs/benchmarks.md).
 pub const ENGINE_DEFAULT_EPSILON: f32 = 0.1;
 
 /// Weight of the adaptive R controller's quality term: a request's cost is its own time x
@@ -57,7 +58,9 @@ pub const ENGINE_DEFAULT_MAX_SKIP: u32 = 3;
 /// How a request is executed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Mode {
-    /// Saliency patches, gated skipping, displaced K/V.
+    /// Saliency patches under a change budget: each patch accumulates the relative change of
+    /// block 0's input since it last ran; a step runs (every patch) once any patch reaches
+    /// `epsilon` or K skips, else it is forecast for every token.
     FlashDiff,
     /// Saliency patches, no skipping, displaced K/V.
     NoSkip,
@@ -79,11 +82,17 @@ pub enum Mode {
     /// The ablation of FlashDiff's choice: as many patches per step as FlashDiff's gate
     /// picks, drawn at random (seeded by the request's seed and the step).
     RandomPatches,
+    /// Ablation: the change budget per patch (a computed step runs only the patches that
+    /// reached `epsilon`, the others forecast with their K/V).
+    PerPatch,
+    /// Ablation: the paper's memoryless patch gate (a patch runs while its share of the
+    /// steps' importance change is at least `epsilon`; one patch at least every step).
+    PatchGate,
 }
 
 impl Mode {
     /// Every mode, in the order the help texts list them.
-    pub const ALL: [Mode; 7] = [
+    pub const ALL: [Mode; 9] = [
         Mode::FlashDiff,
         Mode::NoSkip,
         Mode::Full,
@@ -91,6 +100,8 @@ impl Mode {
         Mode::TeaCache,
         Mode::Ras,
         Mode::RandomPatches,
+        Mode::PerPatch,
+        Mode::PatchGate,
     ];
 
     /// The mode's name on every interface (`--mode`, the `mode` field, checkpoints).
@@ -103,6 +114,8 @@ impl Mode {
             Mode::TeaCache => "teacache",
             Mode::Ras => "ras",
             Mode::RandomPatches => "random-patches",
+            Mode::PerPatch => "per-patch",
+            Mode::PatchGate => "patch-gate",
         }
     }
 }
@@ -114,9 +127,8 @@ impl std::str::FromStr for Mode {
             .into_iter()
             .find(|m| m.name() == s)
             .ok_or_else(|| {
-                format!(
-                    "mode {s:?}: expected flashdiff, no-skip, full, naive-patch, teacache, ras or random-patches"
-                )
+                let names: Vec<&str> = Mode::ALL.iter().map(|m| m.name()).collect();
+                format!("mode {s:?}: expected one of {}", names.join(", "))
             })
     }
 }
@@ -139,7 +151,8 @@ pub struct RequestConfig {
     pub warmup: u32,
     /// Patch count R; `None`: the engine's adaptive controller picks it.
     pub patches: Option<u32>,
-    /// Gate threshold ε.
+    /// ε in `[0, 1]`: FlashDiff's change budget (per-patch and random patches too); the
+    /// patch gate's weight threshold.
     pub epsilon: f32,
     /// Load-adaptive ε (§4.3): before each step the gate's ε follows the engine's load
     /// (requests in flight per worker; 1 = every worker has one) through

@@ -60,10 +60,10 @@ impl Engine {
         }
         r.report.time.compute += t0.elapsed();
         let method = methods::of(r.cfg.mode);
-        match method.skip_step(&*self.model, r) {
+        match method.skip_step(&*self.model, r, load) {
             Ok(true) => return self.open_step(id, progress),
             Ok(false) => {}
-            Err(e) => return self.fail(id, e.into()),
+            Err(e) => return self.fail(id, e),
         }
         let t0 = Instant::now();
         let final_full = r.step + FINAL_FULL_STEPS >= r.cfg.steps;

@@ -1,13 +1,80 @@
-//! FlashDiff (§4): saliency patches, each computed only while its predicted change exceeds the
-//! gate's threshold, with every reused value forecast.
+//! FlashDiff: saliency patches under a change budget (`flashdiff_gate::budget`). Every step
+//! each patch adds the relative L1 change of block 0's modulated input over its tokens; a
+//! step is computed once any patch has accumulated `epsilon` (or reached K skips) and is
+//! otherwise forecast for every token from the computed steps. `share` says which patches a
+//! computed step runs: 0 (FlashDiff) every patch, 1 (the per-patch ablation) only those at
+//! the budget, the others standing in with forecast K/V and velocity.
 
+use std::time::Instant;
+
+use flashdiff_gate::budget::{relative_change, Budget, BudgetConfig};
 use flashdiff_models::Denoiser;
 
-use super::{gate_choose, Method};
+use super::{adaptive_epsilon, block0_input, forecast_whole_step, Method};
 use crate::engine::request::Request;
-use crate::engine::{EngineError, LayoutKind, RequestConfig};
+use crate::engine::{EngineError, LayoutKind, RequestConfig, FINAL_FULL_STEPS};
 
-pub(super) struct FlashDiff;
+pub(super) struct FlashDiff {
+    /// The budget's share (see the module docs).
+    pub(super) share: f32,
+}
+
+impl FlashDiff {
+    /// Feeds the budget this step's change and decides into `r.active`; `true` when the step
+    /// is computed. The budget learns which patches ran in [`Method::choose`] (the caller
+    /// may run another choice of the same size) or here when nothing runs.
+    pub(super) fn decide(
+        &self,
+        model: &dyn Denoiser,
+        r: &mut Request,
+        load: f32,
+    ) -> Result<bool, EngineError> {
+        let t0 = Instant::now();
+        let now = block0_input(model, r)?;
+        let layout = r.layout.as_ref().expect("partitioned");
+        let patches = layout.patches() as usize;
+        let tokens = layout.patch_of().len();
+        let budget = match &mut r.budget {
+            Some(b) => b,
+            slot => slot.insert(Budget::new(
+                patches,
+                BudgetConfig {
+                    epsilon: r.cfg.epsilon,
+                    share: self.share,
+                    max_skip: r.cfg.max_skip,
+                },
+            )?),
+        };
+        if let Some((before, _)) = &r.tea {
+            let change = relative_change(
+                &now,
+                before,
+                now.len() / tokens.max(1),
+                layout.patch_of(),
+                patches,
+            )?;
+            budget.observe(&change)?;
+        }
+        if r.cfg.adaptive_epsilon {
+            let e = adaptive_epsilon(r.cfg.epsilon).epsilon(load);
+            budget.set_epsilon(e)?;
+            r.report.epsilon_sum += e as f64;
+            r.report.epsilon_steps += 1;
+        }
+        let computed = if r.step + FINAL_FULL_STEPS >= r.cfg.steps {
+            r.active.fill(true);
+            true
+        } else {
+            budget.decide(&mut r.active)
+        };
+        if !computed {
+            budget.ran(&r.active)?;
+        }
+        r.tea = Some((now, 0.0));
+        r.report.time.gate += t0.elapsed();
+        Ok(computed)
+    }
+}
 
 impl Method for FlashDiff {
     fn partition(&self, cfg: &RequestConfig, adaptive_r: u32) -> (u32, bool) {
@@ -25,14 +92,32 @@ impl Method for FlashDiff {
         cfg.extrapolate
     }
 
+    fn skip_step(
+        &self,
+        model: &dyn Denoiser,
+        r: &mut Request,
+        load: f32,
+    ) -> Result<bool, EngineError> {
+        if self.decide(model, r, load)? {
+            return Ok(false);
+        }
+        forecast_whole_step(model, r);
+        Ok(true)
+    }
+
+    /// The patches were decided in `skip_step`; the budget learns that they ran.
     fn choose(
         &self,
         _: &dyn Denoiser,
         r: &mut Request,
-        load: f32,
-        final_full: bool,
+        _: f32,
+        _: bool,
     ) -> Result<(), EngineError> {
-        let adaptive = r.cfg.adaptive_epsilon;
-        gate_choose(r, load, final_full, adaptive)
+        r.budget.as_mut().expect("decided").ran(&r.active)?;
+        Ok(())
+    }
+
+    fn feeds_gate(&self) -> bool {
+        false
     }
 }

@@ -8,18 +8,21 @@ mod flashdiff;
 mod full;
 mod naive_patch;
 mod no_skip;
+mod patch_gate;
 mod random_patches;
 mod ras;
 mod whole_step;
 
-use flashdiff_models::{Denoiser, ModelError};
+use flashdiff_models::{Denoiser, ModelError, StepInput, Tensor};
 
+use super::forecast::forecast_velocity;
 use super::request::Request;
 use super::{adaptive_epsilon, EngineError, Mode, RequestConfig};
+use crate::state::Region;
 
 /// A skipping method. Methods hold no state of their own: what they remember between steps
-/// lives in the request ([`Request::tea`], [`Request::ras_prev`]) so that checkpoints carry
-/// it; what lasts one step only ([`Request::gate_chose`]) is set again by every `choose`.
+/// lives in the request ([`Request::tea`], [`Request::budget`], [`Request::ras_prev`]) so that checkpoints carry
+/// it; what lasts one step only ([`Request::active`]) is set again every step.
 pub(super) trait Method: Sync {
     /// How the warm-up's partition cuts the latent: the patch count (`adaptive_r` is the
     /// engine's adaptive controller's current choice) and whether the cut is uniform
@@ -39,7 +42,12 @@ pub(super) trait Method: Sync {
 
     /// At the start of a step: `true` when the method advanced the whole latent through the
     /// step without the model (whole-step caching).
-    fn skip_step(&self, _model: &dyn Denoiser, _r: &mut Request) -> Result<bool, ModelError> {
+    fn skip_step(
+        &self,
+        _model: &dyn Denoiser,
+        _r: &mut Request,
+        _load: f32,
+    ) -> Result<bool, EngineError> {
         Ok(false)
     }
 
@@ -85,7 +93,9 @@ pub(super) trait Method: Sync {
 /// The method that runs a request of `mode`.
 pub(super) fn of(mode: Mode) -> &'static dyn Method {
     match mode {
-        Mode::FlashDiff => &flashdiff::FlashDiff,
+        Mode::FlashDiff => &flashdiff::FlashDiff { share: 0.0 },
+        Mode::PerPatch => &flashdiff::FlashDiff { share: 1.0 },
+        Mode::PatchGate => &patch_gate::PatchGate,
         Mode::NoSkip => &no_skip::NoSkip,
         Mode::Full => &full::Full,
         Mode::NaivePatch => &naive_patch::NaivePatch,
@@ -120,4 +130,46 @@ fn gate_choose(
     }
     gate.decide(&mut r.active)?;
     Ok(())
+}
+
+/// Block 0's modulated input for the whole latent at the request's step (`tokens x width`,
+/// flattened): the cheap signal the accumulated-change rules read.
+fn block0_input(model: &dyn Denoiser, r: &Request) -> Result<Vec<f32>, ModelError> {
+    let dims = model.dims();
+    let at = r.step as usize * dims.cond_len;
+    let cond = Tensor::from_slice(
+        &r.conds[at..at + dims.cond_len],
+        dims.cond_len,
+        model.device(),
+    )?;
+    let x = Tensor::from_slice(
+        r.state.get(Region::X),
+        (dims.grid.tokens(), dims.channels),
+        model.device(),
+    )?;
+    let step = StepInput {
+        context: &r.context,
+        cond: &cond,
+    };
+    Ok(model
+        .first_block_input(&x, step)?
+        .flatten_all()?
+        .to_vec1::<f32>()?)
+}
+
+/// Advances the whole latent through the request's step without the model: every token's
+/// velocity forecast from its computed steps (or reused as last computed without a
+/// forecaster), then the Euler update.
+fn forecast_whole_step(model: &dyn Denoiser, r: &mut Request) {
+    let h = model.time(r.step, r.cfg.steps) - model.time(r.step + 1, r.cfg.steps);
+    if let Some(tr) = r.track.as_ref() {
+        forecast_velocity(&mut r.state, tr, r.step, model.dims().channels);
+    }
+    let (v, x) = r.state.get_pair(Region::Velocity, Region::X);
+    for (xi, vi) in x.iter_mut().zip(v) {
+        *xi -= h * vi;
+    }
+    r.step += 1;
+    r.report.active_per_step.push(0);
+    r.report.patch_steps += r.layout.as_ref().map_or(1, |l| l.patches() as u64);
 }

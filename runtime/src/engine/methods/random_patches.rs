@@ -1,7 +1,7 @@
-//! Random patches, the ablation of FlashDiff's choice: the gate decides how many patches a
-//! step computes, exactly as in FlashDiff, but which ones is drawn at random (seeded by the
-//! request's seed and the step), everything else equal. The gate learns from the patches
-//! it chose that were also drawn.
+//! Random patches, the ablation of the per-patch choice: the change budget per patch
+//! ([`Mode::PerPatch`](crate::engine::Mode::PerPatch)) decides whether a step is computed and
+//! how many patches run, but which ones is drawn at random (seeded by the request's seed and
+//! the step), everything else equal; the budget restarts the drawn patches.
 
 use flashdiff_models::Denoiser;
 use rand::rngs::StdRng;
@@ -11,58 +11,55 @@ use super::flashdiff::FlashDiff;
 use super::Method;
 use crate::engine::request::Request;
 use crate::engine::{EngineError, RequestConfig};
-use crate::state::Region;
 
 pub(super) struct RandomPatches;
 
+const PER_PATCH: FlashDiff = FlashDiff { share: 1.0 };
+
 impl Method for RandomPatches {
     fn partition(&self, cfg: &RequestConfig, adaptive_r: u32) -> (u32, bool) {
-        FlashDiff.partition(cfg, adaptive_r)
+        PER_PATCH.partition(cfg, adaptive_r)
     }
 
     fn epsilon(&self, cfg: &RequestConfig) -> f32 {
-        FlashDiff.epsilon(cfg)
+        PER_PATCH.epsilon(cfg)
     }
 
     fn forecasts(&self, cfg: &RequestConfig) -> bool {
-        FlashDiff.forecasts(cfg)
+        PER_PATCH.forecasts(cfg)
     }
 
-    fn choose(
+    fn skip_step(
         &self,
         model: &dyn Denoiser,
         r: &mut Request,
         load: f32,
-        final_full: bool,
+    ) -> Result<bool, EngineError> {
+        PER_PATCH.skip_step(model, r, load)
+    }
+
+    fn choose(
+        &self,
+        _: &dyn Denoiser,
+        r: &mut Request,
+        _: f32,
+        _: bool,
     ) -> Result<(), EngineError> {
-        FlashDiff.choose(model, r, load, final_full)?;
-        r.gate_chose.clone_from(&r.active);
         let k = r.active.iter().filter(|&&a| a).count();
         let patches = r.active.len();
-        if k == patches {
-            return Ok(());
+        if k < patches {
+            let mut rng = StdRng::seed_from_u64(step_seed(r.cfg.seed, r.step));
+            r.active.fill(false);
+            for p in rand::seq::index::sample(&mut rng, patches, k) {
+                r.active[p] = true;
+            }
         }
-        let mut rng = StdRng::seed_from_u64(step_seed(r.cfg.seed, r.step));
-        r.active.fill(false);
-        for p in rand::seq::index::sample(&mut rng, patches, k) {
-            r.active[p] = true;
-        }
+        r.budget.as_mut().expect("decided").ran(&r.active)?;
         Ok(())
     }
 
     fn feeds_gate(&self) -> bool {
         false
-    }
-
-    fn before_commit(&self, r: &mut Request) -> Result<(), EngineError> {
-        let gate = r.gate.as_mut().expect("partitioned");
-        let importance = r.state.get(Region::Importance);
-        for (p, (&drawn, &chosen)) in r.active.iter().zip(&r.gate_chose).enumerate() {
-            if drawn && chosen {
-                gate.observe(p, importance[p])?;
-            }
-        }
-        Ok(())
     }
 }
 

@@ -6,13 +6,11 @@
 
 use std::time::Instant;
 
-use flashdiff_models::{Denoiser, ModelError, StepInput, Tensor};
+use flashdiff_models::Denoiser;
 
-use super::Method;
-use crate::engine::forecast::forecast_velocity;
+use super::{block0_input, forecast_whole_step, Method};
 use crate::engine::request::Request;
-use crate::engine::{LayoutKind, RequestConfig};
-use crate::state::Region;
+use crate::engine::{EngineError, LayoutKind, RequestConfig};
 
 pub(super) struct WholeStep;
 
@@ -27,29 +25,14 @@ impl Method for WholeStep {
 
     /// Skips the step (advancing with the forecast or cached velocity) when the accumulated
     /// relative L1 change of block 0's modulated input is under the threshold.
-    fn skip_step(&self, model: &dyn Denoiser, r: &mut Request) -> Result<bool, ModelError> {
+    fn skip_step(
+        &self,
+        model: &dyn Denoiser,
+        r: &mut Request,
+        _: f32,
+    ) -> Result<bool, EngineError> {
         let t0 = Instant::now();
-        let h = model.time(r.step, r.cfg.steps) - model.time(r.step + 1, r.cfg.steps);
-        let dims = model.dims();
-        let at = r.step as usize * dims.cond_len;
-        let cond = Tensor::from_slice(
-            &r.conds[at..at + dims.cond_len],
-            dims.cond_len,
-            model.device(),
-        )?;
-        let x = Tensor::from_slice(
-            r.state.get(Region::X),
-            (dims.grid.tokens(), dims.channels),
-            model.device(),
-        )?;
-        let step = StepInput {
-            context: &r.context,
-            cond: &cond,
-        };
-        let m = model
-            .first_block_input(&x, step)?
-            .flatten_all()?
-            .to_vec1::<f32>()?;
+        let m = block0_input(model, r)?;
         let final_full = r.step + crate::engine::FINAL_FULL_STEPS >= r.cfg.steps;
         let acc = match &r.tea {
             Some((prev, acc)) => {
@@ -63,16 +46,7 @@ impl Method for WholeStep {
         r.tea = Some((m, if skip { acc } else { 0.0 }));
         r.report.time.gate += t0.elapsed();
         if skip {
-            if let Some(tr) = r.track.as_ref() {
-                forecast_velocity(&mut r.state, tr, r.step, dims.channels);
-            }
-            let (v, x) = r.state.get_pair(Region::Velocity, Region::X);
-            for (xi, vi) in x.iter_mut().zip(v) {
-                *xi -= h * vi;
-            }
-            r.step += 1;
-            r.report.active_per_step.push(0);
-            r.report.patch_steps += 1;
+            forecast_whole_step(model, r);
         }
         Ok(skip)
     }

@@ -1,0 +1,227 @@
+//! Property tests of the change budget: the checker accepts every decision on arbitrary
+//! change streams; the rule's promises hold; bad input is refused by name.
+
+use flashdiff_gate::budget::{relative_change, Budget, BudgetConfig};
+use flashdiff_gate::checker::BudgetChecker;
+use flashdiff_gate::GateError;
+use proptest::prelude::*;
+
+/// One decision and each patch's accumulated change before it.
+type Step = (Vec<bool>, Vec<f32>);
+
+/// Runs 40 decisions over `stream` (one change per patch per step, cycled); returns each
+/// decision and each patch's accumulated change before it.
+fn drive(r: usize, cfg: BudgetConfig, stream: &[f32]) -> Result<Vec<Step>, String> {
+    let mut b = Budget::new(r, cfg).map_err(|e| e.to_string())?;
+    let mut checker = BudgetChecker::new(r, cfg);
+    let mut active = vec![false; r];
+    let mut out = Vec::new();
+    let mut it = stream.iter().cycle();
+    for step in 0..40 {
+        if step > 0 {
+            let change: Vec<f32> = (0..r).map(|_| *it.next().unwrap()).collect();
+            b.observe(&change).map_err(|e| e.to_string())?;
+            checker.observed(&change);
+        }
+        let before = b.accumulated().to_vec();
+        b.decide(&mut active);
+        checker.check(&active)?;
+        b.ran(&active).map_err(|e| e.to_string())?;
+        out.push((active.clone(), before));
+    }
+    Ok(out)
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(300))]
+
+    #[test]
+    fn every_decision_passes_the_checker_and_repeats(
+        r in 1usize..=32,
+        eps in 0.0f32..=1.0,
+        share in 0.0f32..=1.0,
+        k in 0u32..=60,
+        stream in prop::collection::vec(0.0f32..0.5, 1..200),
+    ) {
+        let cfg = BudgetConfig { epsilon: eps, share, max_skip: k };
+        let a = drive(r, cfg, &stream);
+        prop_assert!(a.is_ok(), "{:?}", a.err());
+        prop_assert_eq!(a, drive(r, cfg, &stream));
+    }
+
+    #[test]
+    fn a_skipped_patch_stays_within_its_budget_and_the_k_bound(
+        r in 1usize..=16,
+        eps in 0.01f32..=1.0,
+        share in 0.0f32..=1.0,
+        k in 1u32..=20,
+        stream in prop::collection::vec(0.0f32..0.5, 1..100),
+    ) {
+        let cfg = BudgetConfig { epsilon: eps, share, max_skip: k };
+        let steps = drive(r, cfg, &stream).unwrap();
+        let mut run = vec![0u32; r];
+        for (active, before) in &steps {
+            let computed = active.iter().any(|&a| a);
+            for p in 0..r {
+                if active[p] {
+                    run[p] = 0;
+                } else {
+                    run[p] += 1;
+                    prop_assert!(run[p] <= k, "patch {p} skipped {} > K {k}", run[p]);
+                    let bar = if computed { share * eps } else { eps };
+                    prop_assert!(before[p] < bar, "patch {p} skipped at {} >= {bar}", before[p]);
+                }
+            }
+        }
+        // The first decision computes every patch.
+        prop_assert!(steps[0].0.iter().all(|&a| a));
+    }
+
+    #[test]
+    fn share_zero_computes_a_step_whole_or_not_at_all(
+        r in 1usize..=16,
+        eps in 0.0f32..=1.0,
+        stream in prop::collection::vec(0.0f32..0.5, 1..100),
+    ) {
+        let cfg = BudgetConfig { epsilon: eps, share: 0.0, max_skip: 1000 };
+        for (active, _) in drive(r, cfg, &stream).unwrap() {
+            prop_assert!(active.iter().all(|&a| a) || active.iter().all(|&a| !a));
+        }
+    }
+
+    #[test]
+    fn epsilon_zero_never_skips(r in 1usize..=16, stream in prop::collection::vec(0.0f32..0.5, 1..100)) {
+        let cfg = BudgetConfig { epsilon: 0.0, share: 1.0, max_skip: 1000 };
+        for (active, _) in drive(r, cfg, &stream).unwrap() {
+            prop_assert!(active.iter().all(|&a| a));
+        }
+    }
+
+    #[test]
+    fn relative_change_is_each_patchs_l1_ratio(
+        before in prop::collection::vec(0.1f32..2.0, 6),
+        now in prop::collection::vec(-2.0f32..2.0, 6),
+    ) {
+        // Three tokens of width 2: tokens 0 and 2 in patch 1, token 1 in patch 0.
+        let c = relative_change(&now, &before, 2, &[1, 0, 1], 2).unwrap();
+        let l1 = |idx: &[usize], v: &dyn Fn(usize) -> f32| idx.iter().map(|&i| v(i).abs()).sum::<f32>();
+        let diff = |i: usize| now[i] - before[i];
+        let base = |i: usize| before[i];
+        let want0 = l1(&[2, 3], &diff) / l1(&[2, 3], &base);
+        let want1 = l1(&[0, 1, 4, 5], &diff) / l1(&[0, 1, 4, 5], &base);
+        prop_assert!((c[0] - want0).abs() <= 1e-5 * want0.max(1.0));
+        prop_assert!((c[1] - want1).abs() <= 1e-5 * want1.max(1.0));
+    }
+}
+
+#[test]
+fn a_quiet_step_computes_nothing_and_a_moving_patch_runs_alone() {
+    let cfg = BudgetConfig {
+        epsilon: 0.3,
+        share: 1.0,
+        max_skip: 1000,
+    };
+    let mut b = Budget::new(3, cfg).unwrap();
+    let mut active = [false; 3];
+    assert!(b.decide(&mut active));
+    b.ran(&active).unwrap();
+    b.observe(&[0.1, 0.1, 0.1]).unwrap();
+    assert!(!b.decide(&mut active));
+    assert_eq!(active, [false; 3]);
+    b.ran(&active).unwrap();
+    b.observe(&[0.25, 0.0, 0.1]).unwrap();
+    assert!(b.decide(&mut active));
+    assert_eq!(active, [true, false, false]);
+    // share 0 computes the whole step instead.
+    let mut whole = Budget::from_state(flashdiff_gate::budget::BudgetState {
+        cfg: BudgetConfig { share: 0.0, ..cfg },
+        ..b.state().clone()
+    })
+    .unwrap();
+    assert!(whole.decide(&mut active));
+    assert_eq!(active, [true; 3]);
+    whole.ran(&active).unwrap();
+    assert_eq!(whole.accumulated(), &[0.0; 3]);
+}
+
+#[test]
+fn the_checker_catches_a_wrong_decision() {
+    let cfg = BudgetConfig {
+        epsilon: 0.3,
+        share: 1.0,
+        max_skip: 1000,
+    };
+    let mut c = BudgetChecker::new(2, cfg);
+    c.check(&[true, true]).unwrap();
+    c.observed(&[0.1, 0.5]);
+    assert!(c.check(&[true, true]).is_err(), "patch 0 is under budget");
+    let mut c = BudgetChecker::new(2, cfg);
+    c.check(&[true, true]).unwrap();
+    c.observed(&[0.1, 0.1]);
+    assert!(
+        c.check(&[false, true]).is_err(),
+        "nothing reached the budget"
+    );
+    let mut c = BudgetChecker::new(2, BudgetConfig { max_skip: 1, ..cfg });
+    c.check(&[true, true]).unwrap();
+    c.check(&[false, false]).unwrap();
+    assert!(c.check(&[false, false]).is_err(), "K = 1 forces a run");
+}
+
+#[test]
+fn bad_input_is_refused_by_name() {
+    let cfg = BudgetConfig {
+        epsilon: 0.3,
+        share: 1.0,
+        max_skip: 4,
+    };
+    assert_eq!(Budget::new(0, cfg).unwrap_err(), GateError::NoPatches);
+    assert_eq!(
+        Budget::new(2, BudgetConfig { share: 1.5, ..cfg }).unwrap_err(),
+        GateError::BadShare(1.5)
+    );
+    assert!(matches!(
+        Budget::new(
+            2,
+            BudgetConfig {
+                epsilon: f32::NAN,
+                ..cfg
+            }
+        ),
+        Err(GateError::BadEpsilon(_))
+    ));
+    let mut b = Budget::new(2, cfg).unwrap();
+    let e = b.observe(&[0.1, -1.0]).unwrap_err();
+    assert_eq!(
+        e,
+        GateError::BadChange {
+            patch: 1,
+            value: -1.0
+        }
+    );
+    assert!(e.to_string().contains("change of patch 1 is -1"));
+    assert!(matches!(
+        b.observe(&[0.1]),
+        Err(GateError::BadBuffer {
+            expected: 2,
+            got: 1
+        })
+    ));
+    assert!(matches!(b.ran(&[true]), Err(GateError::BadBuffer { .. })));
+    assert_eq!(
+        b.accumulated(),
+        &[f32::INFINITY; 2],
+        "nothing added on a refused report"
+    );
+    assert!(matches!(
+        relative_change(&[1.0; 4], &[1.0; 4], 2, &[0, 5], 2),
+        Err(GateError::BadPatch {
+            patch: 5,
+            patches: 2
+        })
+    ));
+    assert!(matches!(
+        relative_change(&[1.0; 3], &[1.0; 4], 2, &[0, 1], 2),
+        Err(GateError::BadBuffer { .. })
+    ));
+}
