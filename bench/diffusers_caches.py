@@ -46,6 +46,19 @@ class Clock:
 
 
 def load(path):
+    """TinyFLUX's EMA weights from a training checkpoint (`ckpt.pt`) or from the exported
+    `models/tinyflux/tinyflux.safetensors`."""
+    if str(path).endswith(".safetensors"):
+        from safetensors import safe_open
+        from safetensors.torch import load_file
+
+        with safe_open(path, "pt") as f:
+            meta = f.metadata() or {}
+        if "config" not in meta:
+            raise SystemExit(f"{path}: no TinyFLUX config in its metadata (write it with models/tinyflux/export.py)")
+        model = TinyFlux(FluxConfig(**json.loads(meta["config"])))
+        model.load_state_dict(load_file(path))
+        return model.eval(), int(meta.get("step", 0)) or None
     ck = torch.load(path, weights_only=False, map_location="cpu")
     cfg = FluxConfig(**ck["config"])
     model = TinyFlux(cfg)
@@ -100,7 +113,7 @@ def psnr(a, b):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--ckpt", required=True, help="TinyFLUX training checkpoint (ckpt.pt, EMA weights used)")
+    ap.add_argument("--ckpt", required=True, help="TinyFLUX weights: models/tinyflux/tinyflux.safetensors or a training checkpoint (ckpt.pt, EMA weights used)")
     ap.add_argument("--prompts", type=int, default=16)
     ap.add_argument("--seed", type=int, default=10000)
     ap.add_argument("--steps", type=int, default=50)
