@@ -4,26 +4,27 @@
 
 use flashdiff_models::Denoiser;
 
+use super::flashdiff::FlashDiff;
 use super::{gate_choose, Method};
 use crate::engine::request::Request;
-use crate::engine::{EngineError, LayoutKind, RequestConfig};
+use crate::engine::{EngineError, RequestConfig};
 
 pub(super) struct PatchGate;
 
+/// Partitions, ε and forecasting as FlashDiff has them; only the choice differs.
+const FLASHDIFF: FlashDiff = FlashDiff { share: 0.0 };
+
 impl Method for PatchGate {
     fn partition(&self, cfg: &RequestConfig, adaptive_r: u32) -> (u32, bool) {
-        (
-            cfg.patches.unwrap_or(adaptive_r),
-            cfg.layout == LayoutKind::Uniform,
-        )
+        FLASHDIFF.partition(cfg, adaptive_r)
     }
 
     fn epsilon(&self, cfg: &RequestConfig) -> f32 {
-        cfg.epsilon
+        FLASHDIFF.epsilon(cfg)
     }
 
     fn forecasts(&self, cfg: &RequestConfig) -> bool {
-        cfg.extrapolate
+        FLASHDIFF.forecasts(cfg)
     }
 
     fn choose(
