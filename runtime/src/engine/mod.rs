@@ -41,7 +41,8 @@
 //! Modes: [`Mode::FlashDiff`] (default), [`Mode::NoSkip`] (all patches every step, displaced
 //! K/V: with stale K/V and uniform patches, the DistriFusion-style baseline), [`Mode::Full`]
 //! (one patch: ordinary sampling, the quality reference), and the baselines
-//! [`Mode::NaivePatch`], [`Mode::TeaCache`], [`Mode::Ras`].
+//! [`Mode::NaivePatch`], [`Mode::TeaCache`], [`Mode::Ras`], and the ablations of FlashDiff's
+//! choice [`Mode::PerPatch`], [`Mode::RandomPatches`], [`Mode::PatchGate`].
 
 mod error;
 mod forecast;

@@ -79,8 +79,9 @@ pub enum Mode {
     /// (forecast, or with `extrapolate` off as last computed); dense steps at about 45% and
     /// 80% of the steps and at the end.
     Ras,
-    /// The ablation of FlashDiff's choice: as many patches per step as FlashDiff's gate
-    /// picks, drawn at random (seeded by the request's seed and the step).
+    /// The ablation of the per-patch choice: as many patches per step as the change budget
+    /// per patch ([`Mode::PerPatch`]) runs, drawn at random (seeded by the request's seed
+    /// and the step).
     RandomPatches,
     /// Ablation: the change budget per patch (a computed step runs only the patches that
     /// reached `epsilon`, the others forecast with their K/V).
