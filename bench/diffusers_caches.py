@@ -9,7 +9,7 @@ fraction of full computation's. Quality is PSNR against full computation from th
 noise (images in [0, 1], capped at 99 dB), mean and worst prompt, and the shapes checker's
 verdict compared with full computation's.
 
-    python3 bench/diffusers_caches.py --ckpt RUN/ckpt.pt --prompts 16 --out OUT
+    python3 bench/diffusers_caches.py --ckpt models/tinyflux --prompts 16 --out OUT
 
 Writes OUT/diffusers_caches.json and OUT/diffusers_caches.md.
 """
@@ -29,7 +29,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "models", "tinyflux"))
 sys.path.insert(0, os.path.join(HERE, "..", "models", "tinydit"))
 import shapes  # noqa: E402
-from flux_model import FluxConfig, TinyFlux  # noqa: E402
+from flux_model import FluxConfig, TinyFlux, load_folder  # noqa: E402
 
 import diffusers  # noqa: E402
 import flashdiff  # noqa: E402
@@ -46,19 +46,10 @@ class Clock:
 
 
 def load(path):
-    """TinyFLUX's EMA weights from a training checkpoint (`ckpt.pt`) or from the exported
-    `models/tinyflux/tinyflux.safetensors`."""
-    if str(path).endswith(".safetensors"):
-        from safetensors import safe_open
-        from safetensors.torch import load_file
-
-        with safe_open(path, "pt") as f:
-            meta = f.metadata() or {}
-        if "config" not in meta:
-            raise SystemExit(f"{path}: no TinyFLUX config in its metadata (write it with models/tinyflux/export.py)")
-        model = TinyFlux(FluxConfig(**json.loads(meta["config"])))
-        model.load_state_dict(load_file(path))
-        return model.eval(), int(meta.get("step", 0)) or None
+    """TinyFLUX's EMA weights from a training checkpoint (`ckpt.pt`) or from a model folder
+    written by models/tinyflux/export.py (`models/tinyflux`)."""
+    if os.path.isdir(path):
+        return load_folder(path)
     ck = torch.load(path, weights_only=False, map_location="cpu")
     cfg = FluxConfig(**ck["config"])
     model = TinyFlux(cfg)
@@ -113,7 +104,7 @@ def psnr(a, b):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--ckpt", required=True, help="TinyFLUX weights: models/tinyflux/tinyflux.safetensors or a training checkpoint (ckpt.pt, EMA weights used)")
+    ap.add_argument("--ckpt", required=True, help="TinyFLUX weights: the model folder models/tinyflux or a training checkpoint (ckpt.pt, EMA weights used)")
     ap.add_argument("--prompts", type=int, default=16)
     ap.add_argument("--seed", type=int, default=10000)
     ap.add_argument("--steps", type=int, default=50)

@@ -268,7 +268,8 @@ typedef struct fd_scheduler fd_scheduler;
  */
 typedef struct fd_engine_config {
   /**
-   * Model file (NUL-terminated path); NULL for the shipped built-in model.
+   * Model (NUL-terminated path): a built-in family's safetensors file (TinyDiT, TinyVideo,
+   * TinyAudio) or a TinyFLUX folder; NULL for the shipped built-in image model.
    */
   const char *weights;
   /**

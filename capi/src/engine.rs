@@ -21,7 +21,8 @@ use crate::ptr;
 #[repr(C)]
 #[derive(Debug, Clone, Copy)]
 pub struct fd_engine_config {
-    /// Model file (NUL-terminated path); NULL for the shipped built-in model.
+    /// Model (NUL-terminated path): a built-in family's safetensors file (TinyDiT, TinyVideo,
+    /// TinyAudio) or a TinyFLUX folder; NULL for the shipped built-in image model.
     pub weights: *const c_char,
     /// Workers (1..=1024).
     pub workers: u32,

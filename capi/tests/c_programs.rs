@@ -138,8 +138,13 @@ fn tsan_suppressions() -> PathBuf {
 }
 
 fn run(exe: &Path) -> String {
+    run_on(exe, &weights())
+}
+
+/// Runs a C program on the model at `model` (its one argument).
+fn run_on(exe: &Path, model: &Path) -> String {
     let out = Command::new(exe)
-        .arg(weights())
+        .arg(model)
         .env("ASAN_OPTIONS", "detect_leaks=1:abort_on_error=0")
         .env(
             "TSAN_OPTIONS",
@@ -206,6 +211,10 @@ fn engine_example_generates_from_c() {
         let out = run(&build(&["engine_example.c"], link, "engine_example"));
         assert!(out.contains("PSNR vs full"), "{out}");
     }
+    // The same program on the built-in FLUX, whose weights are a folder.
+    let exe = build(&["engine_example.c"], Link::Static, "engine_example");
+    let out = run_on(&exe, &root().join("models/tinyflux"));
+    assert!(out.contains("PSNR vs full"), "{out}");
 }
 
 /// One engine handle shared by a serving loop (fd_engine_step), a thread submitting

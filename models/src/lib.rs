@@ -34,6 +34,7 @@ pub mod sao;
 pub mod scene;
 pub mod sounds;
 mod tinydit;
+pub mod tinyflux;
 pub mod wan;
 mod weights;
 

@@ -20,16 +20,23 @@ use candle_core::{DType, Device};
 use crate::pipeline::{self, PipelineOptions, DTYPES};
 use crate::{Denoiser, ModelError, TinyDit};
 
-/// The built-in models, by name: image, video, audio. Each is a file of the TinyDiT family,
-/// shipped in this crate's folder of the same name.
-pub const BUILTIN_MODELS: [&str; 3] = ["tinydit", "tinyvideo", "tinyaudio"];
+/// The built-in models, by name: image, video, audio (files of the TinyDiT family, shipped
+/// in this crate's folder of the same name), and TinyFLUX (a FLUX transformer over pixels,
+/// shipped as a model folder, [`crate::tinyflux`]).
+pub const BUILTIN_MODELS: [&str; 4] = ["tinydit", "tinyvideo", "tinyaudio", TINYFLUX];
+
+const TINYFLUX: &str = crate::tinyflux::NAME;
 
 /// The shipped weights of a built-in model (`NAME/NAME.safetensors` in this crate's source
-/// folder); `None` for a name not in [`BUILTIN_MODELS`].
+/// folder; TinyFLUX's folder `tinyflux/`); `None` for a name not in [`BUILTIN_MODELS`].
 pub fn builtin_weights(name: &str) -> Option<PathBuf> {
-    BUILTIN_MODELS
-        .contains(&name)
-        .then(|| Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("{name}/{name}.safetensors")))
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    match name {
+        TINYFLUX => Some(root.join(TINYFLUX)),
+        _ => BUILTIN_MODELS
+            .contains(&name)
+            .then(|| root.join(format!("{name}/{name}.safetensors"))),
+    }
 }
 
 /// The image model's weights: `$FLASHDIFF_WEIGHTS`, or the shipped TinyDiT.
@@ -42,11 +49,11 @@ pub fn default_weights() -> PathBuf {
 /// What to load: a model's name, its weights, and a pipeline's options.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ModelSpec {
-    /// One of [`BUILTIN_MODELS`] (any file of the TinyDiT family loads under these names:
-    /// the file says whether it is an image, video or sound model) or of
-    /// [`pipeline::PIPELINES`].
+    /// One of [`BUILTIN_MODELS`] (any file of the TinyDiT family loads under the first three
+    /// names: the file says whether it is an image, video or sound model; `tinyflux` reads a
+    /// TinyFLUX folder) or of [`pipeline::PIPELINES`].
     pub name: String,
-    /// A TinyDiT-family safetensors file, or a pipeline's diffusers folder.
+    /// A TinyDiT-family safetensors file, TinyFLUX's folder, or a pipeline's diffusers folder.
     pub weights: PathBuf,
     /// What a pipeline is asked for besides its folder (ignored by the built-in models).
     pub options: PipelineOptions,
@@ -62,10 +69,15 @@ impl ModelSpec {
         Some(Self::file(&weights).named(name))
     }
 
-    /// A TinyDiT-family file (a built-in model's format, perhaps other weights).
+    /// A TinyDiT-family file (a built-in model's format, perhaps other weights), or a
+    /// TinyFLUX folder (`transformer/` and `text_encoder/model.safetensors`).
     pub fn file(weights: &Path) -> Self {
+        let name = match crate::tinyflux::is_folder(weights) {
+            true => TINYFLUX,
+            false => BUILTIN_MODELS[0],
+        };
         Self {
-            name: BUILTIN_MODELS[0].into(),
+            name: name.into(),
             weights: weights.into(),
             options: PipelineOptions::new((1024, 1024)),
         }
@@ -102,6 +114,9 @@ impl ModelSpec {
                 BUILTIN_MODELS.join(", "),
                 pipeline::PIPELINES.join(", ")
             )));
+        }
+        if self.name == TINYFLUX {
+            return Ok(Box::new(crate::tinyflux::load(&self.weights, device)?));
         }
         Ok(Box::new(TinyDit::load(&self.weights, device)?))
     }

@@ -12,6 +12,7 @@ language (the shapes data of ../tinydit/shapes.py).
 Rectified flow as TinyDiT: x_t = (1 - t) x_0 + t noise, velocity target noise - x_0; diffusers'
 FLUX scales the timestep by 1000 itself, so `t` goes in as it is.
 """
+import json
 import os
 import sys
 
@@ -21,6 +22,7 @@ from diffusers import FluxTransformer2DModel
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tinydit"))
 from model import TextLayer, sample  # noqa: E402,F401  (TinyDiT's text layer and Euler sampler)
+import shapes  # noqa: E402  (the vocabulary the text encoder is trained on)
 
 
 class FluxConfig:
@@ -102,3 +104,34 @@ class TinyFlux(nn.Module):
         return self.transformer(hidden_states=xt_tokens, encoder_hidden_states=states,
                                 pooled_projections=pooled, timestep=t, img_ids=self.img_ids,
                                 txt_ids=self.txt_ids, return_dict=False)[0]
+
+
+TEXT_FORMAT = "flashdiff-tinyflux-text"
+
+
+def save_folder(model, out, step):
+    """`out/transformer/` (diffusers' own save) and `out/text_encoder/model.safetensors`."""
+    from safetensors.torch import save_file
+
+    model.transformer.save_pretrained(os.path.join(out, "transformer"), safe_serialization=True)
+    os.makedirs(os.path.join(out, "text_encoder"), exist_ok=True)
+    text = {k: v.detach().float().contiguous() for k, v in model.text.state_dict().items()}
+    meta = {"format": TEXT_FORMAT, "config": json.dumps(model.cfg.to_dict()),
+            "vocab": json.dumps(shapes.VOCAB), "text_heads": "4", "step": str(step)}
+    save_file(text, os.path.join(out, "text_encoder", "model.safetensors"), metadata=meta)
+
+
+def load_folder(folder):
+    """A model folder written by `save_folder`: (model, training step)."""
+    from safetensors import safe_open
+    from safetensors.torch import load_file
+
+    path = os.path.join(folder, "text_encoder", "model.safetensors")
+    with safe_open(path, "pt") as f:
+        meta = f.metadata() or {}
+    if meta.get("format") != TEXT_FORMAT:
+        raise SystemExit(f"{path}: not a TinyFLUX text encoder (format {meta.get('format')!r})")
+    model = TinyFlux(FluxConfig(**json.loads(meta["config"])))
+    model.text.load_state_dict(load_file(path))
+    model.transformer = FluxTransformer2DModel.from_pretrained(os.path.join(folder, "transformer"))
+    return model.eval(), int(meta.get("step", 0)) or None

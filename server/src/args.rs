@@ -219,12 +219,12 @@ pub(crate) struct RunArgs {
     /// bit-identical either way).
     #[arg(long)]
     pub(crate) processes: bool,
-    /// Model: built-in tinydit (images), tinyvideo (8-frame clips), tinyaudio (2 s sounds);
-    /// or flux-dev, flux-schnell, sd3, sd3.5 (images), wan2.1 (video), stable-audio-open
+    /// Model: built-in tinydit (images), tinyvideo (8-frame clips), tinyaudio (2 s sounds),
+    /// tinyflux (images, a FLUX transformer run by the FLUX code); or flux-dev, flux-schnell, sd3, sd3.5 (images), wan2.1 (video), stable-audio-open
     /// (sound) from a diffusers folder given with --weights.
     #[arg(long, default_value = "tinydit", value_parser = MODELS)]
     pub(crate) model: String,
-    /// Model file (default: the built-in --model's shipped weights), or with --model
+    /// Model file or TinyFLUX folder (default: the built-in --model's shipped weights), or with --model
     /// flux-dev|flux-schnell|sd3|sd3.5|wan2.1|stable-audio-open the pipeline's diffusers folder (transformer/,
     /// text_encoder*/, tokenizer*/, vae/).
     #[arg(long)]
@@ -260,10 +260,11 @@ pub(crate) struct RunArgs {
 }
 
 /// Every `--model`: the built-in models, then the pipelines read from a folder.
-pub(crate) const MODELS: [&str; 9] = [
+pub(crate) const MODELS: [&str; 10] = [
     BUILTIN_MODELS[0],
     BUILTIN_MODELS[1],
     BUILTIN_MODELS[2],
+    BUILTIN_MODELS[3],
     "flux-dev",
     "flux-schnell",
     "sd3",

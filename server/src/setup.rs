@@ -66,9 +66,14 @@ pub(crate) fn make_engine(o: &RunArgs, default_workers: u32) -> Result<Engine, S
 pub(crate) fn model_spec(o: &RunArgs) -> Result<ModelSpec, String> {
     let weights = weights_path(o);
     if !is_pipeline(&o.model) {
-        return Ok(ModelSpec {
-            name: o.model.clone(),
-            ..ModelSpec::file(&weights)
+        // `--weights` alone: the file or folder says which built-in family it is.
+        let file = ModelSpec::file(&weights);
+        return Ok(match o.model_given {
+            true => ModelSpec {
+                name: o.model.clone(),
+                ..file
+            },
+            false => file,
         });
     }
     use flashdiff_runtime::models::pipeline;

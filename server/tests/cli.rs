@@ -137,6 +137,23 @@ fn generate_media(model: &str, prompt: &str, file: &str, needles: &[&str]) -> Ve
     bytes
 }
 
+/// The built-in FLUX runs through the FLUX code with the same report as the other models.
+#[test]
+fn generate_tinyflux_writes_an_image_and_compares_it() {
+    let bytes = generate_media(
+        "tinyflux",
+        "a red circle top left on a blue background",
+        "flux.png",
+        &[
+            "32x32 pixels",
+            "patch-steps computed",
+            "checker: ",
+            "vs full computation: PSNR",
+        ],
+    );
+    assert_eq!(&bytes[1..4], b"PNG");
+}
+
 #[test]
 fn generate_video_writes_an_animated_gif_and_compares_frames() {
     let bytes = generate_media(

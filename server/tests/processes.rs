@@ -91,7 +91,8 @@ fn a_killed_worker_loses_nothing_and_changes_nothing() {
 
 /// Worker processes build their model from the engine's description of it, so a pipeline
 /// read from a diffusers folder (the small random FLUX.1 dev) runs in them as it runs on
-/// worker threads: the same latent, bit for bit. A built-in video model likewise.
+/// worker threads: the same latent, bit for bit. A built-in video model and the built-in
+/// FLUX (a model folder) likewise.
 #[test]
 fn worker_processes_serve_a_pipeline_and_any_built_in_model() {
     use flashdiff_runtime::models::pipeline::{tiny, PipelineOptions};
@@ -101,12 +102,14 @@ fn worker_processes_serve_a_pipeline_and_any_built_in_model() {
     tiny::write_flux(&dir, true).unwrap();
     let flux = ModelSpec::pipeline("flux-dev", &dir, PipelineOptions::new((64, 48)));
     let video = ModelSpec::builtin("tinyvideo").unwrap();
+    let tinyflux = ModelSpec::builtin("tinyflux").unwrap();
     let cases = [
         (flux, "a red dishwasher on the left of a blue table"),
         (
             video,
             "a red circle top left moving right on a blue background",
         ),
+        (tinyflux, "a green triangle top right on a black background"),
     ];
     for (spec, prompt) in cases {
         // Random FLUX weights move block 0's input by more than any change budget each step:

@@ -191,7 +191,14 @@ pub struct Flux {
     single: Vec<SingleBlock>,
     final_mod: Lin,
     final_linear: Lin,
+    /// Pixels per token side and where pixel values sit in a token (see [`Flux::over_pixels`]).
+    packing: (usize, PixelIndex),
+    /// The report name, when not FLUX.1's own.
+    name: Option<String>,
 }
+
+/// FLUX.1's packing: 2 x 2 latent pixels as (channel, dy, dx), the channel slowest.
+const LATENT_2X2: (usize, PixelIndex) = (2, |k, dy, dx, p, _| (k * p + dy) * p + dx);
 
 impl Flux {
     /// Loads the transformer from tensors named as in Black Forest Labs' checkpoints. A
@@ -253,7 +260,24 @@ impl Flux {
             final_mod: lin(get, "final_layer.adaLN_modulation.1", h, 2 * h, true)?,
             final_linear: lin(get, "final_layer.linear", h, cfg.in_channels, true)?,
             cfg,
+            packing: LATENT_2X2,
+            name: None,
         })
+    }
+
+    /// The same transformer working on pixels instead of VAE latents, named `name`: a token
+    /// holds a `patch x patch` cell of pixels as (row, column, channel), the channel fastest
+    /// (TinyFLUX's patchify). `in_channels` must be `patch^2` times the pixel channels.
+    pub fn over_pixels(mut self, patch: usize, name: &str) -> Result<Self, ModelError> {
+        let c = self.cfg.in_channels;
+        if patch == 0 || c % (patch * patch) != 0 {
+            return Err(ModelError::Input(format!(
+                "a FLUX with {c} values a token cannot hold {patch} x {patch} pixel cells"
+            )));
+        }
+        self.packing = (patch, |k, dy, dx, p, c| (dy * p + dx) * c + k);
+        self.name = Some(name.to_string());
+        Ok(self)
     }
 
     /// The architecture.
@@ -504,7 +528,9 @@ fn timestep_embedding(t: f32, dim: usize, dev: &Device) -> candle_core::Result<T
 
 impl JointModel for Flux {
     fn name(&self) -> &str {
-        if self.config().guidance_embed {
+        if let Some(name) = &self.name {
+            name
+        } else if self.config().guidance_embed {
             "flux-dev"
         } else {
             "flux-schnell"
@@ -544,8 +570,7 @@ impl JointModel for Flux {
         Flux::first_block_input(self, x, cond)
     }
     fn packing(&self) -> (usize, PixelIndex) {
-        // FLUX packs 2 x 2 latent pixels as (channel, dy, dx), the channel slowest.
-        (2, |k, dy, dx, p, _| (k * p + dy) * p + dx)
+        self.packing
     }
 }
 

@@ -355,7 +355,7 @@ fn heads(transformer: &Path) -> Result<Option<usize>, ModelError> {
 }
 
 /// `axes_dims_rope` of a diffusers `transformer/config.json`, if there is one.
-fn axes_dim(transformer: &Path) -> Result<Option<[usize; 3]>, ModelError> {
+pub(crate) fn axes_dim(transformer: &Path) -> Result<Option<[usize; 3]>, ModelError> {
     #[derive(serde::Deserialize)]
     struct Json {
         axes_dims_rope: Option<[usize; 3]>,

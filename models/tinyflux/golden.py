@@ -1,0 +1,73 @@
+"""Golden file for the parity test of TinyFLUX: diffusers' unmodified FluxTransformer2DModel
+(the training code's model and Euler sampler) against FlashDiff's FLUX code with skipping off.
+
+    python3 models/tinyflux/golden.py models/tinyflux models/tinyflux/golden.safetensors
+
+For each prompt: the engine's noise for its seed (SplitMix64 + Box-Muller, as the engine draws
+it, written here too so that the test can check both draw the same), the sample after
+`STEPS` uniform Euler steps from t = 1 to 0, and that sample as an RGB image in [0, 1]
+(height x width x 3). The test runs the engine in full mode on the same prompts and seeds.
+"""
+import json
+import math
+import sys
+
+import numpy as np
+import torch
+from safetensors.torch import save_file
+
+from flux_model import load_folder, sample
+import shapes
+
+PROMPTS = [
+    ("a red circle top left on a blue background", 3),
+    ("a green triangle top right and a white square bottom left on a black background", 11),
+]
+STEPS = 20
+
+
+def engine_noise(seed, n):
+    """The engine's `noise(seed, n)`: SplitMix64 uniforms, Box-Muller pairs, f64 then f32."""
+    mask = (1 << 64) - 1
+    s = seed ^ 0x5DEECE66D1CE4E5D
+    out = []
+
+    def nxt():
+        nonlocal s
+        s = (s + 0x9E3779B97F4A7C15) & mask
+        z = s
+        z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & mask
+        z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & mask
+        return ((z ^ (z >> 31)) >> 11) / float(1 << 53)
+
+    while len(out) < n:
+        u1, u2 = max(nxt(), 1e-300), nxt()
+        r = math.sqrt(-2.0 * math.log(u1))
+        out.append(r * math.cos(2.0 * math.pi * u2))
+        out.append(r * math.sin(2.0 * math.pi * u2))
+    return np.array(out[:n], dtype=np.float32)
+
+
+@torch.no_grad()
+def main(folder, out):
+    model, step = load_folder(folder)
+    cfg = model.cfg
+    tensors = {}
+    for i, (prompt, seed) in enumerate(PROMPTS):
+        tokens, values = cfg.grid * cfg.grid, cfg.patch_dim
+        noise = torch.from_numpy(engine_noise(seed, tokens * values)).reshape(1, tokens, values)
+        ids = torch.tensor([shapes.tokenize(prompt)])
+        x = sample(model, ids, noise, steps=STEPS)
+        img = ((model.unpatchify(x)[0].permute(1, 2, 0) + 1) / 2).clamp(0, 1)
+        tensors[f"noise.{i}"] = noise[0].contiguous()
+        tensors[f"image.{i}"] = img.contiguous()
+    meta = {"prompts": json.dumps([p for p, _ in PROMPTS]), "seeds": json.dumps([s for _, s in PROMPTS]),
+            "steps": str(STEPS), "weights_step": str(step)}
+    save_file(tensors, out, metadata=meta)
+    print(f"wrote {out}: {len(PROMPTS)} prompts, {STEPS} steps, weights at training step {step}")
+
+
+if __name__ == "__main__":
+    if len(sys.argv) != 3:
+        raise SystemExit("usage: golden.py MODEL_FOLDER OUT.safetensors")
+    main(sys.argv[1], sys.argv[2])

@@ -1,0 +1,67 @@
+//! TinyFLUX run by FlashDiff's FLUX code (full computation, nothing skipped) against the same
+//! model run by diffusers' unmodified `FluxTransformer2DModel` and the training code's Euler
+//! sampler: `models/tinyflux/golden.safetensors`, written by `models/tinyflux/golden.py` from
+//! the shipped weights, holds for each prompt the engine's noise for its seed and diffusers'
+//! image from it.
+
+use flashdiff_eval::metrics::psnr;
+use flashdiff_runtime::engine::{noise, Engine, Mode, RequestConfig};
+use flashdiff_runtime::models::registry::ModelSpec;
+use flashdiff_runtime::models::{Device, Weights};
+
+fn golden() -> Weights {
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../models/tinyflux/golden.safetensors");
+    Weights::open(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+}
+
+fn meta(g: &Weights, key: &str) -> serde_json::Value {
+    serde_json::from_str(g.meta(key).unwrap()).unwrap()
+}
+
+#[test]
+fn tinyflux_gives_diffusers_image_from_the_same_noise() {
+    let g = golden();
+    let prompts: Vec<String> = serde_json::from_value(meta(&g, "prompts")).unwrap();
+    let seeds: Vec<u64> = serde_json::from_value(meta(&g, "seeds")).unwrap();
+    let steps: u32 = serde_json::from_value(meta(&g, "steps")).unwrap();
+    assert!(!prompts.is_empty() && prompts.len() == seeds.len());
+    let spec = ModelSpec::builtin("tinyflux").expect("tinyflux is built in");
+    let mut engine = Engine::load(&spec, 1, &Device::Cpu).unwrap();
+    for (i, (prompt, &seed)) in prompts.iter().zip(&seeds).enumerate() {
+        let (_, want_noise) = g.get_any(&format!("noise.{i}")).unwrap();
+        let ours = noise(seed, want_noise.len());
+        let worst = ours
+            .iter()
+            .zip(want_noise)
+            .map(|(a, b)| (a - b).abs())
+            .fold(0f32, f32::max);
+        assert!(
+            worst < 1e-6,
+            "prompt {i}: the golden's noise is not the engine's ({worst})"
+        );
+        let cfg = RequestConfig {
+            steps,
+            seed,
+            mode: Mode::Full,
+            ..Default::default()
+        };
+        let out = engine.generate(prompt, cfg, &mut |_| {}).unwrap();
+        assert_eq!(
+            out.report.computed, out.report.patch_steps,
+            "full mode skipped"
+        );
+        let (shape, want) = g.get_any(&format!("image.{i}")).unwrap();
+        assert_eq!(
+            shape,
+            [out.sample.height, out.sample.width, 3],
+            "prompt {i}: image size"
+        );
+        let db = psnr(&out.sample.rgb, want);
+        assert!(
+            db >= 60.0,
+            "prompt {i} {prompt:?}: PSNR {db:.2} dB against diffusers"
+        );
+        eprintln!("prompt {i}: {db:.2} dB against diffusers");
+    }
+}
