@@ -106,6 +106,12 @@ pub trait JointModel: Send + Sync + fmt::Debug {
     /// Latent pixels per token side, and where latent channel `k` of pixel (dy, dx) is in
     /// a token's values.
     fn packing(&self) -> (usize, PixelIndex);
+    /// Rows each forward computes besides the latent rows, given `text_tokens` text tokens
+    /// (see [`Denoiser::fixed_rows`]). The default is a joint stream: every text token is a
+    /// row through every block, at a latent row's cost.
+    fn fixed_rows(&self, text_tokens: usize) -> usize {
+        text_tokens
+    }
 }
 
 /// How a model spaces its steps' times ([`Denoiser::time`]), as its released scheduler
@@ -560,6 +566,10 @@ impl<M: JointModel> Denoiser for JointDenoiser<M> {
             v: out.v,
             patch_mass,
         })
+    }
+
+    fn fixed_rows(&self) -> usize {
+        self.model.fixed_rows(self.text.tokens())
     }
 
     fn first_block_input(&self, x: &Tensor, step: StepInput<'_>) -> Result<Tensor, ModelError> {

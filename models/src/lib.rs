@@ -291,6 +291,14 @@ pub trait Denoiser: Send + Sync + fmt::Debug {
         cache: Option<KvCache<'_>>,
         patches: Patches<'_>,
     ) -> Result<SubsetOutput, ModelError>;
+    /// Rows every forward computes besides the latent tokens it is asked for, in units of a
+    /// latent token's work: the text stream of a joint-attention model (FLUX, SD3), which
+    /// costs a latent row's work per text token in every block, and Stable Audio's global
+    /// token. Work accounting counts them once for each step that computes anything. The
+    /// default: none (the built-in models' text is encoded once per request).
+    fn fixed_rows(&self) -> usize {
+        0
+    }
     /// The first layer's modulated input for the whole latent: the cheap signal whole-step
     /// caching (TeaCache / first-block cache) watches, `tokens x width`.
     fn first_block_input(&self, x: &Tensor, step: StepInput<'_>) -> Result<Tensor, ModelError>;

@@ -643,6 +643,10 @@ impl JointModel for Sao {
     fn packing(&self) -> (usize, PixelIndex) {
         (1, |k, _, _, _, _| k)
     }
+    /// The global token (the text is only attended to; its keys and values are not counted).
+    fn fixed_rows(&self, _text_tokens: usize) -> usize {
+        1
+    }
 }
 
 /// The [`SaoContext`] inside context rows made by [`JointModel::context`] for [`Sao`].

@@ -580,6 +580,11 @@ impl JointModel for Wan {
     }
     /// A token's (row, column) latent pixels of its first latent frame (Wan2.1 patches one
     /// latent frame per token).
+    /// The text is only attended to: its cross-attention keys and values (two projections
+    /// of each text token per block, against a latent row's full block) are not counted.
+    fn fixed_rows(&self, _text_tokens: usize) -> usize {
+        0
+    }
     fn packing(&self) -> (usize, PixelIndex) {
         (self.config().patch[1], |k, dy, dx, p, c| {
             (dy * p + dx) * c + k

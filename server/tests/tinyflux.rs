@@ -65,3 +65,49 @@ fn tinyflux_gives_diffusers_image_from_the_same_noise() {
         eprintln!("prompt {i}: {db:.2} dB against diffusers");
     }
 }
+
+/// A joint model's text stream runs in every forward, whatever patches it computes: a step
+/// that computes some patches pays it whole, so work counts it (and a skipped step saves it).
+#[test]
+fn work_counts_the_text_stream_of_every_computed_step() {
+    let spec = ModelSpec::builtin("tinyflux").expect("tinyflux is built in");
+    let mut engine = Engine::load(&spec, 1, &Device::Cpu).unwrap();
+    let text = engine.model().fixed_rows() as f64;
+    assert_eq!(text, 16.0, "TinyFLUX's prompts are 16 text tokens");
+    let cfg = RequestConfig {
+        steps: 20,
+        warmup: 4,
+        patches: Some(8),
+        epsilon: 0.3,
+        seed: 5,
+        mode: Mode::PerPatch,
+        ..Default::default()
+    };
+    let o = engine
+        .generate(
+            "a red circle top left on a blue background",
+            cfg,
+            &mut |_| {},
+        )
+        .unwrap();
+    let r = &o.report;
+    let tokens = engine.model().dims().grid.tokens() as f64;
+    let stepped = r.active_per_step.iter().filter(|&&a| a > 0).count() as f64;
+    assert!(
+        r.computed < r.patch_steps && stepped > 0.0,
+        "per-patch skipped nothing or everything: {:?}",
+        r.active_per_step
+    );
+    let done = 4.0 * (tokens + text) + r.computed_tokens as f64 + stepped * text;
+    let want = 1.0 - done / (20.0 * (tokens + text));
+    assert!(
+        (r.work_skipped - want).abs() < 1e-12,
+        "{} vs {want}",
+        r.work_skipped
+    );
+    let latent_only = 1.0 - (4.0 * tokens + r.computed_tokens as f64) / (20.0 * tokens);
+    assert!(
+        r.work_skipped != latent_only,
+        "the text stream was not counted"
+    );
+}

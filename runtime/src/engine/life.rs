@@ -316,11 +316,15 @@ impl Engine {
             .latency
             .saturating_sub(t.warmup + t.partition + t.gate + t.compute + t.schedule + t.io);
         let layout = r.layout.take().expect("partitioned");
-        // Work: warm-up steps are full; after that, the tokens actually computed.
-        let tokens = cfg.grid.tokens() as f64;
-        let after = (r.cfg.steps - r.cfg.warmup) as f64 * tokens;
-        let total = r.cfg.steps as f64 * tokens;
-        r.report.work_skipped = ((after - r.report.computed_tokens as f64) / total).max(0.0);
+        // Work: warm-up steps are full; after that, the tokens actually computed, plus the
+        // rows a forward computes whatever it is asked (a joint model's text stream) once
+        // for every step that computed anything.
+        let row = cfg.grid.tokens() as f64 + self.model.fixed_rows() as f64;
+        let stepped = r.report.active_per_step.iter().filter(|&&a| a > 0).count() as f64;
+        let done = r.cfg.warmup as f64 * row
+            + r.report.computed_tokens as f64
+            + stepped * self.model.fixed_rows() as f64;
+        r.report.work_skipped = (1.0 - done / (r.cfg.steps as f64 * row)).max(0.0);
         if r.cfg.patches.is_none() && methods::of(r.cfg.mode).adapts_patches() {
             // The request's own time (its queueing belongs to the other requests' load) and
             // the paper's quality term: how wrong the skipped steps' stand-ins were.

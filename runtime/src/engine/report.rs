@@ -49,7 +49,9 @@ pub struct Report {
     /// Submit to completion.
     pub latency: Duration,
     /// Share of model work skipped, weighting patch-steps by their tokens (warm-up included
-    /// as computed).
+    /// as computed); a step that computes anything also pays the rows every forward computes
+    /// ([`flashdiff_models::Denoiser::fixed_rows`]: a joint model's text stream), once (a
+    /// step split across workers repeats them, a cost of parallelism not counted here).
     pub work_skipped: f64,
     /// With [`super::RequestConfig::adaptive_epsilon`]: the sum of the ε the gate used over the
     /// steps it chose one for, and how many steps that was (mean: [`Report::mean_epsilon`]).
