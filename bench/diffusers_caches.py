@@ -1,15 +1,18 @@
 #!/usr/bin/env python3
-"""FlashDiff inside diffusers against diffusers' own caches, on TinyFLUX (diffusers'
-unmodified FluxTransformer2DModel, trained on the built-in shapes; models/tinyflux).
+"""FlashDiff (the engine, and its adapter inside diffusers) against diffusers' own caches
+(FirstBlockCache, MagCache, FasterCache, TaylorSeerCache) on TinyFLUX (diffusers' unmodified
+FluxTransformer2DModel, trained on the built-in shapes; models/tinyflux).
 
 Every method runs the same prompts, noise and 50-step Euler sampler; each sweeps its own
-knob. Work is the model FLOPs a sample actually ran (torch's FlopCounterMode: every matmul
+knob. With --engine, the prompts, seeds and noise are those of the engine's curve study,
+whose rows join the table and whose FlashDiff is the one judged. Work is the model FLOPs a sample actually ran (torch's FlopCounterMode: every matmul
 and attention executed, the adapter's own importance and saliency attention included) as a
 fraction of full computation's. Quality is PSNR against full computation from the same
 noise (images in [0, 1], capped at 99 dB), mean and worst prompt, and the shapes checker's
 verdict compared with full computation's.
 
-    python3 bench/diffusers_caches.py --ckpt models/tinyflux --prompts 16 --out OUT
+    flashdiff bench --study curve --quick --model tinyflux --out-dir CURVE
+    python3 bench/diffusers_caches.py --ckpt models/tinyflux --engine CURVE --out OUT
 
 Writes OUT/diffusers_caches.json and OUT/diffusers_caches.md.
 """
@@ -29,7 +32,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "models", "tinyflux"))
 sys.path.insert(0, os.path.join(HERE, "..", "models", "tinydit"))
 import shapes  # noqa: E402
-from flux_model import FluxConfig, TinyFlux, load_folder  # noqa: E402
+from flux_model import FluxConfig, TinyFlux, engine_noise, load_folder  # noqa: E402
 
 import diffusers  # noqa: E402
 import flashdiff  # noqa: E402
@@ -102,10 +105,57 @@ def psnr(a, b):
     return 99.0 if mse == 0 else min(99.0, 10 * math.log10(1.0 / mse))
 
 
+def parse_prompt(text):
+    """The scene a built-in prompt describes (shapes.prompt_text's inverse): (bg, objects)."""
+    head, bg = text.rsplit(" on a ", 1)
+    objects = []
+    for part in head.split(" and "):
+        w = part.split()
+        objects.append((w[1], w[2], " ".join(w[3:])))
+    return bg.split()[0], objects
+
+
+def engine_cases(curve_dir):
+    """Prompts, seeds and FlashDiff's rows of `flashdiff bench --study curve --model tinyflux`."""
+    doc = json.load(open(os.path.join(curve_dir, "curve.json")))
+    if "prompts" not in doc:
+        raise SystemExit(f"{curve_dir}/curve.json lists no prompts: rerun the curve study with this build")
+    cases = [(p["prompt"], *parse_prompt(p["prompt"]), p["seed"]) for p in doc["prompts"]]
+    rows = [dict(method=f"engine {p['method']}", setting=p["setting"], work=p["work"], psnr=p["db"],
+                 worst=p["worst_db"], agrees=p["agreement"]) for p in doc["points"] if p["method"] != "full"]
+    return cases, rows, doc["config"]
+
+
+def calibrate_mag(model, clock, cases, inputs, steps):
+    """MagCache's magnitude ratios for this model: its calibration mode on `cases`, averaged
+    (the ratios it prints at the end of each run are read back from its output)."""
+    import contextlib
+    import io
+
+    t = model.transformer
+    runs = []
+    for i, case in enumerate(cases):
+        ids, noise, _ = inputs(i, case)
+        t.enable_cache(diffusers.MagCacheConfig(calibrate=True, num_inference_steps=steps))
+        buf = io.StringIO()
+        try:
+            with contextlib.redirect_stdout(buf):
+                sample(model, clock, ids, noise, steps)
+        finally:
+            t.disable_cache()
+        line = [ln for ln in buf.getvalue().splitlines() if ln.startswith("[")]
+        if not line:
+            raise SystemExit("MagCache calibration printed no ratios")
+        runs.append(json.loads(line[-1]))
+    return [float(np.mean(col)) for col in zip(*runs)]
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--ckpt", required=True, help="TinyFLUX weights: the model folder models/tinyflux or a training checkpoint (ckpt.pt, EMA weights used)")
-    ap.add_argument("--prompts", type=int, default=16)
+    ap.add_argument("--engine", help="the output folder of `flashdiff bench --study curve --model tinyflux`: its prompts, "
+                    "seeds and the engine's noise are used, and its rows join the table")
+    ap.add_argument("--prompts", type=int, default=16, help="without --engine: held-out prompts")
     ap.add_argument("--seed", type=int, default=10000)
     ap.add_argument("--steps", type=int, default=50)
     ap.add_argument("--out", required=True)
@@ -115,41 +165,63 @@ def main():
     torch.set_num_threads(max(1, os.cpu_count() or 1))
     model, step = load(a.ckpt)
     clock = Clock()
-    cases = prompts(a.prompts, a.seed)
+    engine_rows = []
+    if a.engine:
+        cases, engine_rows, ecfg = engine_cases(a.engine)
+        if ecfg["steps"] != a.steps:
+            raise SystemExit(f"the engine's curve ran {ecfg['steps']} steps; pass --steps {ecfg['steps']}")
+    else:
+        cases = [(text, bg, objects, a.seed + i) for i, (text, bg, objects) in enumerate(prompts(a.prompts, a.seed))]
     t0 = time.time()
 
-    def inputs(i, text):
+    def inputs(i, case):
+        text, _, _, seed = case
         ids = torch.tensor([shapes.tokenize(text)])
-        g = torch.Generator().manual_seed(a.seed + i)
-        noise = torch.randn(1, model.cfg.grid ** 2, model.cfg.patch_dim, generator=g)
+        n = model.cfg.grid ** 2 * model.cfg.patch_dim
+        noise = torch.from_numpy(engine_noise(seed, n)).reshape(1, model.cfg.grid ** 2, model.cfg.patch_dim)
         words = text.split()
         mask = np.zeros(model.cfg.max_tokens, bool)
         mask[: len(words)] = flashdiff.salient_mask(words)
         return ids, noise, mask
 
     full = []
-    for i, (text, bg, objects) in enumerate(cases):
-        ids, noise, _ = inputs(i, text)
+    for i, case in enumerate(cases):
+        ids, noise, _ = inputs(i, case)
         img, fl = flops_of(lambda: sample(model, clock, ids, noise, a.steps))
-        full.append((img, fl, shapes.check(img, bg, objects)["all"]))
+        full.append((img, fl, shapes.check(img, case[1], case[2])["all"]))
     print(f"full computation: {len(cases)} prompts, {time.time() - t0:.0f} s", flush=True)
 
     t = model.transformer
     eps = [0.05, 0.1, 0.2, 1.0] if a.quick else [0.02, 0.05, 0.1, 0.2, 0.3, 0.5, 1.0]
     fbc = [0.05, 0.1, 0.2, 0.5] if a.quick else [0.02, 0.05, 0.1, 0.2, 0.3, 0.5, 0.8]
+    mag = [0.02, 0.06, 0.15, 0.4] if a.quick else [0.01, 0.02, 0.04, 0.06, 0.1, 0.15, 0.25, 0.4, 1.0]
+    fc = [2, 4] if a.quick else [2, 3, 4, 6]
     tsi = [2, 4] if a.quick else [2, 3, 4, 5, 6]
     orders = [2] if a.quick else [1, 2]
     few = [10, 15, 25] if a.quick else [10, 15, 20, 25, 30, 40]
+    # MagCache needs its ratios for this model: calibrated on prompts outside the evaluation.
+    calib = [(text, bg, objects, 30000 + i) for i, (text, bg, objects) in enumerate(prompts(4, 30000))]
+    mag_ratios = calibrate_mag(model, clock, calib, inputs, a.steps)
+    clock_t = lambda: int(1000 * float(clock.timesteps[clock.step_index or 0]))  # noqa: E731
     methods = []
     for e in eps:
-        methods.append(("flashdiff", f"epsilon {e}", lambda e=e: fdd.enable(t, epsilon=e, patches=16, max_skip=3, warmup=5, scheduler=clock), lambda: fdd.disable(t), a.steps))
-    for k in [5, 8]:
-        methods.append(("flashdiff", f"epsilon 1, K {k}", lambda k=k: fdd.enable(t, epsilon=1.0, patches=16, max_skip=k, warmup=5, scheduler=clock), lambda: fdd.disable(t), a.steps))
+        methods.append(("flashdiff-in-diffusers", f"epsilon {e}", lambda e=e: fdd.enable(t, epsilon=e, patches=16, max_skip=3, warmup=5, scheduler=clock), lambda: fdd.disable(t), a.steps))
     for th in fbc:
         methods.append(("first-block-cache", f"threshold {th}", lambda th=th: t.enable_cache(diffusers.FirstBlockCacheConfig(threshold=th)), t.disable_cache, a.steps))
+    for th in mag:
+        for k in [3, 6]:
+            cfg = lambda th=th, k=k: diffusers.MagCacheConfig(threshold=th, max_skip_steps=k, retention_ratio=0.1,  # noqa: E731
+                                                               num_inference_steps=a.steps, mag_ratios=mag_ratios)
+            methods.append(("mag-cache", f"threshold {th}, K {k}", lambda cfg=cfg: t.enable_cache(cfg()), t.disable_cache, a.steps))
+    for r in fc:
+        cfg = lambda r=r: diffusers.FasterCacheConfig(  # noqa: E731
+            spatial_attention_block_skip_range=r, spatial_attention_timestep_skip_range=(-1, 901),
+            current_timestep_callback=clock_t, attention_weight_callback=lambda _: 0.5,
+            is_guidance_distilled=True, tensor_format="BFCHW")
+        methods.append(("faster-cache", f"attention every {r} steps", lambda cfg=cfg: t.enable_cache(cfg()), t.disable_cache, a.steps))
     for order in orders:
         for n in tsi:
-            cfg = lambda n=n, order=order: diffusers.TaylorSeerCacheConfig(
+            cfg = lambda n=n, order=order: diffusers.TaylorSeerCacheConfig(  # noqa: E731
                 cache_interval=n, disable_cache_before_step=5, max_order=order, taylor_factors_dtype=torch.float32)
             methods.append((f"taylorseer-order{order}", f"interval {n}", lambda cfg=cfg: t.enable_cache(cfg()), t.disable_cache, a.steps))
     for s in few:
@@ -160,45 +232,54 @@ def main():
         on()
         ps, works, agree = [], [], 0
         try:
-            for i, (text, bg, objects) in enumerate(cases):
-                ids, noise, mask = inputs(i, text)
+            for i, case in enumerate(cases):
+                ids, noise, mask = inputs(i, case)
                 img, fl = flops_of(lambda: sample(model, clock, ids, noise, steps, mask[None]))
                 ps.append(psnr(img, full[i][0]))
                 works.append(fl / full[i][1])
-                agree += shapes.check(img, bg, objects)["all"] == full[i][2]
+                agree += shapes.check(img, case[1], case[2])["all"] == full[i][2]
         finally:
             off()
-        w = i_worst = int(np.argmin(ps))
+        w = int(np.argmin(ps))
         row = dict(method=name, setting=knob, work=float(np.mean(works)), psnr=float(np.mean(ps)),
-                   worst=float(ps[w]), worst_prompt=cases[i_worst][0], agrees=agree / len(cases))
+                   worst=float(ps[w]), worst_prompt=cases[w][0], agrees=agree / len(cases))
         rows.append(row)
-        print(f"{name:20s} {knob:18s} work {row['work']:.3f}  PSNR {row['psnr']:.2f} / worst {row['worst']:.2f}  agrees {100 * row['agrees']:.0f}%", flush=True)
+        print(f"{name:24s} {knob:24s} work {row['work']:.3f}  PSNR {row['psnr']:.2f} / worst {row['worst']:.2f}  agrees {100 * row['agrees']:.0f}%", flush=True)
 
+    ours = "engine flashdiff" if engine_rows else "flashdiff-in-diffusers"
+    rows = engine_rows + rows
     verdicts = []
-    fd = sorted([r for r in rows if r["method"] == "flashdiff"], key=lambda r: r["work"])
-    for other in sorted({r["method"] for r in rows} - {"flashdiff"}):
+    fd = sorted([r for r in rows if r["method"] == ours], key=lambda r: r["work"])
+    others = [m for m in dict.fromkeys(r["method"] for r in rows) if m != ours]
+    for other in others:
         o = sorted([r for r in rows if r["method"] == other], key=lambda r: r["work"])
         lo = max(fd[0]["work"], o[0]["work"])
         hi = min(fd[-1]["work"], o[-1]["work"])
         if lo >= hi:
             verdicts.append(dict(method=other, range=None))
             continue
-        grid = np.linspace(lo, hi, 200)
+        grid = np.union1d(np.linspace(lo, hi, 200), [r["work"] for r in fd + o if lo <= r["work"] <= hi])
         for key in ["psnr", "worst"]:
             f = np.interp(grid, [r["work"] for r in fd], [r[key] for r in fd])
             g = np.interp(grid, [r["work"] for r in o], [r[key] for r in o])
             k = int(np.argmin(f - g))
             verdicts.append(dict(method=other, key=key, range=[lo, hi], margin=float(f[k] - g[k]), at=float(grid[k])))
 
-    json.dump(dict(step=step, prompts=a.prompts, seed=a.seed, steps=a.steps, rows=rows, verdicts=verdicts),
+    json.dump(dict(step=step, prompts=[c[0] for c in cases], seeds=[c[3] for c in cases], steps=a.steps, ours=ours,
+                   mag_ratios=mag_ratios, rows=rows, verdicts=verdicts),
               open(os.path.join(a.out, "diffusers_caches.json"), "w"), indent=1)
-    md = [f"TinyFLUX (training step {step}), {a.prompts} held-out prompts from seed {a.seed}, {a.steps} Euler steps.", "",
-          "| method | setting | work (FLOPs) | PSNR dB | worst prompt dB | checker agrees with full |", "| --- | --- | --- | --- | --- | --- |"]
+    source = f"the engine's curve study ({a.engine})" if a.engine else f"seed {a.seed}"
+    md = [f"TinyFLUX (training step {step}), {len(cases)} held-out prompts from {source}, the engine's noise for each "
+          f"prompt's seed, {a.steps} Euler steps. Work: diffusers rows count the FLOPs they ran (torch's "
+          "FlopCounterMode); engine rows count latent and text rows computed (a row costs the same FLOPs in every "
+          "block; per-forward modulation and embeddings, about 1% here, are left out). Quality: PSNR against full "
+          "computation by diffusers from the same noise (the engine's full computation matches it to over 130 dB).", "",
+          "| method | setting | work | PSNR dB | worst prompt dB | checker agrees with full |", "| --- | --- | --- | --- | --- | --- |"]
     for r in rows:
         md.append(f"| {r['method']} | {r['setting']} | {r['work']:.3f} | {r['psnr']:.2f} | {r['worst']:.2f} | {100 * r['agrees']:.0f}% |")
-    md += ["", "FlashDiff minus the other at equal work (linear between settings), worst over the work both reach:", "",
+    md += ["", f"{ours} minus the other at equal work (linear between settings), worst over every work level both reach:", "",
            "| method | work compared | worst margin, mean | worst margin, worst prompt |", "| --- | --- | --- | --- |"]
-    for other in sorted({v["method"] for v in verdicts}):
+    for other in others:
         vs = [v for v in verdicts if v["method"] == other]
         if vs[0].get("range") is None:
             md.append(f"| {other} | no overlap | | |")

@@ -259,6 +259,7 @@ pub fn run(
     let kind = engine.model().kind();
     let list = settings(&base, engine.workers());
     let mut acc: Vec<Acc> = list.iter().map(|_| Acc::default()).collect();
+    let mut prompts = Vec::new();
     for i in 0..cfg.prompts as u64 {
         let seed = cfg.seed + i;
         progress(&format!(
@@ -268,6 +269,7 @@ pub fn run(
             list.len()
         ));
         let (prompt, check) = prompt_and_checker(kind, seed);
+        prompts.push(json!({"seed": seed, "prompt": prompt}));
         let mut full: Option<(Output, Vec<bool>)> = None;
         for (s, a) in list.iter().zip(&mut acc) {
             let o = engine.generate(
@@ -312,6 +314,7 @@ pub fn run(
     plot(out, kind, &points).map_err(|e| EngineError::Config(format!("plotting: {e}")))?;
     let doc = json!({
         "config": {"model_kind": format!("{kind:?}"), "prompts": cfg.prompts, "seed": cfg.seed, "steps": cfg.steps, "patches": cfg.patches, "workers": engine.workers(), "judged_work": [JUDGED.0, JUDGED.1]},
+        "prompts": prompts,
         "points": points,
     });
     write_outputs(out, &doc, &md)?;

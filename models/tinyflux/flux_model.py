@@ -13,9 +13,11 @@ Rectified flow as TinyDiT: x_t = (1 - t) x_0 + t noise, velocity target noise - 
 FLUX scales the timestep by 1000 itself, so `t` goes in as it is.
 """
 import json
+import math
 import os
 import sys
 
+import numpy as np
 import torch
 import torch.nn as nn
 from diffusers import FluxTransformer2DModel
@@ -135,3 +137,25 @@ def load_folder(folder):
     model.text.load_state_dict(load_file(path))
     model.transformer = FluxTransformer2DModel.from_pretrained(os.path.join(folder, "transformer"))
     return model.eval(), int(meta.get("step", 0)) or None
+
+
+def engine_noise(seed, n):
+    """The engine's `noise(seed, n)`: SplitMix64 uniforms, Box-Muller pairs, f64 then f32."""
+    mask = (1 << 64) - 1
+    s = seed ^ 0x5DEECE66D1CE4E5D
+    out = []
+
+    def nxt():
+        nonlocal s
+        s = (s + 0x9E3779B97F4A7C15) & mask
+        z = s
+        z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & mask
+        z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & mask
+        return ((z ^ (z >> 31)) >> 11) / float(1 << 53)
+
+    while len(out) < n:
+        u1, u2 = max(nxt(), 1e-300), nxt()
+        r = math.sqrt(-2.0 * math.log(u1))
+        out.append(r * math.cos(2.0 * math.pi * u2))
+        out.append(r * math.sin(2.0 * math.pi * u2))
+    return np.array(out[:n], dtype=np.float32)

@@ -9,14 +9,12 @@ it, written here too so that the test can check both draw the same), the sample 
 (height x width x 3). The test runs the engine in full mode on the same prompts and seeds.
 """
 import json
-import math
 import sys
 
-import numpy as np
 import torch
 from safetensors.torch import save_file
 
-from flux_model import load_folder, sample
+from flux_model import engine_noise, load_folder, sample
 import shapes
 
 PROMPTS = [
@@ -24,28 +22,6 @@ PROMPTS = [
     ("a green triangle top right and a white square bottom left on a black background", 11),
 ]
 STEPS = 20
-
-
-def engine_noise(seed, n):
-    """The engine's `noise(seed, n)`: SplitMix64 uniforms, Box-Muller pairs, f64 then f32."""
-    mask = (1 << 64) - 1
-    s = seed ^ 0x5DEECE66D1CE4E5D
-    out = []
-
-    def nxt():
-        nonlocal s
-        s = (s + 0x9E3779B97F4A7C15) & mask
-        z = s
-        z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & mask
-        z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & mask
-        return ((z ^ (z >> 31)) >> 11) / float(1 << 53)
-
-    while len(out) < n:
-        u1, u2 = max(nxt(), 1e-300), nxt()
-        r = math.sqrt(-2.0 * math.log(u1))
-        out.append(r * math.cos(2.0 * math.pi * u2))
-        out.append(r * math.sin(2.0 * math.pi * u2))
-    return np.array(out[:n], dtype=np.float32)
 
 
 @torch.no_grad()

@@ -14,12 +14,17 @@ guidance and batches give every sample what it would get alone):
    dual-stream blocks, how much every image token attends to the prompt's salient words
    (the pipeline's T5 pieces mapped to words); that saliency map is cut into ``patches``
    patches by the Rust partitioner.
-2. Each later step, the Rust gate decides which patches run, from each patch's
-   self-attention mass (the paper's refinement importance, measured in the last dual-stream
-   block). The transformer then runs on those patches' image tokens only (their RoPE ids
-   gathered with them) and the whole text stream; attention reads the other image tokens'
-   K/V from a per-block cache, forecast along their slope; skipped tokens' velocity is
-   forecast the same way. The last step runs every patch.
+2. Each later step decides which patches run. On FLUX, by FlashDiff's change budget (``rule
+   "budget"``, the engine's rule): every patch adds up the relative change of the first
+   block's modulated input over its tokens since it last ran; a step runs once a patch has
+   used up ``epsilon`` or waited ``max_skip`` steps, and otherwise every token advances on
+   its forecast velocity without calling the transformer. On SD3 (and on FLUX with ``rule
+   "gate"``), by the paper's gate, from each patch's self-attention mass (the refinement
+   importance, measured in the last dual-stream block). The transformer runs on the chosen
+   patches' image tokens only (their RoPE ids gathered with them) and the whole text
+   stream; attention reads the other image tokens' K/V from a per-block cache, forecast
+   along their slope; skipped tokens' velocity is forecast the same way. The last step
+   runs every patch.
 3. Few-step models (at most 8 steps) run unchanged unless ``force=True``, with a warning.
 
 It is installed per pipeline instance, through the attention-processor API and a wrapper of
@@ -41,7 +46,7 @@ from typing import Any, Dict, List, Optional
 
 import numpy as np
 
-from . import Error, Gate, partition_saliency, salient_mask
+from . import Budget, Error, Gate, partition_saliency, relative_change, salient_mask
 
 _ATTR = "_flashdiff_adapter"
 
@@ -60,6 +65,8 @@ class _Row:
     def __init__(self) -> None:
         self.layout = None
         self.gate: Optional[Gate] = None
+        self.budget: Optional[Budget] = None
+        self.signal: Optional[np.ndarray] = None  # first block's modulated input, last step
         self.tokens: List[Any] = []  # image-token indices of each patch, on the device
         self.sizes: Optional[np.ndarray] = None
         self.kv: Dict[str, List[Any]] = {}  # block -> [k, v, k_slope, v_slope, last_step]
@@ -356,6 +363,8 @@ def _forward(self: Any, hidden_states: Any, encoder_hidden_states: Any = None, p
                     h = int(img_ids[:, 1].max().item()) + 1
                     w = int(img_ids[:, 2].max().item()) + 1
                     _partition(a, row, h, w, img_ids.device)
+                    if row.budget is not None:
+                        row.signal = _flux_signal(self, hidden_states[sl], args)
             else:
                 o = _partial(a, call, row, hidden_states[sl], img_ids, args, text, orig)
             outs.append(o)
@@ -375,6 +384,22 @@ def _record_velocity(row: _Row, v: Any, n: int) -> None:
         _refresh(row.vel, torch.arange(v.shape[0], device=v.device), v, n)
 
 
+def _flux_signal(t: Any, hs: Any, args: Any) -> np.ndarray:
+    """The first double-stream block's modulated input of every image token (tokens x width):
+    the change the budget adds up, what whole-step caching watches."""
+    torch = _torch()
+    _, pooled, timestep, guidance = args
+    with torch.no_grad():
+        x = t.x_embedder(hs)
+        ts = timestep.to(x.dtype) * 1000
+        if guidance is None:
+            temb = t.time_text_embed(ts, pooled)
+        else:
+            temb = t.time_text_embed(ts, guidance.to(x.dtype) * 1000, pooled)
+        m = t.transformer_blocks[0].norm1(x, emb=temb)[0]
+    return m[0].float().cpu().numpy().astype(np.float32)
+
+
 def _partition(a: _Adapter, row: _Row, h: int, w: int, dev: Any) -> None:
     """The saliency map of the last warm-up step, cut into patches by the Rust partitioner."""
     torch = _torch()
@@ -386,7 +411,10 @@ def _partition(a: _Adapter, row: _Row, h: int, w: int, dev: Any) -> None:
     row.tokens = [torch.from_numpy(row.layout.patch_tokens(p).astype(np.int64)).to(dev) for p in range(patches)]
     row.patch_of_t = torch.from_numpy(row.layout.patch_of.astype(np.int64)).to(dev)
     row.sizes_t = torch.from_numpy(row.layout.sizes().astype(np.int64)).to(dev)
-    row.gate = Gate(patches, epsilon=a.s["epsilon"], max_skip=a.s["max_skip"])
+    if a.s["rule"] == "budget":
+        row.budget = Budget(patches, epsilon=a.s["epsilon"], share=0.0, max_skip=a.s["max_skip"])
+    else:
+        row.gate = Gate(patches, epsilon=a.s["epsilon"], max_skip=a.s["max_skip"])
 
 
 def _choose(call: _Call, row: _Row) -> Any:
@@ -397,15 +425,19 @@ def _choose(call: _Call, row: _Row) -> Any:
     last = call.step >= call.steps - 1
     if last:
         active = np.ones(patches, dtype=bool)
+    elif row.budget is not None:
+        active = row.budget.decide()
     else:
         active, _ = row.gate.decide()
+    if not active.any():
+        return active, None, last
     idx = torch.cat([row.tokens[p] for p in range(patches) if active[p]])
     return active, idx, last
 
 
 def _observe(row: _Row, ctx: _Ctx, active: Any, last: bool) -> None:
     """Feeds the gate the step's importance: the step's one device-to-host read."""
-    if not last and ctx.importance is not None:
+    if row.gate is not None and not last and ctx.importance is not None:
         imp = ctx.importance.float().cpu().numpy().astype(np.float32)
         row.gate.observe(np.where(active, imp, 0.0).astype(np.float32))
 
@@ -413,7 +445,20 @@ def _observe(row: _Row, ctx: _Ctx, active: Any, last: bool) -> None:
 def _partial(a: _Adapter, call: _Call, row: _Row, hs: Any, img_ids: Any, args: Any, text: int, orig: Any) -> Any:
     torch = _torch()
     n = call.step
+    extrap = a.s["reuse"] == "extrapolate"
+    if row.budget is not None:
+        now = _flux_signal(a.transformer, hs, args)
+        row.budget.observe(relative_change(now, row.signal, row.layout.patch_of.astype(np.uint32),
+                                           len(row.tokens)))
+        row.signal = now
     active, idx, last = _choose(call, row)
+    if row.budget is not None:
+        row.budget.ran(active)
+    if idx is None:
+        # Nothing at its budget: every token advances on its forecast velocity.
+        row.computed.append(0)
+        vel = _forecast(row.vel[0], row.vel[1], row.vel[2], n, extrap)
+        return vel.unsqueeze(0).to(hs.dtype)
     ctx = _Ctx(row, "partial", n, text)
     ctx.active_tokens = idx
     a.ctx = ctx
@@ -422,7 +467,6 @@ def _partial(a: _Adapter, call: _Call, row: _Row, hs: Any, img_ids: Any, args: A
     finally:
         a.ctx = None
     fresh = o[0].detach()
-    extrap = a.s["reuse"] == "extrapolate"
     vel = _forecast(row.vel[0], row.vel[1], row.vel[2], n, extrap)
     vel[idx] = fresh
     _refresh(row.vel, idx, fresh, n)
@@ -552,6 +596,9 @@ def _forward_sd3(self: Any, hidden_states: Any, encoder_hidden_states: Any = Non
                     _partition(a, row, h, w, hidden_states.device)
             else:
                 active, idx, last = _choose(call, row)
+                if idx is None:
+                    # The gate always runs at least one patch; only the budget skips steps.
+                    raise Error("flashdiff.diffusers: a step with no patch to run on SD3")
                 ctx = _Ctx(row, "partial", n, text)
                 ctx.active_tokens = idx
                 a.ctx = ctx
@@ -578,11 +625,15 @@ def _parts(target: Any) -> Any:
 
 
 def enable(target: Any, epsilon: float = 0.1, patches: int = 16, max_skip: int = 3, warmup: int = 5,
-           reuse: str = "extrapolate", force: bool = False, scheduler: Any = None) -> None:
-    """Enables FlashDiff on a ``FluxPipeline`` (or a ``FluxTransformer2DModel`` with the
-    ``scheduler`` that drives it). ``epsilon`` is the gate's threshold (0 never skips),
-    ``patches`` the patch count, ``max_skip`` the longest run of skips, ``warmup`` the full
-    steps before partitioning, ``reuse`` ``"extrapolate"`` or ``"stale"``."""
+           reuse: str = "extrapolate", force: bool = False, scheduler: Any = None,
+           rule: Optional[str] = None) -> None:
+    """Enables FlashDiff on a ``FluxPipeline`` or ``StableDiffusion3Pipeline`` (or their
+    transformer with the ``scheduler`` that drives it). ``rule`` is ``"budget"`` (FlashDiff's
+    change budget; the default on FLUX) or ``"gate"`` (the paper's gate; the default and the
+    only rule on SD3); ``epsilon`` is the budget a patch may use up between runs, or the
+    gate's threshold (0 never skips); ``patches`` the patch count, ``max_skip`` the longest
+    run of skips, ``warmup`` the full steps before partitioning, ``reuse`` ``"extrapolate"``
+    or ``"stale"``."""
     pipe, transformer, sched = _parts(target)
     sched = scheduler or sched
     name = type(transformer).__name__
@@ -597,9 +648,16 @@ def enable(target: Any, epsilon: float = 0.1, patches: int = 16, max_skip: int =
         raise Error(f"patches {patches}, max_skip {max_skip}, warmup {warmup}: need patches >= 1, max_skip >= 0, warmup >= 1")
     if reuse not in ("extrapolate", "stale"):
         raise Error(f"reuse {reuse!r}: expected extrapolate or stale")
+    flux = name == "FluxTransformer2DModel"
+    rule = rule or ("budget" if flux else "gate")
+    if rule not in ("budget", "gate"):
+        raise Error(f"rule {rule!r}: expected budget or gate")
+    if rule == "budget" and not flux:
+        raise Error(f"rule 'budget' runs on FLUX; {name} takes rule='gate'")
     if getattr(transformer, _ATTR, None) is not None:
         disable(target)
-    settings = dict(epsilon=epsilon, patches=patches, max_skip=max_skip, warmup=warmup, reuse=reuse, force=force)
+    settings = dict(epsilon=epsilon, patches=patches, max_skip=max_skip, warmup=warmup, reuse=reuse, force=force,
+                    rule=rule)
     setattr(transformer, _ATTR, _Adapter(transformer, sched, pipe, settings))
 
 
@@ -640,4 +698,4 @@ def report(target: Any) -> Dict[str, Any]:
         tokens = 0 if r.layout is None else int(r.layout.patch_of.size)
         rows.append(dict(branch=branch, sample=b, patches=0 if r.layout is None else r.layout.patches,
                          tokens=tokens, computed_per_step=list(r.computed)))
-    return dict(steps=c.steps, warmup=a.s["warmup"], plain=c.plain, samples=rows)
+    return dict(steps=c.steps, warmup=a.s["warmup"], plain=c.plain, rule=a.s["rule"], samples=rows)

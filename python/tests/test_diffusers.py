@@ -120,7 +120,7 @@ def test_skipping_computes_what_the_report_says(model):
     x, e, p = inputs(model, 1, 1)
     ref = euler(model, 20, x, e, p)
     t = model[0]
-    fdd.enable(t, epsilon=0.3, patches=8, scheduler=model[1])
+    fdd.enable(t, epsilon=0.3, patches=8, scheduler=model[1], rule="gate")
     seen = image_tokens_seen(model)
     got = euler(model, 20, x, e, p)
     per_step = fdd.report(t)["samples"][0]["computed_per_step"]
@@ -130,6 +130,58 @@ def test_skipping_computes_what_the_report_says(model):
     assert per_step[-1] == H * W  # the last step runs every patch
     rel = ((got - ref).pow(2).mean().sqrt() / ref.std()).item()
     assert rel < 0.05, rel
+
+
+def flux_model():
+    torch.manual_seed(0)
+    kind = Flux()
+    return kind.make().eval(), diffusers.FlowMatchEulerDiscreteScheduler(), kind
+
+
+def test_budget_runs_whole_steps_or_none_and_never_skips_more_than_k():
+    model = flux_model()
+    x, e, p = inputs(model, 1, 1)
+    ref = euler(model, 20, x, e, p)
+    fdd.enable(model[0], epsilon=1.0, patches=8, max_skip=3, scheduler=model[1])
+    # The image tokens the first block computes (the budget's signal embeds every token
+    # each step, but runs no block).
+    seen = []
+    model[0].transformer_blocks[0].register_forward_hook(lambda m, i, o: seen.append(o[1].shape[1]))
+    got = euler(model, 20, x, e, p)
+    r = fdd.report(model[0])
+    per_step = r["samples"][0]["computed_per_step"]
+    assert r["rule"] == "budget"
+    # FlashDiff's share 0: a step runs every patch or none, and one that runs none does not
+    # call the transformer; the last step runs.
+    assert set(per_step) == {0, H * W} and per_step[-1] == H * W, per_step
+    assert seen == [H * W] * 5 + [c for c in per_step if c]
+    run = 0
+    for c in per_step:
+        run = run + 1 if c == 0 else 0
+        assert run <= 3, per_step
+    rel = ((got - ref).pow(2).mean().sqrt() / ref.std()).item()
+    assert rel < 0.05, rel
+
+
+def test_a_smaller_budget_runs_more_steps():
+    model = flux_model()
+    x, e, p = inputs(model, 1, 1)
+    runs = []
+    for eps in [0.0, 0.05, 1.0]:
+        fdd.enable(model[0], epsilon=eps, patches=8, max_skip=10, scheduler=model[1])
+        euler(model, 20, x, e, p)
+        runs.append(sum(1 for c in fdd.report(model[0])["samples"][0]["computed_per_step"] if c))
+    assert runs[0] == 15 and runs[0] > runs[1] > runs[2], runs
+
+
+def test_the_budget_is_refused_where_it_does_not_run():
+    t, sched, _ = SD3(False).make(), diffusers.FlowMatchEulerDiscreteScheduler(), None
+    with pytest.raises(flashdiff.Error, match="FLUX"):
+        fdd.enable(t, rule="budget", scheduler=sched)
+    fdd.enable(t, scheduler=sched)
+    x, e, p = inputs((t, sched, SD3(False)), 1, 0)
+    euler((t, sched, SD3(False)), 12, x, e, p)
+    assert fdd.report(t)["rule"] == "gate"
 
 
 def test_batch_of_two_equals_two_single_runs(model):
@@ -172,6 +224,7 @@ def test_bad_settings_are_refused(model):
         (dict(epsilon=2.0), "epsilon"),
         (dict(patches=0), "patches"),
         (dict(reuse="old"), "reuse"),
+        (dict(rule="magic"), "rule"),
     ]:
         with pytest.raises(flashdiff.Error, match=text):
             fdd.enable(t, scheduler=sched, **kw)
