@@ -286,6 +286,17 @@ def main():
             continue
         m = {v["key"]: v for v in vs}
         md.append(f"| {other} | {m['psnr']['range'][0]:.3f}-{m['psnr']['range'][1]:.3f} | {m['psnr']['margin']:+.2f} dB at {m['psnr']['at']:.3f} | {m['worst']['margin']:+.2f} dB at {m['worst']['at']:.3f} |")
+    if engine_rows:
+        md += ["", "The adapter inside diffusers against the engine, same rule and settings (K 3), same prompts and noise:", "",
+               "| epsilon | engine work | adapter work | engine PSNR dB | adapter PSNR dB | adapter minus engine dB | checker agrees with full (engine / adapter) |",
+               "| --- | --- | --- | --- | --- | --- | --- |"]
+        eng = {r["setting"]: r for r in engine_rows if r["method"] == "engine flashdiff"}
+        for r in rows:
+            e = r["setting"].split()[-1] if r["method"] == "flashdiff-in-diffusers" else None
+            g = eng.get(f"ε {float(e):g} K 3") if e else None
+            if g:
+                md.append(f"| {e} | {g['work']:.3f} | {r['work']:.3f} | {g['psnr']:.2f} | {r['psnr']:.2f} | "
+                          f"{r['psnr'] - g['psnr']:+.2f} | {100 * g['agrees']:.0f}% / {100 * r['agrees']:.0f}% |")
     open(os.path.join(a.out, "diffusers_caches.md"), "w").write("\n".join(md) + "\n")
     print("\n".join(md))
     print(f"total {time.time() - t0:.0f} s")

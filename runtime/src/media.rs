@@ -41,6 +41,53 @@ pub fn encode(sample: &Sample, kind: Kind) -> Result<Vec<u8>, MediaError> {
     }
 }
 
+/// The patch map of an image: the image as [`encode`] writes it, with the border between
+/// every two patches drawn (pixels on a border inverted, so it shows on any colour), as PNG.
+/// `patch_of` gives each latent token's patch on a `rows x cols` token grid that tiles the
+/// image evenly.
+pub fn patch_map(
+    sample: &Sample,
+    patch_of: &[u32],
+    (rows, cols): (usize, usize),
+) -> Result<Vec<u8>, MediaError> {
+    let (w, h) = (sample.width, sample.height);
+    if sample.frames != 1
+        || rows == 0
+        || cols == 0
+        || patch_of.len() != rows * cols
+        || w % cols != 0
+        || h % rows != 0
+        || sample.rgb.len() != w * h * 3
+    {
+        return Err(MediaError(format!(
+            "a patch map needs one image whose {w}x{h} pixels a {rows}x{cols} token grid              tiles ({} patch ids given, {} frames)",
+            patch_of.len(),
+            sample.frames
+        )));
+    }
+    let z = zoom(sample);
+    let (zw, zh) = (w * z, h * z);
+    let (cw, ch) = (zw / cols, zh / rows);
+    let patch = |x: usize, y: usize| patch_of[(y / ch) * cols + x / cw];
+    let mut rgb = vec![0f32; zw * zh * 3];
+    for y in 0..zh {
+        for x in 0..zw {
+            let src = ((y / z) * w + x / z) * 3;
+            let p = patch(x, y);
+            // A pixel within 1 of a token edge whose neighbour across it is another patch.
+            let border = (x % cw == 0 && x > 0 && patch(x - 1, y) != p)
+                || (x % cw == cw - 1 && x + 1 < zw && patch(x + 1, y) != p)
+                || (y % ch == 0 && y > 0 && patch(x, y - 1) != p)
+                || (y % ch == ch - 1 && y + 1 < zh && patch(x, y + 1) != p);
+            for c in 0..3 {
+                let v = sample.rgb[src + c];
+                rgb[(y * zw + x) * 3 + c] = if border { 1.0 - v } else { v };
+            }
+        }
+    }
+    Ok(crate::image::png(&rgb, zw, zh, 1))
+}
+
 /// How many times an image or a video frame is enlarged in its file: the built-in models'
 /// 32-pixel ones 8x, none from 256 pixels on.
 pub fn zoom(sample: &Sample) -> usize {
@@ -120,6 +167,44 @@ pub fn wav(sample: &Sample) -> Result<Vec<u8>, MediaError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The pixels of an uncompressed RGB PNG written by [`crate::image::png`] (stored deflate
+    /// blocks after the 2-byte zlib header; one filter byte per row).
+    fn pixels(png: &[u8], w: usize, h: usize) -> Vec<u8> {
+        let idat = png.windows(4).position(|k| k == b"IDAT").unwrap() + 4;
+        let mut raw = Vec::new();
+        let mut at = idat + 2;
+        while raw.len() < h * (1 + 3 * w) {
+            let n = u16::from_le_bytes([png[at + 1], png[at + 2]]) as usize;
+            raw.extend_from_slice(&png[at + 5..at + 5 + n]);
+            at += 5 + n;
+        }
+        raw.chunks(1 + 3 * w)
+            .flat_map(|r| r[1..].to_vec())
+            .collect()
+    }
+
+    #[test]
+    fn a_patch_map_inverts_exactly_the_pixels_along_patch_borders() {
+        // 256x256 pixels (zoom 1) on a 2x2 token grid: the left column is patch 0, the right
+        // patch 1, so only the two pixel columns either side of x = 128 are a border.
+        let (w, h) = (256, 256);
+        let img = Sample::frames(vec![0.25; w * h * 3], w, h, 1);
+        let png = patch_map(&img, &[0, 1, 0, 1], (2, 2)).unwrap();
+        let px = pixels(&png, w, h);
+        for y in [0, 100, 255] {
+            for x in 0..w {
+                let want = if x == 127 || x == 128 { 191 } else { 64 };
+                assert_eq!(px[(y * w + x) * 3], want, "pixel ({x}, {y})");
+            }
+        }
+        // One patch: no border anywhere.
+        let px = pixels(&patch_map(&img, &[3, 3, 3, 3], (2, 2)).unwrap(), w, h);
+        assert!(px.iter().all(|&v| v == 64));
+        // A grid that does not tile the image, or ids for another grid, are refused.
+        assert!(patch_map(&img, &[0, 1, 0], (2, 2)).is_err());
+        assert!(patch_map(&img, &[0; 9], (3, 3)).is_err());
+    }
 
     fn clip(frames: usize, shift: f32) -> Sample {
         let (w, h) = (4, 3);

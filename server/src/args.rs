@@ -55,6 +55,10 @@ pub(crate) struct GenerateArgs {
     /// for both where the model has one.
     #[arg(long)]
     pub(crate) compare: bool,
+    /// Also write the patch map to this PNG: the image with the border of every patch drawn
+    /// (image models).
+    #[arg(long, value_name = "FILE.png")]
+    pub(crate) patch_map: Option<PathBuf>,
     #[command(flatten)]
     pub(crate) sampling: Sampling,
     #[command(flatten)]

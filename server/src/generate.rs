@@ -215,6 +215,14 @@ pub(crate) fn generate(a: GenerateArgs) -> Result<(), String> {
     );
     let kind = engine.model().kind();
     let output = output_path(a.output.clone(), kind)?;
+    if let Some(p) = &a.patch_map {
+        if kind != Kind::Image {
+            return Err(format!(
+                "--patch-map {}: a patch map is drawn over an image; this model does not make one",
+                p.display()
+            ));
+        }
+    }
     let out = engine
         .generate(&prompt, cfg.clone(), &mut progress_bar())
         .map_err(|e| e.to_string())?;
@@ -229,6 +237,17 @@ pub(crate) fn generate(a: GenerateArgs) -> Result<(), String> {
         output.display(),
         describe(&out.sample, kind)
     );
+    if let Some(p) = &a.patch_map {
+        let g = engine.model().dims().grid;
+        let png = media::patch_map(&out.sample, out.layout.patch_of(), (g.height, g.width))
+            .map_err(|e| format!("--patch-map: {e}"))?;
+        std::fs::write(p, png).map_err(|e| format!("cannot write {}: {e}", p.display()))?;
+        println!(
+            "wrote {} (the {} patches over the image)",
+            p.display(),
+            out.layout.patches()
+        );
+    }
     println!(
         "mode {:?}, {} steps ({} warm-up), {} patches, seed {}",
         cfg.mode, r.steps, r.warmup, r.patches, cfg.seed

@@ -137,6 +137,46 @@ fn generate_media(model: &str, prompt: &str, file: &str, needles: &[&str]) -> Ve
     bytes
 }
 
+/// `--patch-map` writes the image with its patches' borders; a model that makes no image
+/// refuses it before generating.
+#[test]
+fn generate_writes_the_patch_map_of_an_image_only() {
+    let dir = std::env::temp_dir().join(format!("flashdiff-cli-map-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let map = dir.join("map.png");
+    succeeds_with(
+        flashdiff()
+            .args([
+                "generate",
+                "a red circle top left on a blue background",
+                "--steps",
+                "10",
+            ])
+            .arg("-o")
+            .arg(dir.join("img.png"))
+            .arg("--patch-map")
+            .arg(&map),
+        &["patches over the image"],
+    );
+    let bytes = std::fs::read(&map).unwrap();
+    assert_eq!(&bytes[1..4], b"PNG");
+    let out = flashdiff()
+        .args(["generate", "--model", "tinyaudio", "a low hum", "-o"])
+        .arg(dir.join("a.wav"))
+        .arg("--patch-map")
+        .arg(dir.join("a.png"))
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("--patch-map") && err.contains("image"),
+        "{err}"
+    );
+    assert!(!dir.join("a.wav").exists(), "generated before refusing");
+    std::fs::remove_dir_all(&dir).ok();
+}
+
 /// The built-in FLUX runs through the FLUX code with the same report as the other models.
 #[test]
 fn generate_tinyflux_writes_an_image_and_compares_it() {
