@@ -87,7 +87,14 @@ def main():
     x, warm, last, elapsed = sample_with_attention(model, x, ids, args.steps, args.warmup,
                                                    layers, shift=shift)
     imgs = model.unpatchify(x).clamp(-1, 1).numpy()
-    verdicts = [shapes.check(imgs[i], *scenes[i]) for i in range(args.n)]
+    report(args, *judge(imgs, scenes, warm, last), "objects_measured", layers, elapsed)
+
+
+def judge(imgs, scenes, warm, last):
+    """The checker's rates over images `imgs` of `scenes`, and the localisation ratios of
+    each object's colour and shape words (token attention `warm` and `last`, n x tokens x
+    words)."""
+    verdicts = [shapes.check(imgs[i], *scenes[i]) for i in range(len(scenes))]
     ratios = {"warmup": [], "last": []}
     for i, (bg, objects) in enumerate(scenes):
         words = shapes.prompt_text(bg, objects).split()
@@ -98,17 +105,14 @@ def main():
             # Word positions of this object's colour and shape (first match after its "a").
             for j in range(len(words) - 1):
                 if words[j] == colour and words[j + 1] == shape:
-                    cols = [j, j + 1]
+                    localisation(ratios, warm[i], last[i], [j, j + 1], inside)
                     break
-            else:
-                continue
-            localisation(ratios, warm[i], last[i], cols, inside)
-    report(args, {
+    return {
         "all_correct": float(np.mean([v["all"] for v in verdicts])),
         "background_correct": float(np.mean([v["background"] for v in verdicts])),
         "shapes_present": float(np.mean([v["present"] for v in verdicts])),
         "shapes_correct": float(np.mean([v["shape"] for v in verdicts])),
-    }, ratios, "objects_measured", layers, elapsed)
+    }, ratios
 
 
 def arguments(doc):

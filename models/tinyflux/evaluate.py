@@ -77,24 +77,8 @@ def main():
     elapsed = time.time() - t0
     x, warm, last = torch.cat(outs), torch.cat(warms), torch.cat(lasts)
     imgs = model.unpatchify(x).clamp(-1, 1).numpy()
-    verdicts = [shapes.check(imgs[i], *scenes[i]) for i in range(args.n)]
-    ratios = {"warmup": [], "last": []}
-    for i, (bg, objects) in enumerate(scenes):
-        words = shapes.prompt_text(bg, objects).split()
-        for colour, shape, pos in objects:
-            inside = base.object_tokens(imgs[i], colour, pos)
-            if inside.sum() == 0 or inside.all():
-                continue
-            for j in range(len(words) - 1):
-                if words[j] == colour and words[j + 1] == shape:
-                    base.localisation(ratios, warm[i], last[i], [j, j + 1], inside)
-                    break
-    base.report(args, {
-        "all_correct": float(np.mean([v["all"] for v in verdicts])),
-        "background_correct": float(np.mean([v["background"] for v in verdicts])),
-        "shapes_present": float(np.mean([v["present"] for v in verdicts])),
-        "shapes_correct": float(np.mean([v["shape"] for v in verdicts])),
-    }, ratios, "objects_measured", list(range(cfg.double)), elapsed, {"train_step": step})
+    base.report(args, *base.judge(imgs, scenes, warm, last), "objects_measured", list(range(cfg.double)),
+                elapsed, {"train_step": step})
 
 
 if __name__ == "__main__":

@@ -10,7 +10,9 @@
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use flashdiff_runtime::engine::{builtin_weights, Engine, LayoutKind, Mode, Output, RequestConfig};
+use flashdiff_runtime::engine::{
+    builtin_weights, Engine, LayoutKind, Mode, Output, RequestConfig, BUILTIN_MODELS,
+};
 use flashdiff_runtime::models::flux::{EncodedPrompt, FluxCheckpoint, FluxDenoiser, PromptEncoder};
 use flashdiff_runtime::models::{Denoiser, Device, ModelError, Tensor};
 
@@ -143,7 +145,9 @@ fn hash(o: &Output) -> u64 {
 
 fn prompt(model: &str) -> &'static str {
     match model {
-        "tinydit" => "a red circle top left and a blue square bottom right on a white background",
+        "tinydit" | "tinyflux" => {
+            "a red circle top left and a blue square bottom right on a white background"
+        }
         "tinyvideo" => "a red circle top left moving right on a blue background",
         "tinyaudio" => "a high beep then a low hum",
         _ => "a red dishwasher on the left of a blue table",
@@ -344,7 +348,7 @@ fn check(got: Vec<(String, String, u64)>) {
 #[test]
 fn every_mode_of_every_built_in_model_keeps_its_output() {
     let mut got = Vec::new();
-    for model in ["tinydit", "tinyvideo", "tinyaudio"] {
+    for model in BUILTIN_MODELS {
         let weights = builtin_weights(model).unwrap();
         let mut here = Engine::new(&weights, 1).unwrap();
         for (case, cfg) in cases() {
@@ -362,7 +366,7 @@ fn every_mode_of_every_built_in_model_keeps_its_output() {
 #[test]
 fn worker_threads_and_processes_keep_the_output() {
     let mut got = Vec::new();
-    for model in ["tinydit", "tinyvideo", "tinyaudio"] {
+    for model in BUILTIN_MODELS {
         let weights = builtin_weights(model).unwrap();
         // FlashDiff's cases run at the change budget's ε, as in `cases`.
         let fd = RequestConfig {
