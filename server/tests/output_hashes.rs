@@ -18,8 +18,9 @@ use flashdiff_runtime::models::{Denoiser, Device, ModelError, Tensor};
 
 /// (model, case) -> hash. The patch-gate cases keep the hashes FlashDiff's paper gate gave
 /// at commit 304e0a2 (bit for bit); the change-budget cases (flashdiff, per-patch,
-/// random-patches) were recorded when the budget replaced the gate; the others date from
-/// commit 62e48ee or the engine that added them.
+/// random-patches) were recorded when the budget replaced the gate; TinyFLUX's with its
+/// weights at training step 16000; the others date from commit 62e48ee or the engine that
+/// added them.
 const PINNED: &[(&str, &str, u64)] = &[
     ("flux", "flashdiff w1", 0x8c2bf4e65f2ebaf5),
     ("flux", "flashdiff w2", 0x8c2bf4e65f2ebaf5),
@@ -111,6 +112,24 @@ const PINNED: &[(&str, &str, u64)] = &[
     ("tinyvideo", "ras stale", 0x8ede1d7b85d3e631),
     ("tinyvideo", "teacache", 0x3b5e0a23bd3a1b3c),
     ("tinyvideo", "teacache stale", 0x54fafc775270b125),
+    ("tinyflux", "flashdiff", 0x7e061806ce753b4b),
+    ("tinyflux", "flashdiff-3-monotasks", 0x522161efd1c44e54),
+    ("tinyflux", "flashdiff-adaptive-eps", 0x7e061806ce753b4b),
+    ("tinyflux", "flashdiff-adaptive-r", 0xa132fd7e3a965994),
+    ("tinyflux", "flashdiff-stale", 0x5021e5079757f236),
+    ("tinyflux", "flashdiff-uniform", 0x7e061806ce753b4b),
+    ("tinyflux", "full", 0xf6d34cfe81aa3f24),
+    ("tinyflux", "naive-patch", 0xc7b353378d817a47),
+    ("tinyflux", "no-skip", 0x4258163c204de815),
+    ("tinyflux", "patch-gate", 0xfb73285ce5e32301),
+    ("tinyflux", "patch-gate-3-monotasks", 0xf0961fa67400eed2),
+    ("tinyflux", "per-patch", 0x8e5f288c79a59205),
+    ("tinyflux", "per-patch-3-monotasks", 0x60cb7acb968cb2c9),
+    ("tinyflux", "random-patches", 0x4dd375152d762662),
+    ("tinyflux", "ras stale", 0xcc7657ddd1a4d926),
+    ("tinyflux", "ras", 0x40f07c20ddf8ffb0),
+    ("tinyflux", "teacache stale", 0x8dd43fca9b6f9a21),
+    ("tinyflux", "teacache", 0x0b48d2ac9a70801c),
 ];
 
 struct Fnv(u64);
