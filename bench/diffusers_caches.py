@@ -8,7 +8,7 @@ knob. With --engine, the prompts, seeds and noise are those of the engine's curv
 whose rows join the table and whose FlashDiff is the one judged. Work is the model FLOPs a sample actually ran (torch's FlopCounterMode: every matmul
 and attention executed, the adapter's own importance and saliency attention included) as a
 fraction of full computation's. Quality is PSNR against full computation from the same
-noise (images in [0, 1], capped at 99 dB), mean and worst prompt, and the shapes checker's
+noise (images in [0, 1], capped at 99 dB), mean and worst prompt, SSIM, and the shapes checker's
 verdict compared with full computation's.
 
     flashdiff bench --study curve --quick --model tinyflux --out-dir CURVE
@@ -99,10 +99,16 @@ def flops_of(fn):
     return out, fc.get_total_flops()
 
 
-def psnr(a, b):
-    a01, b01 = np.clip((a + 1) / 2, 0, 1), np.clip((b + 1) / 2, 0, 1)
-    mse = float(np.mean((a01 - b01) ** 2))
-    return 99.0 if mse == 0 else min(99.0, 10 * math.log10(1.0 / mse))
+def rgb01(img):
+    """A (3, H, W) sample in about [-1, 1] as the (H, W, 3) image in [0, 1] it decodes to."""
+    return np.ascontiguousarray(np.clip((img.transpose(1, 2, 0) + 1) / 2, 0, 1), dtype=np.float32)
+
+
+def quality(a, b):
+    """PSNR (capped at 99 dB) and SSIM of sample `a` against `b`, as the engine's bench
+    measures them (flashdiff.psnr and flashdiff.ssim)."""
+    x, y = rgb01(a), rgb01(b)
+    return min(99.0, flashdiff.psnr(x, y)), flashdiff.ssim(x, y)
 
 
 def parse_prompt(text):
@@ -122,7 +128,8 @@ def engine_cases(curve_dir):
         raise SystemExit(f"{curve_dir}/curve.json lists no prompts: rerun the curve study with this build")
     cases = [(p["prompt"], *parse_prompt(p["prompt"]), p["seed"]) for p in doc["prompts"]]
     rows = [dict(method=f"engine {p['method']}", setting=p["setting"], work=p["work"], psnr=p["db"],
-                 worst=p["worst_db"], agrees=p["agreement"]) for p in doc["points"] if p["method"] != "full"]
+                 worst=p["worst_db"], ssim=p["ssim"], agrees=p["agreement"])
+            for p in doc["points"] if p["method"] != "full"]
     return cases, rows, doc["config"]
 
 
@@ -230,19 +237,21 @@ def main():
     rows = []
     for name, knob, on, off, steps in methods:
         on()
-        ps, works, agree = [], [], 0
+        ps, ss, works, agree = [], [], [], 0
         try:
             for i, case in enumerate(cases):
                 ids, noise, mask = inputs(i, case)
                 img, fl = flops_of(lambda: sample(model, clock, ids, noise, steps, mask[None]))
-                ps.append(psnr(img, full[i][0]))
+                db, sim = quality(img, full[i][0])
+                ps.append(db)
+                ss.append(sim)
                 works.append(fl / full[i][1])
                 agree += shapes.check(img, case[1], case[2])["all"] == full[i][2]
         finally:
             off()
         w = int(np.argmin(ps))
         row = dict(method=name, setting=knob, work=float(np.mean(works)), psnr=float(np.mean(ps)),
-                   worst=float(ps[w]), worst_prompt=cases[w][0], agrees=agree / len(cases))
+                   worst=float(ps[w]), ssim=float(np.mean(ss)), worst_prompt=cases[w][0], agrees=agree / len(cases))
         rows.append(row)
         print(f"{name:24s} {knob:24s} work {row['work']:.3f}  PSNR {row['psnr']:.2f} / worst {row['worst']:.2f}  agrees {100 * row['agrees']:.0f}%", flush=True)
 
@@ -274,9 +283,11 @@ def main():
           "FlopCounterMode); engine rows count latent and text rows computed (a row costs the same FLOPs in every "
           "block; per-forward modulation and embeddings, about 1% here, are left out). Quality: PSNR against full "
           "computation by diffusers from the same noise (the engine's full computation matches it to over 130 dB).", "",
-          "| method | setting | work | PSNR dB | worst prompt dB | checker agrees with full |", "| --- | --- | --- | --- | --- | --- |"]
+          "| method | setting | work | PSNR dB | worst prompt dB | SSIM | checker agrees with full |",
+          "| --- | --- | --- | --- | --- | --- | --- |"]
     for r in rows:
-        md.append(f"| {r['method']} | {r['setting']} | {r['work']:.3f} | {r['psnr']:.2f} | {r['worst']:.2f} | {100 * r['agrees']:.0f}% |")
+        md.append(f"| {r['method']} | {r['setting']} | {r['work']:.3f} | {r['psnr']:.2f} | {r['worst']:.2f} | "
+                  f"{r['ssim']:.4f} | {100 * r['agrees']:.0f}% |")
     md += ["", f"{ours} minus the other at equal work (linear between settings), worst over every work level both reach:", "",
            "| method | work compared | worst margin, mean | worst margin, worst prompt |", "| --- | --- | --- | --- |"]
     for other in others:

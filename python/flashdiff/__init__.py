@@ -49,10 +49,12 @@ __all__ = [
     "Scheduler",
     "partition_saliency",
     "partition_uniform",
+    "psnr",
     "relative_change",
     "saliency_map",
     "salient_mask",
     "split_words",
+    "ssim",
 ]
 
 
@@ -85,6 +87,18 @@ def relative_change(now: Any, before: Any, patch_of: Any, patches: int) -> np.nd
         np.ascontiguousarray(patch_of, dtype=np.uint32),
         patches,
     )
+
+
+def psnr(a: Any, b: Any) -> float:
+    """PSNR in dB between two RGB images in [0, 1] of one shape ``(height, width, 3)``, as
+    the engine's reports and ``flashdiff bench`` measure it (infinite when identical)."""
+    return _native.psnr(np.ascontiguousarray(a, dtype=np.float32), np.ascontiguousarray(b, dtype=np.float32))
+
+
+def ssim(a: Any, b: Any) -> float:
+    """SSIM between two RGB images in [0, 1] of one shape ``(height, width, 3)``, as
+    ``flashdiff bench`` measures it (11x11 Gaussian window, sigma 1.5)."""
+    return _native.ssim(np.ascontiguousarray(a, dtype=np.float32), np.ascontiguousarray(b, dtype=np.float32))
 
 
 @dataclass

@@ -68,6 +68,9 @@ def relative_change(
     patches: int,
 ) -> npt.NDArray[np.float32]: ...
 
+def psnr(a: npt.NDArray[np.float32], b: npt.NDArray[np.float32]) -> float: ...
+def ssim(a: npt.NDArray[np.float32], b: npt.NDArray[np.float32]) -> float: ...
+
 Tag = Tuple[int, int, Optional[int]]
 
 class Scheduler:

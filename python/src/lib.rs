@@ -1,6 +1,7 @@
 //! `flashdiff._native`: the Python face of FlashDiff. The policies (salient words, saliency
 //! map, partition, gate, scheduler) work on numpy arrays read in place; the engine generates
-//! with a model through the same request schema as the CLI, HTTP and JSON lines. Every Rust
+//! with a model through the same request schema as the CLI, HTTP and JSON lines; the image
+//! metrics are the bench's. Every Rust
 //! error becomes `flashdiff.Error` carrying the Rust error's text; long work releases the GIL.
 //!
 //! The Python package (`python/flashdiff`) re-exports these and adds typed wrappers.
@@ -9,6 +10,7 @@ use pyo3::create_exception;
 use pyo3::prelude::*;
 
 mod engine;
+mod metrics;
 mod policies;
 
 create_exception!(
@@ -28,5 +30,6 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("Error", m.py().get_type::<Error>())?;
     policies::register(m)?;
     engine::register(m)?;
+    metrics::register(m)?;
     Ok(())
 }

@@ -22,7 +22,7 @@ use flashdiff_scheduler::{
 use crate::fail;
 
 /// An array's elements in memory order, or an error naming it when it is not contiguous.
-fn contiguous<'a, T: numpy::Element, D: numpy::ndarray::Dimension>(
+pub(crate) fn contiguous<'a, T: numpy::Element, D: numpy::ndarray::Dimension>(
     a: &'a numpy::PyReadonlyArray<'_, T, D>,
     what: &str,
 ) -> PyResult<&'a [T]> {

@@ -183,3 +183,16 @@ def test_relative_change_is_each_patchs_l1_ratio():
         rows = patch_of == p
         want = np.abs(now[rows] - before[rows]).sum() / np.abs(before[rows]).sum()
         assert got[p] == pytest.approx(want, rel=1e-5)
+
+
+def test_image_metrics_are_the_benchs():
+    rng = np.random.default_rng(0)
+    a = rng.uniform(0.2, 0.8, (32, 32, 3)).astype(np.float32)
+    assert flashdiff.psnr(a, a) == float("inf") and flashdiff.ssim(a, a) == pytest.approx(1.0)
+    # An offset of 0.1 everywhere: MSE 0.01, 20 dB.
+    assert flashdiff.psnr(a, a + 0.1) == pytest.approx(20.0, abs=1e-4)
+    assert flashdiff.ssim(a, rng.uniform(0, 1, a.shape)) < 0.5
+    with pytest.raises(flashdiff.Error, match="RGB images of one shape"):
+        flashdiff.psnr(a, a[:16])
+    with pytest.raises(flashdiff.Error, match="RGB images"):
+        flashdiff.ssim(a[..., 0], a[..., 0])
