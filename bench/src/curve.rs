@@ -74,9 +74,12 @@ fn settings(base: &RequestConfig, workers: u32) -> Vec<Setting> {
         (1.0, k + 3),
         (1.0, k + 5),
         (1.0, loose),
+        (0.1, loose),
         (0.15, loose),
         (0.2, loose),
+        (0.25, loose),
         (0.3, loose),
+        (0.4, loose),
         (0.5, loose),
     ];
     for (method, mode, layout) in [
