@@ -684,6 +684,25 @@ fd_status fd_engine_submit_n(const struct fd_engine *e,
                              const struct fd_request_config *cfg);
 
 /**
+ * Submits a request given as one JSON object of the request schema's fields, the same
+ * fields and errors as JSON lines and HTTP: "prompt" (required), "steps", "warmup",
+ * "patches", "epsilon", "adaptive_epsilon", "max_skip", "budget" (a work budget in (0, 1]:
+ * the request computes at most that fraction of full computation's work), "seed", "mode",
+ * "layout", "reuse", "monotasks", "cache_threshold", "priority", "deadline_ms". Fields
+ * left out take [`fd_request_config_default`]'s values. It is the way to set what
+ * `fd_request_config` has no field for. `json_len` bytes of UTF-8 at `json`; "id",
+ * "model" and the OpenAI image fields are refused (the id is the argument, the model the
+ * engine's).
+ *
+ * # Safety
+ * `e` live; `json` readable for `json_len` bytes (or NULL with 0).
+ */
+fd_status fd_engine_submit_json(const struct fd_engine *e,
+                                uint64_t id,
+                                const char *json,
+                                size_t json_len);
+
+/**
  * Runs until no request is pending, including requests other threads submit meanwhile
  * (the results wait for `fd_engine_result`). Other threads' calls go in between its
  * scheduling rounds.

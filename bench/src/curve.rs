@@ -15,9 +15,12 @@ use std::path::Path;
 use serde_json::{json, Value};
 
 use crate::{ms, prepare, work, write_outputs, BenchConfig};
+use flashdiff_gate::pace::computes_for;
 use flashdiff_models::scene::{self, IMAGE};
 use flashdiff_models::{Kind, Sample};
-use flashdiff_runtime::engine::{Engine, EngineError, LayoutKind, Mode, Output, RequestConfig};
+use flashdiff_runtime::engine::{
+    Engine, EngineError, LayoutKind, Mode, Output, RequestConfig, FINAL_FULL_STEPS,
+};
 
 /// The work range the verdict is judged over.
 pub const JUDGED: (f64, f64) = (0.25, 0.6);
@@ -30,8 +33,9 @@ struct Setting {
 }
 
 /// What each method is and how it reuses what it does not compute.
-const METHODS: [(&str, &str); 12] = [
+const METHODS: [(&str, &str); 13] = [
     ("flashdiff", "saliency patches, each accumulating block 0's input change; a step runs whole once any patch reaches ε or K skips, else every token is forecast; knob: ε, then K at ε 1"),
+    ("flashdiff-budget", "FlashDiff under a work budget F: floor(F x steps) computed steps, the warm-up and final step among them, paced by the same accumulated change (latency known at admission); knob: F"),
     ("flashdiff-uniform", "ablation: FlashDiff on a uniform grid of patches instead of the saliency cut; same knob"),
     ("per-patch", "ablation: a computed step runs only the patches at their budget, the others stand in with forecast K/V and velocity; same knob"),
     ("random-patches", "ablation: per-patch's number of patches per step, drawn at random; same knob"),
@@ -97,6 +101,20 @@ fn settings(base: &RequestConfig, workers: u32) -> Vec<Setting> {
                     epsilon: e,
                     max_skip: k,
                     layout,
+                    ..base.clone()
+                },
+            });
+        }
+    }
+    // A work budget F: the pace computes floor(F x steps) steps, spent where the change is.
+    for f in [0.2f32, 0.25, 0.3, 0.35, 0.4, 0.45, 0.5, 0.6, 0.7] {
+        if computes_for(f, base.steps) >= base.warmup + FINAL_FULL_STEPS {
+            v.push(Setting {
+                method: "flashdiff-budget",
+                label: format!("F {f}"),
+                cfg: RequestConfig {
+                    mode: Mode::FlashDiff,
+                    budget: Some(f),
                     ..base.clone()
                 },
             });

@@ -14,6 +14,8 @@ use flashdiff_runtime::engine::{
     default_weights, Engine, EngineError, LayoutKind, Mode, Output, RequestConfig,
 };
 
+use flashdiff_runtime::schema::{RequestFields, IMAGE_FIELDS};
+
 use crate::error::{boundary, boundary_value, fd_status, Fail};
 use crate::ptr;
 
@@ -374,6 +376,56 @@ pub unsafe extern "C" fn fd_engine_submit_n(
     })
 }
 
+/// Submits a request given as one JSON object of the request schema's fields, the same
+/// fields and errors as JSON lines and HTTP: "prompt" (required), "steps", "warmup",
+/// "patches", "epsilon", "adaptive_epsilon", "max_skip", "budget" (a work budget in (0, 1]:
+/// the request computes at most that fraction of full computation's work), "seed", "mode",
+/// "layout", "reuse", "monotasks", "cache_threshold", "priority", "deadline_ms". Fields
+/// left out take [`fd_request_config_default`]'s values. It is the way to set what
+/// `fd_request_config` has no field for. `json_len` bytes of UTF-8 at `json`; "id",
+/// "model" and the OpenAI image fields are refused (the id is the argument, the model the
+/// engine's).
+///
+/// # Safety
+/// `e` live; `json` readable for `json_len` bytes (or NULL with 0).
+#[no_mangle]
+pub unsafe extern "C" fn fd_engine_submit_json(
+    e: *const fd_engine,
+    id: u64,
+    json: *const c_char,
+    json_len: usize,
+) -> fd_status {
+    boundary(|| {
+        // SAFETY: this function's `# Safety` section (live engine, readable bytes).
+        let (e, bytes) = unsafe {
+            (
+                ptr::handle(e, "engine")?,
+                ptr::slice(json.cast::<u8>(), json_len, "json")?,
+            )
+        };
+        let bad = |msg: String| Fail::new(fd_status::FD_ERR_VALUE, msg);
+        let f = RequestFields::from_json(bytes).map_err(|e| bad(e.to_string()))?;
+        if let Some(k) = f
+            .given()
+            .into_iter()
+            .find(|k| *k == "id" || *k == "model" || IMAGE_FIELDS.contains(k))
+        {
+            return Err(bad(format!(
+                "\"{k}\": not taken here (the id is fd_engine_submit_json's argument, the \
+                 model the engine's; image fields belong to HTTP)"
+            )));
+        }
+        let Some(prompt) = f.prompt.as_deref() else {
+            return Err(bad("\"prompt\": required".into()));
+        };
+        if prompt.contains('\0') {
+            return Err(bad("\"prompt\": has a NUL character".into()));
+        }
+        let rc = f.settings(&RequestConfig::default()).map_err(from_engine)?;
+        submit_config(e, id, prompt, rc)
+    })
+}
+
 fn submit(e: &fd_engine, id: u64, prompt: &str, c: &fd_request_config) -> Result<(), Fail> {
     {
         let mode = match c.mode {
@@ -417,6 +469,9 @@ fn submit(e: &fd_engine, id: u64, prompt: &str, c: &fd_request_config) -> Result
             // Not in the C request struct yet (adding a field changes its layout).
             adaptive_epsilon: false,
             max_skip: c.max_skip,
+            // Not in the C request struct (its layout is fixed): fd_engine_submit_json
+            // takes it.
+            budget: None,
             seed: c.seed,
             mode,
             priority: c.priority,
@@ -428,6 +483,12 @@ fn submit(e: &fd_engine, id: u64, prompt: &str, c: &fd_request_config) -> Result
             // Not in the C request struct yet either (same reason).
             deadline: None,
         };
+        submit_config(e, id, prompt, rc)
+    }
+}
+
+fn submit_config(e: &fd_engine, id: u64, prompt: &str, rc: RequestConfig) -> Result<(), Fail> {
+    {
         let e = &mut *e.lock()?;
         if e.results.contains_key(&id) || e.inner.is_in_flight(id) {
             return Err(Fail::new(

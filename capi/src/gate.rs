@@ -16,6 +16,8 @@ fn from_gate(e: GateError) -> Fail {
         GateError::BadPatch { .. } => fd_status::FD_ERR_INDEX,
         GateError::NotActive { .. } => fd_status::FD_ERR_NOT_ACTIVE,
         GateError::BadBuffer { .. } => fd_status::FD_ERR_LENGTH,
+        GateError::BadPace { .. } => fd_status::FD_ERR_CONFIG,
+        GateError::PaceSpent { .. } => fd_status::FD_ERR_VALUE,
     };
     Fail::new(status, e.to_string())
 }

@@ -217,3 +217,73 @@ impl BudgetChecker {
         }
     }
 }
+
+/// Shadows one [`Pace`](crate::pace::Pace): call [`check`](PaceChecker::check) with every
+/// step's inputs and whether it was computed, then [`finish`](PaceChecker::finish). It
+/// keeps its own count of steps and computations and recomputes the bar in f64, tolerating
+/// disagreement only within 1e-4 (relative) of it.
+#[derive(Debug, Clone)]
+pub struct PaceChecker {
+    steps: u32,
+    computes: u32,
+    decided: u32,
+    computed: u32,
+}
+
+impl PaceChecker {
+    /// A checker for a pace of `steps` steps with `computes` computations allowed.
+    pub fn new(steps: u32, computes: u32) -> Self {
+        Self {
+            steps,
+            computes,
+            decided: 0,
+            computed: 0,
+        }
+    }
+
+    /// Checks one step's decision and records it.
+    pub fn check(&mut self, accumulated: f32, rate: f32, computed: bool) -> Result<(), String> {
+        if self.decided >= self.steps {
+            return Err(format!("a decision after the {} steps", self.steps));
+        }
+        let steps_left = (self.steps - self.decided) as f64;
+        let computes_left = (self.computes - self.computed) as f64;
+        let clean = |v: f32| if v.is_nan() || v < 0.0 { 0.0 } else { v as f64 };
+        let (acc, rate) = (clean(accumulated), clean(rate));
+        let bar = rate * steps_left / (computes_left + 1.0);
+        let want = if computes_left == 0.0 {
+            Some(false)
+        } else if computes_left >= steps_left {
+            Some(true)
+        } else if (acc - bar).abs() <= 1e-4 * bar.abs().max(1e-6) {
+            None
+        } else {
+            Some(acc >= bar)
+        };
+        if want.is_some_and(|w| w != computed) {
+            return Err(format!(
+                "step {}: {} with accumulated change {acc} against the bar {bar} \
+                 ({computes_left} computations for {steps_left} steps left)",
+                self.decided,
+                if computed { "computed" } else { "skipped" }
+            ));
+        }
+        self.decided += 1;
+        self.computed += computed as u32;
+        Ok(())
+    }
+
+    /// After the last step: the run computed exactly its allowance.
+    pub fn finish(&self) -> Result<(), String> {
+        if self.decided != self.steps {
+            return Err(format!("{} of {} steps decided", self.decided, self.steps));
+        }
+        if self.computed != self.computes.min(self.steps) {
+            return Err(format!(
+                "{} steps computed, the work target allows {}",
+                self.computed, self.computes
+            ));
+        }
+        Ok(())
+    }
+}

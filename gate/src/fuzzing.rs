@@ -111,3 +111,46 @@ pub fn budget(data: &[u8]) {
         }
     }
 }
+
+/// Runs one fuzz case of a work target ([`crate::pace::Pace`]) over a change budget's
+/// accumulated changes. Panics on any violated property.
+pub fn pace(data: &[u8]) {
+    use crate::checker::PaceChecker;
+    use crate::pace::Pace;
+    if data.len() < 2 {
+        return;
+    }
+    let steps = data[0] as u32 % 64;
+    let computes = (data[1] as u32 % 65).min(steps);
+    let mut p = Pace::new(steps, computes).expect("computes <= steps");
+    let mut checker = PaceChecker::new(steps, computes);
+    let mut bytes = data[2..].iter().copied().cycle();
+    let mut acc = 0.0f32;
+    for _ in 0..steps {
+        let rate = match bytes.next().unwrap_or(0) {
+            0xFF => f32::NAN,
+            0xFE => f32::INFINITY,
+            0xFD => -1.0,
+            v => v as f32 / 100.0,
+        };
+        acc += if rate.is_finite() && rate > 0.0 {
+            rate
+        } else {
+            0.0
+        };
+        let computed = p.decide(acc, rate);
+        checker
+            .check(acc, rate, computed)
+            .unwrap_or_else(|e| panic!("checker: {e}"));
+        p.stepped(computed)
+            .expect("a decision respects the allowance");
+        if computed {
+            acc = 0.0;
+        }
+    }
+    checker.finish().unwrap_or_else(|e| panic!("checker: {e}"));
+    assert!(
+        p.stepped(false).is_err(),
+        "a step past the last was accepted"
+    );
+}

@@ -37,6 +37,7 @@ pub mod checker;
 mod epsilon;
 #[cfg(feature = "fuzzing")]
 pub mod fuzzing;
+pub mod pace;
 
 pub use epsilon::LoadAdaptiveEpsilon;
 
@@ -123,6 +124,20 @@ pub enum GateError {
         /// Length given.
         got: usize,
     },
+    /// A work target allowed more computed steps than it has steps.
+    BadPace {
+        /// Steps to decide.
+        steps: u32,
+        /// Computations allowed.
+        computes: u32,
+    },
+    /// A step recorded past a work target's last step, or computed with its allowance spent.
+    PaceSpent {
+        /// Steps left.
+        steps_left: u32,
+        /// Computations left.
+        computes_left: u32,
+    },
 }
 
 impl fmt::Display for GateError {
@@ -161,6 +176,17 @@ impl fmt::Display for GateError {
             Self::BadBuffer { expected, got } => write!(
                 f,
                 "decision buffer has {got} entries, expected one per patch ({expected})"
+            ),
+            Self::BadPace { steps, computes } => write!(
+                f,
+                "a work target of {computes} computed steps among {steps} steps: at most one per step"
+            ),
+            Self::PaceSpent {
+                steps_left,
+                computes_left,
+            } => write!(
+                f,
+                "work target overspent: {steps_left} steps and {computes_left} computations were left"
             ),
         }
     }

@@ -152,8 +152,9 @@ class Engine:
     or a TinyDiT-family weights file, on in-process workers.
 
     Settings are the request schema's fields (``steps``, ``seed``, ``patches``, ``epsilon``,
-    ``max_skip``, ``mode``, ``layout``, ``reuse``, ``monotasks``, ``cache_threshold``,
-    ``priority``, ``deadline_ms``, ``warmup``, ``adaptive_epsilon``), with the CLI's defaults
+    ``max_skip``, ``budget`` (a work budget in (0, 1]), ``mode``, ``layout``, ``reuse``,
+    ``monotasks``, ``cache_threshold``, ``priority``, ``deadline_ms``, ``warmup``,
+    ``adaptive_epsilon``), with the CLI's defaults
     for a lone request. Safe to share between threads; the GIL is released while the model
     runs.
     """

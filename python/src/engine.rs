@@ -205,6 +205,7 @@ impl Engine {
             "epsilon": short(c.epsilon),
             "adaptive_epsilon": c.adaptive_epsilon,
             "max_skip": c.max_skip,
+            "budget": c.budget.map(short),
             "seed": c.seed,
             "mode": c.mode.name(),
             "layout": match c.layout {

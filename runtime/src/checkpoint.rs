@@ -13,7 +13,7 @@ use std::path::{Path, PathBuf};
 use rkyv::rancor::Error as RkyvError;
 
 const MAGIC: [u8; 4] = *b"FDCK";
-const VERSION: u32 = 2;
+const VERSION: u32 = 3;
 const HEADER: usize = 24;
 /// Largest checkpoint accepted (far above any model's request state today).
 pub const MAX_CHECKPOINT: u64 = 1 << 34;
@@ -34,6 +34,8 @@ mod records {
         pub epsilon: f32,
         pub adaptive_epsilon: bool,
         pub max_skip: u32,
+        /// The work budget, if any.
+        pub budget: Option<f32>,
         pub seed: u64,
         /// [`crate::engine::Mode`] by name.
         pub mode: String,
@@ -255,6 +257,7 @@ pub fn sample() -> Checkpoint {
             epsilon: 0.1,
             adaptive_epsilon: false,
             max_skip: 3,
+            budget: None,
             seed: 9,
             mode: "flashdiff".into(),
             priority: 1,

@@ -55,6 +55,8 @@ pub struct RequestFields {
     pub adaptive_epsilon: Option<bool>,
     /// Longest run of skips per patch K.
     pub max_skip: Option<u64>,
+    /// Work budget F in (0, 1]: the request's model work as a fraction of full computation's.
+    pub budget: Option<f64>,
     /// Execution mode (`flashdiff`, `no-skip`, `full`, `naive-patch`, `teacache`, `ras`).
     pub mode: Option<String>,
     /// Patch layout: `saliency` or `uniform`.
@@ -142,6 +144,9 @@ impl RequestFields {
         if let Some(k) = self.max_skip {
             c.max_skip = saturate(k);
         }
+        if let Some(b) = self.budget {
+            c.budget = Some(b as f32);
+        }
         if let Some(m) = &self.mode {
             c.mode = m
                 .parse()
@@ -186,7 +191,7 @@ impl RequestFields {
 }
 
 /// Every field, by name.
-pub const FIELDS: [&str; 22] = [
+pub const FIELDS: [&str; 23] = [
     "id",
     "prompt",
     "model",
@@ -197,6 +202,7 @@ pub const FIELDS: [&str; 22] = [
     "epsilon",
     "adaptive_epsilon",
     "max_skip",
+    "budget",
     "mode",
     "layout",
     "reuse",

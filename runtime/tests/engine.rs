@@ -527,6 +527,87 @@ fn a_lone_request_spends_almost_no_time_queued() {
 /// crash), ends bit-identical to the uninterrupted run, in every mode; the checkpoint is
 /// gone once the request ends.
 #[test]
+fn a_work_budget_computes_exactly_its_share_of_the_steps() {
+    let mut e = Engine::new(&default_weights(), 1).unwrap();
+    for (steps, warmup, f) in [
+        (12u32, 3u32, 0.5f32),
+        (20, 3, 0.33),
+        (20, 3, 0.2),
+        (12, 3, 1.0),
+    ] {
+        let c = RequestConfig {
+            steps,
+            warmup,
+            budget: Some(f),
+            ..cfg(Mode::FlashDiff)
+        };
+        let out = e.generate(PROMPT, c, &mut |_| {}).unwrap();
+        let r = &out.report;
+        // Recomputed here: floor(F x steps) steps in all, the warm-up among them.
+        let want = ((f as f64 * steps as f64) + 1e-6).floor() as usize - warmup as usize;
+        let computed = r.active_per_step.iter().filter(|&&a| a > 0).count();
+        assert_eq!(computed, want, "F {f} of {steps} steps");
+        assert!(
+            r.active_per_step.iter().all(|&a| a == 0 || a == r.patches),
+            "a computed step left patches out: {:?}",
+            r.active_per_step
+        );
+        let work = 1.0 - r.work_skipped;
+        assert!(work <= f as f64 + 1e-9, "work {work} over the budget {f}");
+        assert!(
+            work > f as f64 - 1.0 / steps as f64,
+            "work {work} far under {f}"
+        );
+        assert_eq!(
+            *r.active_per_step.last().unwrap(),
+            r.patches,
+            "the final step"
+        );
+    }
+}
+
+#[test]
+fn a_work_budget_is_refused_where_it_cannot_hold() {
+    let e = Engine::new(&default_weights(), 1).unwrap();
+    let check = |c: RequestConfig, says: &str| match e.validate(&c) {
+        Err(EngineError::Invalid { field, reason }) => {
+            assert_eq!(field, "budget");
+            assert!(reason.contains(says), "{reason}");
+        }
+        other => panic!("budget {:?} in {:?}: {other:?}", c.budget, c.mode),
+    };
+    for bad in [0.0, -0.5, 1.5, f32::NAN] {
+        check(
+            RequestConfig {
+                budget: Some(bad),
+                ..cfg(Mode::FlashDiff)
+            },
+            "(0, 1]",
+        );
+    }
+    // 12 steps, a warm-up of 3 and the final step: at least 4 of 12.
+    check(
+        RequestConfig {
+            budget: Some(0.3),
+            ..cfg(Mode::FlashDiff)
+        },
+        "at least 0.333",
+    );
+    check(
+        RequestConfig {
+            budget: Some(0.5),
+            ..cfg(Mode::TeaCache)
+        },
+        "mode flashdiff only",
+    );
+    e.validate(&RequestConfig {
+        budget: Some(0.34),
+        ..cfg(Mode::FlashDiff)
+    })
+    .unwrap();
+}
+
+#[test]
 fn a_request_resumed_from_any_checkpoint_ends_bit_identical() {
     use flashdiff_runtime::checkpoint;
     let dir = std::env::temp_dir().join(format!("fd-resume-{}", std::process::id()));
@@ -541,41 +622,48 @@ fn a_request_resumed_from_any_checkpoint_ends_bit_identical() {
             adaptive_epsilon: mode == Mode::FlashDiff,
             ..cfg(mode)
         };
-        let mut a = Engine::new(&default_weights(), 1).unwrap();
-        a.set_checkpoint_dir(Some(dir.clone()), Duration::ZERO)
-            .unwrap();
-        let file = checkpoint::path(&dir, 5);
-        let mut saved = Vec::new();
-        a.submit(5, PROMPT, c.clone()).unwrap();
-        let out = a.run(&mut |ev| {
-            let step = ev.step;
-            // The file holds the previous step boundary's checkpoint here.
-            if let Ok(b) = std::fs::read(&file) {
-                saved.push((step, b));
-            }
-        });
-        let want = out[0].as_ref().unwrap();
-        assert!(
-            !file.exists(),
-            "{mode:?}: checkpoint left after the request ended"
-        );
-        assert!(
-            saved.len() >= 6,
-            "{mode:?}: only {} checkpoints",
-            saved.len()
-        );
-        for (step, bytes) in &saved {
-            let ck = checkpoint::decode(bytes).unwrap();
-            let mut b = Engine::new(&default_weights(), 1).unwrap();
-            b.resume(ck).unwrap();
-            let got = b.run(&mut |_| {});
-            let got = got[0].as_ref().unwrap();
-            assert_eq!(
-                got.latent, want.latent,
-                "{mode:?}: resumed before step {step}, the output changed"
+        // The work budget's pace is rebuilt from the report: a resumed request keeps it.
+        let budgeted = RequestConfig {
+            budget: Some(0.5),
+            ..cfg(mode)
+        };
+        for c in std::iter::once(c).chain((mode == Mode::FlashDiff).then_some(budgeted)) {
+            let mut a = Engine::new(&default_weights(), 1).unwrap();
+            a.set_checkpoint_dir(Some(dir.clone()), Duration::ZERO)
+                .unwrap();
+            let file = checkpoint::path(&dir, 5);
+            let mut saved = Vec::new();
+            a.submit(5, PROMPT, c.clone()).unwrap();
+            let out = a.run(&mut |ev| {
+                let step = ev.step;
+                // The file holds the previous step boundary's checkpoint here.
+                if let Ok(b) = std::fs::read(&file) {
+                    saved.push((step, b));
+                }
+            });
+            let want = out[0].as_ref().unwrap();
+            assert!(
+                !file.exists(),
+                "{mode:?}: checkpoint left after the request ended"
             );
-            assert_eq!(got.report.active_per_step, want.report.active_per_step);
-            assert_eq!(got.report.computed, want.report.computed);
+            assert!(
+                saved.len() >= 6,
+                "{mode:?}: only {} checkpoints",
+                saved.len()
+            );
+            for (step, bytes) in &saved {
+                let ck = checkpoint::decode(bytes).unwrap();
+                let mut b = Engine::new(&default_weights(), 1).unwrap();
+                b.resume(ck).unwrap();
+                let got = b.run(&mut |_| {});
+                let got = got[0].as_ref().unwrap();
+                assert_eq!(
+                    got.latent, want.latent,
+                    "{mode:?}: resumed before step {step}, the output changed"
+                );
+                assert_eq!(got.report.active_per_step, want.report.active_per_step);
+                assert_eq!(got.report.computed, want.report.computed);
+            }
         }
     }
     let _ = std::fs::remove_dir_all(&dir);

@@ -186,6 +186,11 @@ pub(crate) struct Knobs {
     /// Longest run of skips per patch, in 0..=1000.
     #[arg(long, default_value_t = ENGINE_DEFAULT_MAX_SKIP)]
     pub(crate) max_skip: u32,
+    /// Work budget F in (0, 1] (mode flashdiff): compute floor(F x steps) steps, the
+    /// warm-up and the final step among them, so the model work is at most F of full
+    /// computation's; the change decides which. Replaces --epsilon and --max-skip.
+    #[arg(long)]
+    pub(crate) budget: Option<f32>,
     /// Scheduling priority, in 0..8 (higher first).
     #[arg(long, default_value_t = 0)]
     pub(crate) priority: u8,
@@ -412,6 +417,7 @@ impl Knobs {
             epsilon: self.epsilon,
             adaptive_epsilon: self.adaptive_epsilon,
             max_skip: self.max_skip,
+            budget: self.budget,
             seed,
             priority: self.priority,
             mode: self.mode,

@@ -296,6 +296,7 @@ pub(crate) fn generate(a: GenerateArgs) -> Result<(), String> {
         let full_cfg = RequestConfig {
             mode: Mode::Full,
             patches: None,
+            budget: None,
             ..cfg.clone()
         };
         let full = engine

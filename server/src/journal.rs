@@ -101,6 +101,20 @@ pub fn replay_bytes(bytes: &[u8]) -> (Vec<Entry>, usize) {
     (out, at)
 }
 
+/// Whether a whole record with a matching CRC starts at `at` (a record [`replay_bytes`]
+/// stopped at for its contents, not for a torn or damaged frame).
+pub fn intact_record_at(bytes: &[u8], at: usize) -> bool {
+    let Some(head) = bytes.get(at..at + 8) else {
+        return false;
+    };
+    let len = u32::from_le_bytes(head[..4].try_into().expect("4 bytes"));
+    let crc = u32::from_le_bytes(head[4..].try_into().expect("4 bytes"));
+    len <= MAX_RECORD
+        && bytes
+            .get(at + 8..at + 8 + len as usize)
+            .is_some_and(|payload| crc32fast::hash(payload) == crc)
+}
+
 /// Folds records into jobs, in id order.
 pub fn jobs_of(entries: Vec<Entry>) -> Vec<JobRecord> {
     let mut jobs: std::collections::BTreeMap<u64, JobRecord> = Default::default();
@@ -182,6 +196,17 @@ impl Store {
             .read_to_end(&mut bytes)
             .map_err(|e| ctx("cannot read its journal", e))?;
         let (entries, good) = replay_bytes(&bytes);
+        if intact_record_at(&bytes, good) {
+            // Whole and intact by its CRC, yet not a record this build reads: not a torn
+            // write but another format. Cutting it would lose every job from there on.
+            return Err(format!(
+                "state directory {}: its journal's record at byte {good} is intact but of a \
+                 format this build does not read (written by another version of flashdiff); \
+                 nothing was changed: serve it with the build that wrote it, or pass another \
+                 --state-dir",
+                dir.display()
+            ));
+        }
         if good < bytes.len() {
             log::warn!(
                 "journal {}: cut off {} bytes of a torn or damaged record at its end",
@@ -338,6 +363,43 @@ mod tests {
         assert_eq!(jobs.len(), 1);
         assert_eq!(jobs[0].end, Some((0, String::new())));
         assert!(replay_bytes(&[0xFF; 64]).0.is_empty());
+    }
+
+    #[test]
+    fn an_intact_record_of_another_format_is_refused_not_cut() {
+        let dir = std::env::temp_dir().join(format!("fd-journal-fmt-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let (mut s, _) = Store::open(&dir).unwrap();
+        s.append(&Entry::Finished {
+            id: 1,
+            phase: 0,
+            error: String::new(),
+        })
+        .unwrap();
+        drop(s);
+        // A whole record, its CRC right, whose payload this build cannot decode.
+        let payload = [0xABu8; 24];
+        let mut foreign = (payload.len() as u32).to_le_bytes().to_vec();
+        foreign.extend(crc32fast::hash(&payload).to_le_bytes());
+        foreign.extend(payload);
+        let path = dir.join("journal");
+        let mut bytes = std::fs::read(&path).unwrap();
+        bytes.extend(&foreign);
+        std::fs::write(&path, &bytes).unwrap();
+        let e = Store::open(&dir).map(|_| ()).unwrap_err();
+        assert!(e.contains("intact but of a format"), "{e}");
+        assert_eq!(
+            std::fs::read(&path).unwrap(),
+            bytes,
+            "the journal was changed"
+        );
+        // The same bytes with the CRC wrong are a damaged tail: cut, the rest replays.
+        let n = bytes.len();
+        bytes[n - payload.len() - 4] ^= 1;
+        std::fs::write(&path, &bytes).unwrap();
+        let (_, jobs) = Store::open(&dir).unwrap();
+        assert!(jobs.is_empty());
+        let _ = std::fs::remove_dir_all(&dir);
     }
 
     #[test]

@@ -111,6 +111,62 @@ fn generate_writes_a_png_and_a_report() {
     std::fs::remove_dir_all(&dir).ok();
 }
 
+#[test]
+fn generate_keeps_to_a_work_budget() {
+    let dir = std::env::temp_dir().join(format!("flashdiff-cli-budget-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    // 20 steps, 3 warm-up, budget 0.35: 7 steps computed, so 65% of the work skipped; the
+    // comparison with full computation still runs.
+    let (stdout, _) = succeeds_with(
+        flashdiff()
+            .args([
+                "generate",
+                "a red circle top left on a blue background",
+                "--steps",
+                "20",
+                "--warmup",
+                "3",
+                "--budget",
+                "0.35",
+                "--compare",
+                "-o",
+            ])
+            .arg(dir.join("out.png")),
+        &[
+            "model work skipped incl. warm-up 65.0%",
+            "vs full computation: PSNR",
+        ],
+    );
+    assert!(stdout.contains("mode FlashDiff"), "{stdout}");
+    each_fails_with(&[
+        (
+            &[
+                "generate",
+                "a red circle",
+                "--steps",
+                "20",
+                "--warmup",
+                "3",
+                "--budget",
+                "0.1",
+            ],
+            "\"budget\" 0.1: below the 4 of 20 steps always computed",
+        ),
+        (
+            &[
+                "generate",
+                "a red circle",
+                "--budget",
+                "0.5",
+                "--mode",
+                "teacache",
+            ],
+            "applies to mode flashdiff only",
+        ),
+    ]);
+    std::fs::remove_dir_all(&dir).ok();
+}
+
 /// `generate --model MODEL PROMPT --compare -o FILE` (10 steps, 4 patches): requires the
 /// needles in its report and returns the file's bytes.
 fn generate_media(model: &str, prompt: &str, file: &str, needles: &[&str]) -> Vec<u8> {

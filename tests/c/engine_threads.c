@@ -169,6 +169,38 @@ int main(int argc, char **argv) {
   if (left != 0) FAIL("idle engine reports pending work\n");
   if (fd_engine_step(engine, 60000, NULL) != FD_ERR_VALUE) FAIL("timeout out of range accepted\n");
 
+  /* The request schema as JSON: a work budget, which fd_request_config has no field for.
+     20 steps, 3 warm-up, budget 0.3: 6 steps computed, 3 of the 17 after the warm-up. */
+  static const char budgeted[] =
+      "{\"prompt\": \"a red circle left on a white background\", \"steps\": 20, "
+      "\"warmup\": 3, \"patches\": 4, \"budget\": 0.3}";
+  check(fd_engine_submit_json(engine, 300, budgeted, strlen(budgeted)), "submit_json 300");
+  check(fd_engine_run(engine), "run 300");
+  fd_report rep;
+  check(fd_engine_result(engine, 300, NULL, 0, &rep), "result 300");
+  if (rep.patch_steps != 17 * 4 || rep.computed != 3 * 4)
+    FAIL("budget 0.3: %llu of %llu patch-steps computed, expected 12 of 68\n",
+         (unsigned long long)rep.computed, (unsigned long long)rep.patch_steps);
+  check(fd_engine_release(engine, 300), "release 300");
+  static const char *refused[][2] = {
+      {"{\"prompt\": \"a red circle\", \"budget\": 2}", "budget"},
+      {"{\"prompt\": \"a red circle\", \"budget\": 0.5, \"mode\": \"teacache\"}", "budget"},
+      {"{\"budget\": 0.5}", "prompt"},
+      {"{\"prompt\": \"a red circle\", \"model\": \"tinyvideo\"}", "model"},
+      {"{\"prompt\": \"a red circle\", \"budgett\": 0.5}", "budgett"},
+      {"[1, 2]", "request"},
+      {"{\"prompt\": ", "JSON"},
+  };
+  for (size_t i = 0; i < sizeof refused / sizeof refused[0]; i++) {
+    fd_status st = fd_engine_submit_json(engine, 301, refused[i][0], strlen(refused[i][0]));
+    char detail[512];
+    fd_last_error_detail(detail, sizeof detail);
+    if (st == FD_OK || strstr(detail, refused[i][1]) == NULL)
+      FAIL("submit_json accepted or did not name '%s': %s -> %d %s\n", refused[i][1],
+           refused[i][0], (int)st, detail);
+  }
+  if (fd_engine_submit_json(engine, 302, NULL, 0) == FD_OK) FAIL("empty JSON accepted\n");
+
   free(rgb);
   fd_engine_free(&engine);
   if (engine != NULL) FAIL("free did not NULL the handle\n");

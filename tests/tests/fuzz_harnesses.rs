@@ -23,6 +23,11 @@ proptest! {
     }
 
     #[test]
+    fn pace_harness(data in prop::collection::vec(any::<u8>(), 0..300)) {
+        flashdiff_gate::fuzzing::pace(&data);
+    }
+
+    #[test]
     fn records_harness(data in prop::collection::vec(any::<u8>(), 0..200)) {
         flashdiff_runtime::fuzzing::records(&data);
     }

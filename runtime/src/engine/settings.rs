@@ -163,6 +163,12 @@ pub struct RequestConfig {
     pub adaptive_epsilon: bool,
     /// Longest run of skips K.
     pub max_skip: u32,
+    /// A work budget F in `(0, 1]` ([`Mode::FlashDiff`] only): the request computes
+    /// `floor(F * steps)` steps, the warm-up and final steps among them, so its model work is
+    /// at most F of full computation's; the others are forecast. Which steps is decided by
+    /// [`flashdiff_gate::pace::Pace`] from the change budget's accumulated change (`epsilon`
+    /// and K are then not used). `None`: `epsilon` decides, and the work follows the content.
+    pub budget: Option<f32>,
     /// Noise seed.
     pub seed: u64,
     /// Execution mode.
@@ -207,6 +213,7 @@ impl Default for RequestConfig {
             epsilon: ENGINE_DEFAULT_EPSILON,
             adaptive_epsilon: false,
             max_skip: ENGINE_DEFAULT_MAX_SKIP,
+            budget: None,
             seed: 0,
             mode: Mode::FlashDiff,
             priority: 0,
@@ -260,6 +267,32 @@ pub fn check_request(model: &dyn Denoiser, cfg: &RequestConfig) -> Result<(), En
     }
     if !(cfg.epsilon.is_finite() && (0.0..=1.0).contains(&cfg.epsilon)) {
         return bad("epsilon", format!("{}: must be in [0, 1]", cfg.epsilon));
+    }
+    if let Some(f) = cfg.budget {
+        if !(f.is_finite() && f > 0.0 && f <= 1.0) {
+            return bad("budget", format!("{f}: must be in (0, 1]"));
+        }
+        if cfg.mode != Mode::FlashDiff {
+            return bad(
+                "budget",
+                format!(
+                    "{f}: a work budget applies to mode flashdiff only (mode {} has its own knob)",
+                    cfg.mode.name()
+                ),
+            );
+        }
+        let fixed = cfg.warmup + FINAL_FULL_STEPS;
+        if flashdiff_gate::pace::computes_for(f, cfg.steps) < fixed {
+            return bad(
+                "budget",
+                format!(
+                    "{f}: below the {fixed} of {} steps always computed (the warm-up and the \
+                     final step): at least {:.3}",
+                    cfg.steps,
+                    fixed as f32 / cfg.steps as f32
+                ),
+            );
+        }
     }
     if !(cfg.ras_ratio > 0.0 && cfg.ras_ratio < 1.0) {
         return bad("ras_ratio", format!("{}: must be in (0, 1)", cfg.ras_ratio));

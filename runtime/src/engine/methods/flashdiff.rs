@@ -3,11 +3,14 @@
 //! step is computed once any patch has accumulated `epsilon` (or reached K skips) and is
 //! otherwise forecast for every token from the computed steps. `share` says which patches a
 //! computed step runs: 0 (FlashDiff) every patch, 1 (the per-patch ablation) only those at
-//! the budget, the others standing in with forecast K/V and velocity.
+//! the budget, the others standing in with forecast K/V and velocity. A request with a work
+//! budget F computes `floor(F * steps)` steps: which ones the work target
+//! (`flashdiff_gate::pace`) decides from the same accumulated change.
 
 use std::time::Instant;
 
 use flashdiff_gate::budget::{relative_change, Budget, BudgetConfig};
+use flashdiff_gate::pace::{computes_for, Pace};
 use flashdiff_models::Denoiser;
 
 use super::{adaptive_epsilon, block0_input, forecast_whole_step, Method};
@@ -45,6 +48,7 @@ impl FlashDiff {
                 },
             )?),
         };
+        let mut rate = 0.0f32;
         if let Some((before, _)) = &r.tea {
             let change = relative_change(
                 &now,
@@ -54,6 +58,7 @@ impl FlashDiff {
                 patches,
             )?;
             budget.observe(&change)?;
+            rate = change.iter().fold(0.0, |m, &c| m.max(c));
         }
         if r.cfg.adaptive_epsilon {
             let e = adaptive_epsilon(r.cfg.epsilon).epsilon(load);
@@ -64,6 +69,12 @@ impl FlashDiff {
         let computed = if r.step + FINAL_FULL_STEPS >= r.cfg.steps {
             r.active.fill(true);
             true
+        } else if let Some(fraction) = r.cfg.budget {
+            let most = budget.accumulated().iter().fold(0.0f32, |m, &a| m.max(a));
+            let computed =
+                pace(&r.cfg, fraction, r.step, &r.report.active_per_step)?.decide(most, rate);
+            r.active.fill(computed);
+            computed
         } else {
             budget.decide(&mut r.active)
         };
@@ -74,6 +85,32 @@ impl FlashDiff {
         r.report.time.gate += t0.elapsed();
         Ok(computed)
     }
+}
+
+/// The work target of a request with work budget `fraction` at decidable step `step`,
+/// rebuilt from what its report says was computed (so a request moved between processes or
+/// restored from a checkpoint carries no extra state): `floor(fraction * steps)` computed
+/// steps in all, less the warm-up, the final steps and the decided steps already computed.
+fn pace(
+    cfg: &RequestConfig,
+    fraction: f32,
+    step: u32,
+    active_per_step: &[u32],
+) -> Result<Pace, EngineError> {
+    let decidable = cfg.steps.saturating_sub(FINAL_FULL_STEPS);
+    let computed = active_per_step.iter().filter(|&&a| a > 0).count() as u32;
+    let allowed = computes_for(fraction, cfg.steps).saturating_sub(cfg.warmup + FINAL_FULL_STEPS);
+    let since = active_per_step
+        .iter()
+        .rev()
+        .take_while(|&&a| a == 0)
+        .count() as u32;
+    Pace::at(
+        decidable.saturating_sub(step),
+        allowed.saturating_sub(computed),
+        since,
+    )
+    .map_err(|e| EngineError::Internal(format!("work budget {fraction}: {e}")))
 }
 
 impl Method for FlashDiff {
