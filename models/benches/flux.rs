@@ -8,7 +8,7 @@
 //!
 //! `FLASHDIFF_BENCH_DEVICE=cuda` (a build with `--features cuda`) runs it on GPU 0 and
 //! `FLASHDIFF_BENCH_DTYPE=bf16` multiplies the linear layers in bf16, as
-//! `scripts/gpu-check.sh` does; the defaults are cpu and f32.
+//! `scripts/gpu-run.sh` does; the defaults are cpu and f32.
 #![allow(missing_docs)] // criterion_group! generates undocumented items
 
 use std::time::Duration;
@@ -44,7 +44,13 @@ fn values(n: usize, seed: u64, scale: f32) -> Vec<f32> {
 /// The device and linear-layer dtype the environment asks for (see the file's head).
 fn setup() -> (Device, DType, String) {
     let dev = match std::env::var("FLASHDIFF_BENCH_DEVICE").as_deref() {
-        Ok("cuda") => Device::new_cuda(0).expect("FLASHDIFF_BENCH_DEVICE=cuda: no CUDA device"),
+        Ok("cuda") => match flashdiff_models::device(true) {
+            Ok(d) => d,
+            Err(e) => {
+                eprintln!("FLASHDIFF_BENCH_DEVICE=cuda: {e}");
+                std::process::exit(1);
+            }
+        },
         Ok("cpu") | Err(_) => Device::Cpu,
         Ok(other) => panic!("FLASHDIFF_BENCH_DEVICE={other}: expected cpu or cuda"),
     };

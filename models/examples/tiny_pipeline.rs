@@ -7,6 +7,10 @@ use std::process::ExitCode;
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
+    if args.first().map(String::as_str) == Some("--version") {
+        println!("tiny_pipeline {}", env!("CARGO_PKG_VERSION"));
+        return ExitCode::SUCCESS;
+    }
     let (Some(dir), Some(model)) = (args.first(), args.get(1)) else {
         eprintln!(
             "usage: tiny_pipeline DIR flux-dev|flux-schnell|sd3|sd3.5|wan2.1|stable-audio-open"

@@ -404,18 +404,63 @@ pub fn device(cuda: bool) -> Result<Device, ModelError> {
         ));
     }
     // The first line only: candle appends a backtrace when RUST_BACKTRACE is set.
-    Device::new_cuda(0).map_err(|e| {
-        let e = e.to_string();
-        ModelError::Input(format!(
-            "no usable CUDA device: {}",
-            e.lines().next().unwrap_or("")
-        ))
+    let first_line = |e: &str| format!("no usable CUDA device: {}", e.lines().next().unwrap_or(""));
+    match open_cuda() {
+        Ok(Ok(d)) => Ok(d),
+        Ok(Err(e)) => Err(ModelError::Input(first_line(&e.to_string()))),
+        Err(why) => Err(ModelError::Input(first_line(&why))),
+    }
+}
+
+/// Opens CUDA device 0. A build whose CUDA libraries are opened at run time (cudarc's
+/// `dynamic-loading`, as `scripts/gpu-build.sh` builds) panics inside cudarc when a library
+/// is missing; that panic is caught here and returned as its message, and the default
+/// panic report is held back meanwhile so the user sees one clear error, not a crash. (A
+/// panic on another thread in that instant would lose its report; devices are opened
+/// before any work starts.)
+fn open_cuda() -> Result<candle_core::Result<Device>, String> {
+    static HOOK: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    let _one_at_a_time = HOOK.lock().unwrap_or_else(|p| p.into_inner());
+    let report = std::panic::take_hook();
+    std::panic::set_hook(Box::new(|_| {}));
+    let opened = std::panic::catch_unwind(|| Device::new_cuda(0));
+    std::panic::set_hook(report);
+    opened.map_err(|payload| {
+        let said = payload
+            .downcast_ref::<String>()
+            .cloned()
+            .or_else(|| payload.downcast_ref::<&str>().map(|s| s.to_string()))
+            .unwrap_or_default();
+        missing_library(&said).unwrap_or(said)
     })
+}
+
+/// cudarc's report of a library it could not open, said briefly: which library, and where
+/// the loader looks.
+fn missing_library(said: &str) -> Option<String> {
+    let rest = said.strip_prefix("Unable to dynamically load the \"")?;
+    let name = &rest[..rest.find('"')?];
+    Some(format!(
+        "the CUDA library lib{name}.so could not be opened (no NVIDIA driver or CUDA 13 \
+         libraries found; the loader searches LD_LIBRARY_PATH and the system's library path)"
+    ))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_missing_cuda_library_is_named_briefly() {
+        let said = "Unable to dynamically load the \"cublas\" shared library - searched for \
+                    library names: [\"libcublas.so\"]. Ensure that `LD_LIBRARY_PATH` ...";
+        let e = missing_library(said).unwrap();
+        assert!(
+            e.starts_with("the CUDA library libcublas.so could not be opened"),
+            "{e}"
+        );
+        assert_eq!(missing_library("out of memory"), None);
+    }
 
     #[test]
     fn device_is_the_cpu_or_a_clear_error() {

@@ -27,16 +27,25 @@ pub const BUILTIN_MODELS: [&str; 4] = ["tinydit", "tinyvideo", "tinyaudio", TINY
 
 const TINYFLUX: &str = crate::tinyflux::NAME;
 
-/// The shipped weights of a built-in model (`NAME/NAME.safetensors` in this crate's source
-/// folder; TinyFLUX's folder `tinyflux/`); `None` for a name not in [`BUILTIN_MODELS`].
+/// The shipped weights of a built-in model (`NAME/NAME.safetensors` in [`models_dir`];
+/// TinyFLUX's folder `tinyflux/`); `None` for a name not in [`BUILTIN_MODELS`].
 pub fn builtin_weights(name: &str) -> Option<PathBuf> {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let root = &models_dir();
     match name {
         TINYFLUX => Some(root.join(TINYFLUX)),
         _ => BUILTIN_MODELS
             .contains(&name)
             .then(|| root.join(format!("{name}/{name}.safetensors"))),
     }
+}
+
+/// The folder that holds the built-in models' weights: `$FLASHDIFF_MODELS_DIR` (a binary
+/// copied away from its source tree, with the repository's `models/` folder beside it
+/// elsewhere), or this crate's source folder as it was when the binary was built.
+pub fn models_dir() -> PathBuf {
+    std::env::var_os("FLASHDIFF_MODELS_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).to_path_buf())
 }
 
 /// The image model's weights: `$FLASHDIFF_WEIGHTS`, or the shipped TinyDiT.

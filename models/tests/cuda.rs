@@ -1,13 +1,21 @@
 //! The same model on CUDA and on the CPU (the `cuda` feature on a machine with an NVIDIA
 //! GPU): full forward, saliency and the token-subset forward agree within a stated
-//! tolerance. Elsewhere the test says it skipped and why; `scripts/gpu-check.sh` runs it.
+//! tolerance. Elsewhere the test says it skipped and why; `scripts/gpu-run.sh` runs it.
 
 use std::path::PathBuf;
 
 use flashdiff_models::{device, Denoiser, Device, KvCache, Patches, StepInput, Tensor, TinyDit};
 
+/// This crate's folder: cargo sets `CARGO_MANIFEST_DIR` when it runs a test, and so does
+/// `scripts/gpu-run.sh` for this test's binary staged on another machine.
+fn manifest_dir() -> PathBuf {
+    std::env::var_os("CARGO_MANIFEST_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")))
+}
+
 fn weights() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../models/tinydit/tinydit.safetensors")
+    manifest_dir().join("tinydit/tinydit.safetensors")
 }
 
 fn host(t: &Tensor) -> Vec<f32> {
@@ -101,7 +109,7 @@ fn cuda_matches_the_cpu_or_says_it_skipped() {
 /// forward's velocity, and the half-subset forward's rows with the full one's rows.
 fn flux_run(dev: &Device, dtype: flashdiff_models::DType) -> (Vec<f32>, Vec<f32>, Vec<f32>) {
     use flashdiff_models::flux::{FluxCheckpoint, Rows};
-    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("reference/flux_golden.safetensors");
+    let path = manifest_dir().join("reference/flux_golden.safetensors");
     let g = flashdiff_models::Weights::open(&path).unwrap();
     let t = |n: &str| {
         let (s, v) = g.get_any(n).unwrap();
@@ -165,7 +173,7 @@ fn flux_on_cuda_matches_diffusers_or_says_it_skipped() {
             return;
         }
     };
-    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("reference/flux_golden.safetensors");
+    let path = manifest_dir().join("reference/flux_golden.safetensors");
     let g = flashdiff_models::Weights::open(&path).unwrap();
     let want = g.get_any("golden.out").unwrap().1.to_vec();
     let (full, sub, rows) = flux_run(&gpu, DType::F32);
