@@ -186,6 +186,13 @@ fn settings(base: &RequestConfig, workers: u32) -> Vec<Setting> {
             });
         }
     }
+    // The budget is the flashdiff-budget row's knob alone: a --budget given to the study
+    // does not turn every other setting into a budgeted one.
+    for s in &mut v {
+        if s.method != "flashdiff-budget" {
+            s.cfg.budget = None;
+        }
+    }
     let r = workers.max(2);
     v.push(Setting {
         method: "distrifusion",

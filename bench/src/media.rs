@@ -135,6 +135,7 @@ pub fn run(
                 seed,
                 ..(m.cfg)(&base)
             };
+            let c = crate::budget_for_mode(c);
             results.push((name.to_string(), engine.generate(&prompt, c, &mut |_| {})?));
         }
         let steps = ((cfg.steps as f64 * work(&results[1].1, cfg.steps)).round() as u32).max(2);
@@ -145,7 +146,7 @@ pub fn run(
             mode: Mode::Full,
             ..base.clone()
         };
-        let fewer = engine.generate(&prompt, c, &mut |_| {})?;
+        let fewer = engine.generate(&prompt, crate::budget_for_mode(c), &mut |_| {})?;
         results.push(("fewer-steps".to_string(), fewer));
         let full = &results[0].1;
         for (name, o) in &results {
@@ -187,15 +188,14 @@ fn report(
 ) -> (Vec<Value>, String) {
     let video = kind == Kind::Video;
     let mut md = format!(
-        "# flashdiff bench: {model} ({})\n\n{} held-out prompts (seeds {}..{}), {} steps, {} patches, FlashDiff at ε {}, K {}; one request at a time.\nFidelity against full computation from the same seed (identical: shown as 99 dB). Work: share of the full model compute actually done (warm-up included).\n\n",
+        "# flashdiff bench: {model} ({})\n\n{} held-out prompts (seeds {}..{}), {} steps, {} patches, FlashDiff at {}; one request at a time.\nFidelity against full computation from the same seed (identical: shown as 99 dB). Work: share of the full model compute actually done (warm-up included).\n\n",
         kind.name(),
         cfg.prompts,
         cfg.seed,
         cfg.seed + cfg.prompts as u64,
         cfg.steps,
         cfg.patches,
-        base.epsilon,
-        base.max_skip,
+        crate::knob(base),
     );
     md.push_str(if video {
         "| method | latency ms | work | patch-steps skipped | PSNR over the clip dB | worst clip dB | worst frame PSNR dB | temporal PSNR dB | checker all-correct | agrees with full |\n| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n"

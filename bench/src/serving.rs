@@ -378,6 +378,7 @@ fn serve_shaped(
                 deadline,
                 ..base.clone()
             };
+            let c = crate::budget_for_mode(c);
             engine.submit(id_base + i as u64, &scene::prompt_text(&scene), c)?;
         }
         if engine.in_flight() > 0 {
@@ -473,7 +474,7 @@ pub(crate) fn ordering(
     let cap = sat["throughput_rps"].as_f64().unwrap_or(f64::NAN);
     let loads: &[f64] = if quick { &[1.2] } else { &[0.8, 1.2, 1.5] };
     md.push_str(&format!(
-        "\n## Order within a priority level (one worker)\n\nOne in-process worker, every request at priority 0, {n} requests per run from the same two-state MMPP traces, loads as multiples of FlashDiff's one-worker capacity ({cap:.2} req/s, {} requests at once). `scheduler`: every arrival submitted to the patch scheduler, which keeps arrival order within the level; `fifo`: whole requests one at a time in arrival order. Each side runs twice in the order scheduler, fifo, fifo, scheduler; the table shows the mean of its two runs. The issue's bar: the scheduler's p99 no worse than FIFO's at any load.\n\n| load | arrivals req/s | scheduler p50 s | scheduler p99 s | fifo p50 s | fifo p99 s | p99 scheduler / fifo | model time scheduler / fifo | p99 ratio per model time | completions out of arrival order (scheduler) | queue |\n| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n",
+        "\n## Order within a priority level (one worker)\n\nOne in-process worker, every request at priority 0, {n} requests per run from the same two-state MMPP traces, loads as multiples of FlashDiff's one-worker capacity ({cap:.2} req/s, {} requests at once). `scheduler`: every arrival submitted to the patch scheduler, which keeps arrival order within the level; `fifo`: whole requests one at a time in arrival order. Each side runs twice in the order scheduler, fifo, fifo, scheduler; the table shows the mean of its two runs. The bar: the scheduler's p99 no worse than FIFO's at any load.\n\n| load | arrivals req/s | scheduler p50 s | scheduler p99 s | fifo p50 s | fifo p99 s | p99 scheduler / fifo | model time scheduler / fifo | p99 ratio per model time | completions out of arrival order (scheduler) | queue |\n| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n",
         if tiny { 2 } else { 8 }
     ));
     let mut rows = Vec::new();
