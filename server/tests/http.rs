@@ -628,20 +628,22 @@ fn a_flux_pipeline_serves_its_own_image_size() {
     std::fs::remove_dir_all(&dir).ok();
 }
 
-/// One request schema: the same five bad requests through the CLI, JSON lines, HTTP and the
-/// C ABI each get the engine's one error text, which names the field.
+/// One request schema: the same six bad requests through the CLI, JSON lines, HTTP and the
+/// C ABI (its struct, and the schema as JSON) each get the engine's one error text, which
+/// names the field.
 #[test]
 fn a_bad_field_gets_the_same_error_through_every_interface() {
     use flashdiff_runtime::engine::{default_weights, Engine, RequestConfig};
     use std::io::Write;
     let prompt = "a red circle left on a white background";
     // Each bad request: its fields (steps and warm-up always given), as JSON values.
-    let bad: [[(&str, u64); 3]; 5] = [
+    let bad: [[(&str, u64); 3]; 6] = [
         [("steps", 1), ("warmup", 1), ("seed", 0)],
         [("steps", 8), ("warmup", 8), ("seed", 0)],
         [("steps", 8), ("warmup", 2), ("epsilon", 2)],
         [("steps", 8), ("warmup", 2), ("max_skip", 5000)],
         [("steps", 8), ("warmup", 2), ("priority", 9)],
+        [("steps", 8), ("warmup", 2), ("budget", 2)],
     ];
     let settings = |fields: &[(&str, u64)]| {
         let mut c = RequestConfig::default();
@@ -652,6 +654,7 @@ fn a_bad_field_gets_the_same_error_through_every_interface() {
                 "epsilon" => c.epsilon = v as f32,
                 "max_skip" => c.max_skip = v as u32,
                 "priority" => c.priority = v as u8,
+                "budget" => c.budget = Some(v as f32),
                 _ => c.seed = v,
             }
         }
@@ -662,7 +665,9 @@ fn a_bad_field_gets_the_same_error_through_every_interface() {
         .iter()
         .map(|b| engine.validate(&settings(b)).unwrap_err().to_string())
         .collect();
-    let named = ["steps", "warmup", "epsilon", "max_skip", "priority"];
+    let named = [
+        "steps", "warmup", "epsilon", "max_skip", "priority", "budget",
+    ];
     for (field, w) in named.iter().zip(&want) {
         assert!(w.starts_with(&format!("\"{field}\"")), "{w}");
     }
@@ -728,7 +733,28 @@ fn a_bad_field_gets_the_same_error_through_every_interface() {
     let status = unsafe { flashdiff::fd_engine_new(&cfg, &mut e) };
     assert_eq!(status as u32, 0);
     let c_prompt = std::ffi::CString::new(prompt).unwrap();
+    let detail = || {
+        let mut buf = vec![0 as std::os::raw::c_char; 512];
+        // SAFETY: a writable buffer of the length given.
+        let n = unsafe { flashdiff::fd_last_error_detail(buf.as_mut_ptr(), buf.len()) };
+        assert!(n > 0);
+        // SAFETY: fd_last_error_detail NUL-terminates what it writes.
+        unsafe { std::ffi::CStr::from_ptr(buf.as_ptr()) }
+            .to_string_lossy()
+            .into_owned()
+    };
     for (i, (b, w)) in bad.iter().zip(&want).enumerate() {
+        let json = json_of(b);
+        // SAFETY: a live engine and `json.len()` readable bytes.
+        let status = unsafe {
+            flashdiff::fd_engine_submit_json(e, 100 + i as u64, json.as_ptr().cast(), json.len())
+        };
+        assert_ne!(status as u32, 0, "C ABI (JSON) accepted {json}");
+        let d = detail();
+        assert!(d.contains(w.as_str()), "C ABI (JSON): {d}");
+        if b.iter().any(|(k, _)| *k == "budget") {
+            continue; // the struct has no budget field
+        }
         let c = settings(b);
         let mut rc = flashdiff::fd_request_config_default();
         (rc.steps, rc.warmup, rc.epsilon) = (c.steps, c.warmup, c.epsilon);
@@ -736,13 +762,8 @@ fn a_bad_field_gets_the_same_error_through_every_interface() {
         // SAFETY: a live engine, a NUL-terminated prompt, a readable config.
         let status = unsafe { flashdiff::fd_engine_submit(e, i as u64, c_prompt.as_ptr(), &rc) };
         assert_ne!(status as u32, 0, "C ABI accepted {b:?}");
-        let mut buf = vec![0 as std::os::raw::c_char; 512];
-        // SAFETY: a writable buffer of the length given.
-        let n = unsafe { flashdiff::fd_last_error_detail(buf.as_mut_ptr(), buf.len()) };
-        assert!(n > 0);
-        // SAFETY: fd_last_error_detail NUL-terminates what it writes.
-        let detail = unsafe { std::ffi::CStr::from_ptr(buf.as_ptr()) }.to_string_lossy();
-        assert!(detail.contains(w.as_str()), "C ABI: {detail}");
+        let d = detail();
+        assert!(d.contains(w.as_str()), "C ABI: {d}");
     }
     // SAFETY: the handle from fd_engine_new, freed once.
     unsafe { flashdiff::fd_engine_free(&mut e) };
