@@ -249,8 +249,16 @@ pub(crate) fn generate(a: GenerateArgs) -> Result<(), String> {
         );
     }
     println!(
-        "mode {:?}, {} steps ({} warm-up), {} patches, seed {}",
-        cfg.mode, r.steps, r.warmup, r.patches, cfg.seed
+        "mode {:?}, {} steps ({} warm-up), {} patches, seed {}{}",
+        cfg.mode,
+        r.steps,
+        r.warmup,
+        r.patches,
+        cfg.seed,
+        match cfg.budget {
+            Some(f) => format!(", work budget {f}"),
+            None => String::new(),
+        }
     );
     println!(
         "patch-steps computed {} of {} ({:.1}% skipped); model work skipped incl. warm-up {:.1}%",

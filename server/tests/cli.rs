@@ -137,7 +137,7 @@ fn generate_keeps_to_a_work_budget() {
             "vs full computation: PSNR",
         ],
     );
-    assert!(stdout.contains("mode FlashDiff"), "{stdout}");
+    assert!(stdout.contains("seed 0, work budget 0.35"), "{stdout}");
     each_fails_with(&[
         (
             &[
