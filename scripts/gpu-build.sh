@@ -43,6 +43,9 @@ while [ $# -gt 0 ]; do
   shift
 done
 
+# What is built, read before the build patches Cargo.lock for its own use.
+commit="$(git rev-parse HEAD 2>/dev/null || echo unknown)$(git diff --quiet 2>/dev/null || echo ' (with uncommitted changes)')"
+
 # The staged binaries, by name in bin/, and how each shows that it starts.
 binaries=(flashdiff cuda-parity flux-bench tiny-pipeline)
 start_check() {
@@ -223,7 +226,7 @@ done
 tar -cf - -C "$bins" bin | xz -T1 --lzma2=preset=6,dict=192MiB > "$out/bin.tar.xz"
 {
   echo "mode: $mode"
-  echo "commit: $(git rev-parse HEAD 2>/dev/null || echo unknown)$(git diff --quiet 2>/dev/null || echo ' (with uncommitted changes)')"
+  echo "commit: $commit"
   echo "built: $(date -u +%Y-%m-%dT%H:%M:%SZ) on $(uname -m)"
   [ "$mode" = cuda ] && echo "cuda: $("$toolkit/bin/nvcc" --version | tail -n 1), CUDA_COMPUTE_CAP=$CUDA_COMPUTE_CAP"
   echo "rustc: $(rustc --version)"
