@@ -488,16 +488,14 @@ fn submit(e: &fd_engine, id: u64, prompt: &str, c: &fd_request_config) -> Result
 }
 
 fn submit_config(e: &fd_engine, id: u64, prompt: &str, rc: RequestConfig) -> Result<(), Fail> {
-    {
-        let e = &mut *e.lock()?;
-        if e.results.contains_key(&id) || e.inner.is_in_flight(id) {
-            return Err(Fail::new(
-                fd_status::FD_ERR_DUPLICATE_REQUEST,
-                format!("request {id} exists: release it first"),
-            ));
-        }
-        e.inner.submit(id, prompt, rc).map_err(from_engine)
+    let e = &mut *e.lock()?;
+    if e.results.contains_key(&id) || e.inner.is_in_flight(id) {
+        return Err(Fail::new(
+            fd_status::FD_ERR_DUPLICATE_REQUEST,
+            format!("request {id} exists: release it first"),
+        ));
     }
+    e.inner.submit(id, prompt, rc).map_err(from_engine)
 }
 
 /// Runs until no request is pending, including requests other threads submit meanwhile

@@ -585,14 +585,27 @@ fn a_work_budget_is_refused_where_it_cannot_hold() {
             "(0, 1]",
         );
     }
-    // 12 steps, a warm-up of 3 and the final step: at least 4 of 12.
+    // 12 steps, a warm-up of 3 and the final step: at least 4 of 12, named as a budget that
+    // is accepted (0.333 x 12 floors to 3; 0.334 does not).
     check(
         RequestConfig {
             budget: Some(0.3),
             ..cfg(Mode::FlashDiff)
         },
-        "at least 0.333",
+        "at least 0.334",
     );
+    check(
+        RequestConfig {
+            budget: Some(0.333),
+            ..cfg(Mode::FlashDiff)
+        },
+        "at least 0.334",
+    );
+    e.validate(&RequestConfig {
+        budget: Some(0.334),
+        ..cfg(Mode::FlashDiff)
+    })
+    .unwrap();
     check(
         RequestConfig {
             budget: Some(0.5),

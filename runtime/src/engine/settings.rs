@@ -283,13 +283,15 @@ pub fn check_request(model: &dyn Denoiser, cfg: &RequestConfig) -> Result<(), En
         }
         let fixed = cfg.warmup + FINAL_FULL_STEPS;
         if flashdiff_gate::pace::computes_for(f, cfg.steps) < fixed {
+            // The least budget, rounded up to what is shown, so the number given is one
+            // this check accepts.
+            let least = (1000.0 * fixed as f64 / cfg.steps as f64).ceil() / 1000.0;
             return bad(
                 "budget",
                 format!(
                     "{f}: below the {fixed} of {} steps always computed (the warm-up and the \
-                     final step): at least {:.3}",
+                     final step): at least {least:.3}",
                     cfg.steps,
-                    fixed as f32 / cfg.steps as f32
                 ),
             );
         }
