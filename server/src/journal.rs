@@ -234,8 +234,14 @@ impl Store {
 
     /// Appends a record and syncs it to disk.
     pub fn append(&mut self, e: &Entry) -> Result<(), String> {
+        self.append_all(std::slice::from_ref(e))
+    }
+
+    /// Appends records and syncs them to disk once.
+    pub fn append_all(&mut self, es: &[Entry]) -> Result<(), String> {
+        let bytes: Vec<u8> = es.iter().flat_map(frame).collect();
         self.journal
-            .write_all(&frame(e))
+            .write_all(&bytes)
             .and_then(|()| self.journal.sync_data())
             .map_err(|err| format!("cannot append to the journal: {err}"))
     }

@@ -237,12 +237,11 @@ pub(super) fn finish_err(hub: &Hub, id: u64, phase: Phase, msg: String) {
         Phase::Cancelled => m.cancelled.fetch_add(1, Relaxed),
         _ => m.failed.fetch_add(1, Relaxed),
     };
-    let Ok(mut jobs) = hub.jobs.lock() else {
+    let known = hub.jobs.lock().is_ok_and(|j| j.contains_key(&id));
+    if !known {
         return;
-    };
-    let Some(j) = jobs.get_mut(&id) else {
-        return;
-    };
+    }
+    // Journaled without the job table's lock, and before anyone can read the end.
     if let Err(e) = journal(hub, |s| {
         s.append(&Entry::Finished {
             id,
@@ -252,6 +251,12 @@ pub(super) fn finish_err(hub: &Hub, id: u64, phase: Phase, msg: String) {
     }) {
         log::error!("job {id}: {e}");
     }
+    let Ok(mut jobs) = hub.jobs.lock() else {
+        return;
+    };
+    let Some(j) = jobs.get_mut(&id) else {
+        return;
+    };
     j.phase = phase;
     j.error = Some(msg.clone());
     j.last_event = None;

@@ -102,7 +102,7 @@ pub(super) async fn generations(State(hub): State<Shared>, body: axum::body::Byt
         Ok(g) => g,
         Err(r) => return r,
     };
-    let ids = match admit(&hub, &g) {
+    let ids = match admit(&hub, &g).await {
         Ok(ids) => ids,
         Err(r) => return *r,
     };
@@ -155,7 +155,7 @@ pub(super) async fn create_job(State(hub): State<Shared>, body: axum::body::Byte
     if g.n != 1 {
         return bad("\"n\": a job makes one image; submit one job per image");
     }
-    match admit(&hub, &g) {
+    match admit(&hub, &g).await {
         Ok(ids) => {
             let id = ids[0].0;
             (

@@ -133,8 +133,14 @@ pub(super) fn parse_fields(
 
 /// Admits `g` as `g.n` jobs (seeds `seed`, `seed + 1`, ...); 429 past the queue bound, 503
 /// while draining.
-pub(super) fn admit(
-    hub: &Hub,
+///
+/// The jobs enter the table (and count against the queue bound) at once; their journal
+/// records are written and synced on a blocking thread, holding no lock a handler needs,
+/// and only then does the engine get them, so a job the engine runs is always one a restart
+/// finds. A job cancelled while its record was being written is cancelled in the engine
+/// right after it is submitted.
+pub(super) async fn admit(
+    hub: &Shared,
     g: &GenRequest,
 ) -> Result<Vec<(u64, watch::Receiver<Phase>)>, Box<Response>> {
     if !hub.accepting.load(Relaxed) {
@@ -151,6 +157,86 @@ pub(super) fn admit(
             "the prompt was not conditioned",
         ))
     })?;
+    let (admitted, forgotten) = reserve(hub, g)?;
+    let records: Vec<Entry> = admitted
+        .iter()
+        .map(|(id, cfg, _)| Entry::Submitted {
+            id: *id,
+            prompt: g.prompt.clone(),
+            cfg: to_config_record(cfg),
+            scale: g.scale as u32,
+            created: now_s(),
+        })
+        .collect();
+    let writer = hub.clone();
+    let written = tokio::task::spawn_blocking(move || {
+        journal(&writer, |s| {
+            for id in forgotten {
+                s.remove_result(id);
+            }
+            s.append_all(&records)
+        })
+    })
+    .await
+    .unwrap_or_else(|e| Err(format!("the journal writer failed: {e}")));
+    let ids: Vec<u64> = admitted.iter().map(|a| a.0).collect();
+    if let Err(e) = written {
+        drop_jobs(hub, &ids);
+        return Err(Box::new(error(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "internal",
+            format!("cannot record the job: {e}"),
+        )));
+    }
+    // The command queue's lock is held from reading each job's cancel flag until its
+    // commands are sent, so a DELETE that set the flag after the read sends its cancel
+    // after the submit.
+    let Ok(cmds) = hub.cmds.lock() else {
+        drop_jobs(hub, &ids);
+        return Err(Box::new(error(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "internal",
+            "queue poisoned",
+        )));
+    };
+    let mut out = Vec::new();
+    for (id, cfg, phase_rx) in admitted {
+        let cancelled = hub
+            .jobs
+            .lock()
+            .map(|jobs| jobs.get(&id).is_some_and(|j| j.cancelling))
+            .unwrap_or(false);
+        let submit = Cmd::Submit {
+            id,
+            prompt: g.prompt.clone(),
+            cond: cond.clone(),
+            cfg,
+        };
+        if cmds.send(submit).is_err() {
+            drop(cmds);
+            drop_jobs(hub, &ids);
+            return Err(Box::new(error(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "unavailable",
+                "the engine has stopped",
+            )));
+        }
+        if cancelled {
+            let _ = cmds.send(Cmd::Cancel(id));
+        }
+        hub.metrics.admitted.fetch_add(1, Relaxed);
+        out.push((id, phase_rx));
+    }
+    Ok(out)
+}
+
+/// A job's number, settings and phase receiver, reserved in the table.
+type Reserved = (u64, RequestConfig, watch::Receiver<Phase>);
+
+/// Checks the queue bound and puts `g`'s jobs in the table as queued, forgetting the oldest
+/// finished jobs beyond four times the bound; returns the jobs and the forgotten ids (whose
+/// result files the caller removes). Holds the table's lock only for this.
+fn reserve(hub: &Hub, g: &GenRequest) -> Result<(Vec<Reserved>, Vec<u64>), Box<Response>> {
     let mut jobs = hub.jobs.lock().map_err(|_| Box::new(poisoned()))?;
     let open = jobs.values().filter(|j| !j.phase.done()).count();
     if open + g.n as usize > hub.cfg.max_queue {
@@ -167,8 +253,8 @@ pub(super) fn admit(
             .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
         return Err(Box::new(r));
     }
-    // Keep the table bounded: forget the oldest finished jobs beyond 4x the queue bound.
     let keep = 4 * hub.cfg.max_queue.max(1);
+    let mut forgotten = Vec::new();
     if jobs.len() >= keep {
         let mut done: Vec<(u64, u64)> = jobs
             .iter()
@@ -178,20 +264,10 @@ pub(super) fn admit(
         done.sort_unstable();
         for (_, id) in done.iter().take(jobs.len() + g.n as usize - keep) {
             jobs.remove(id);
-            let _ = journal(hub, |s| {
-                s.remove_result(*id);
-                Ok(())
-            });
+            forgotten.push(*id);
         }
     }
-    let cmds = hub.cmds.lock().map_err(|_| {
-        Box::new(error(
-            StatusCode::INTERNAL_SERVER_ERROR,
-            "internal",
-            "queue poisoned",
-        ))
-    })?;
-    let mut out = Vec::new();
+    let mut admitted = Vec::new();
     for i in 0..g.n {
         let id = hub.next_id.fetch_add(1, Relaxed);
         // Enough for a slow client to miss no step of a typical request; a client further
@@ -218,40 +294,125 @@ pub(super) fn admit(
             seed: g.cfg.seed.wrapping_add(i as u64),
             ..g.cfg.clone()
         };
-        if let Err(e) = journal(hub, |s| {
-            s.append(&Entry::Submitted {
-                id,
-                prompt: g.prompt.clone(),
-                cfg: to_config_record(&cfg),
-                scale: g.scale as u32,
-                created: now_s(),
-            })
-        }) {
-            jobs.remove(&id);
-            return Err(Box::new(error(
-                StatusCode::INTERNAL_SERVER_ERROR,
-                "internal",
-                format!("cannot record the job: {e}"),
-            )));
-        }
-        if cmds
-            .send(Cmd::Submit {
-                id,
-                prompt: g.prompt.clone(),
-                cond: cond.clone(),
-                cfg,
-            })
-            .is_err()
-        {
-            jobs.remove(&id);
-            return Err(Box::new(error(
-                StatusCode::SERVICE_UNAVAILABLE,
-                "unavailable",
-                "the engine has stopped",
-            )));
-        }
-        hub.metrics.admitted.fetch_add(1, Relaxed);
-        out.push((id, phase_rx));
+        admitted.push((id, cfg, phase_rx));
     }
-    Ok(out)
+    Ok((admitted, forgotten))
+}
+
+/// Takes jobs that could not be admitted out of the table again.
+fn drop_jobs(hub: &Hub, ids: &[u64]) {
+    if let Ok(mut jobs) = hub.jobs.lock() {
+        for id in ids {
+            jobs.remove(id);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use flashdiff_runtime::models::registry::ModelSpec;
+
+    fn hub(state: &std::path::Path) -> (Shared, mpsc::Receiver<Cmd>) {
+        let model: Arc<dyn Denoiser> = ModelSpec::builtin("tinydit")
+            .expect("the built-in model")
+            .load(&flashdiff_runtime::models::Device::Cpu)
+            .expect("its weights")
+            .into();
+        let (store, _) = Store::open(state).expect("a state directory");
+        let (tx, rx) = mpsc::channel();
+        let cfg = HttpConfig {
+            addr: "127.0.0.1:0".into(),
+            max_queue: 8,
+            body_limit: 1 << 16,
+            base: RequestConfig::default(),
+            warmup: None,
+            state_dir: Some(state.into()),
+            checkpoint_every: Duration::ZERO,
+        };
+        let hub = Arc::new(Hub {
+            jobs: Mutex::new(HashMap::new()),
+            next_id: AtomicU64::new(1),
+            cmds: Mutex::new(tx),
+            metrics: Metrics::default(),
+            workers: 1,
+            model: model.name().into(),
+            checker: model,
+            cfg,
+            accepting: std::sync::atomic::AtomicBool::new(true),
+            store: Some(Mutex::new(store)),
+        });
+        (hub, rx)
+    }
+
+    /// While a job's journal record waits on the disk, the job table stays free (a GET reads
+    /// "queued", a DELETE marks it), the engine has not been given the job, and once the
+    /// record is written the engine gets the submit and then the cancel.
+    #[test]
+    fn admission_writes_the_journal_without_the_table_lock() {
+        let dir = std::env::temp_dir().join(format!("fd-admit-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let (hub, rx) = hub(&dir);
+        let g = parse(
+            br#"{"prompt": "a red circle", "steps": 12}"#,
+            &hub.cfg,
+            &*hub.checker,
+        )
+        .expect("a valid request");
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()
+            .expect("a runtime");
+        // A slow disk: the journal is held until the test lets it go.
+        let slow = hub.store.as_ref().expect("a store").lock().expect("store");
+        let admitting = {
+            let hub = hub.clone();
+            rt.spawn(async move { admit(&hub, &g).await.map(|v| v[0].0).ok() })
+        };
+        let deadline = Instant::now() + Duration::from_secs(20);
+        let id = loop {
+            // try_lock: a table held across the journal write fails here.
+            let queued = hub
+                .jobs
+                .try_lock()
+                .ok()
+                .and_then(|jobs| jobs.keys().next().copied());
+            if let Some(id) = queued {
+                break id;
+            }
+            assert!(Instant::now() < deadline, "the job never entered the table");
+            std::thread::sleep(Duration::from_millis(5));
+        };
+        std::thread::sleep(Duration::from_millis(50));
+        let mut jobs = hub.jobs.try_lock().expect("the table is free meanwhile");
+        let job = jobs.get_mut(&id).expect("the job");
+        assert_eq!(job.phase, Phase::Queued);
+        job.cancelling = true;
+        drop(jobs);
+        assert!(
+            rx.try_recv().is_err(),
+            "the engine got the job before its record was written"
+        );
+        drop(slow);
+        let admitted = rt.block_on(admitting).expect("admission");
+        assert_eq!(admitted, Some(id));
+        match rx.recv_timeout(Duration::from_secs(5)) {
+            Ok(Cmd::Submit { id: s, .. }) => assert_eq!(s, id),
+            _ => panic!("expected the submit first"),
+        }
+        match rx.recv_timeout(Duration::from_secs(5)) {
+            Ok(Cmd::Cancel(c)) => assert_eq!(c, id),
+            _ => panic!("expected the cancel of a job cancelled while it was recorded"),
+        }
+        let bytes = std::fs::read(dir.join("journal")).expect("the journal");
+        let (entries, _) = crate::journal::replay_bytes(&bytes);
+        assert!(
+            entries
+                .iter()
+                .any(|e| matches!(e, Entry::Submitted { id: s, .. } if *s == id)),
+            "the job is journaled"
+        );
+        let _ = std::fs::remove_dir_all(&dir);
+    }
 }
