@@ -4,10 +4,11 @@
 //! Every method is measured against full computation from the same seed: work (the share of
 //! full computation's model work, warm-up included), mean and worst-prompt fidelity (image:
 //! PSNR, video: PSNR over the clip, sound: SNR), SSIM (images), agreement of the built-in
-//! checker with its verdict on full computation, and in-engine latency. The verdict
-//! interpolates each curve linearly in work and compares FlashDiff's with every other
-//! method's at every work level both reach within the judged range, for the mean and for the
-//! worst prompt; it prints the worst margin and where it occurs.
+//! checker with its verdict on full computation, and in-engine latency. The verdict reads
+//! each method at what it reaches at each work level ([`Reading`]: the concave hull of its
+//! settings for the mean, its best single setting for the worst prompt) and compares
+//! FlashDiff's with every other method's at every work level both reach within the judged
+//! range; it prints the worst margin and where it occurs.
 
 use crate::plots::PlotResult;
 use std::path::Path;
@@ -368,11 +369,28 @@ fn settings_points(points: &[Value], method: &str, key: &str) -> Vec<(f64, f64)>
     c
 }
 
-/// A method's curve: the upper envelope of its settings, the best `key` it reaches at or
-/// below each work level (a setting another beats with no more work is dropped), so a
-/// method whose knob has two dimensions is read at its best, and every method alike.
-fn curve(points: &[Value], method: &str, key: &str) -> Vec<(f64, f64)> {
-    frontier(settings_points(points, method, key))
+/// How a method's curve is read at a work level, from its settings that nothing cheaper
+/// beats ([`frontier`]). Neither reading can be lowered by adding a setting.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Reading {
+    /// The upper concave hull of the settings, linear between its corners: the mean quality
+    /// reached at each work level by running a share of the requests at each of two settings
+    /// (work and mean quality both average over requests). Read for the mean.
+    Mixed,
+    /// The best setting at or below each work level: what one setting reaches. Read for the
+    /// worst prompt, which a mix of settings does not average.
+    Best,
+}
+
+/// A method's curve: its settings nothing cheaper beats, as `reading` reads them (the
+/// hull's corners for [`Reading::Mixed`]), so a method whose knob has two dimensions is
+/// read at its best, and every method alike.
+fn curve(points: &[Value], method: &str, key: &str, reading: Reading) -> Vec<(f64, f64)> {
+    let c = frontier(settings_points(points, method, key));
+    match reading {
+        Reading::Mixed => hull(c),
+        Reading::Best => c,
+    }
 }
 
 /// The points no other point beats with at most their work, by work.
@@ -385,6 +403,24 @@ pub fn frontier(mut c: Vec<(f64, f64)>) -> Vec<(f64, f64)> {
         keep
     });
     c
+}
+
+/// The corners of the upper concave hull of a [`frontier`] (by work, quality rising): a
+/// point on or under the line between its neighbours is dropped.
+pub fn hull(c: Vec<(f64, f64)>) -> Vec<(f64, f64)> {
+    let mut h: Vec<(f64, f64)> = Vec::with_capacity(c.len());
+    for p in c {
+        while let [.., a, b] = h[..] {
+            // b is dropped when it is not above the line from a to p.
+            if (b.1 - a.1) * (p.0 - a.0) <= (p.1 - a.1) * (b.0 - a.0) {
+                h.pop();
+            } else {
+                break;
+            }
+        }
+        h.push(p);
+    }
+    h
 }
 
 fn f(v: &Value, k: &str) -> f64 {
@@ -406,16 +442,39 @@ pub fn interpolate(c: &[(f64, f64)], w: f64) -> Option<f64> {
     })
 }
 
-/// FlashDiff's margin over `other` at every work level in `range` both curves reach (a grid
-/// of 1/200 of full work, plus every point of either curve): the worst margin and its work
-/// level, and the part of the range compared; `None` when the curves share no work level there.
+/// What a method reaches at work `w` (`c` as [`curve`] gives it): `None` below its least
+/// work; above its most, the best it reaches (a setting that does less work than allowed).
+pub fn value_at(c: &[(f64, f64)], w: f64, reading: Reading) -> Option<f64> {
+    let first = c.first()?;
+    let last = c.last()?;
+    if w < first.0 - 1e-12 {
+        return None;
+    }
+    if w >= last.0 {
+        return Some(last.1);
+    }
+    match reading {
+        Reading::Mixed => interpolate(c, w),
+        Reading::Best => c
+            .iter()
+            .take_while(|p| p.0 <= w + 1e-12)
+            .map(|p| p.1)
+            .last(),
+    }
+}
+
+/// FlashDiff's margin over `other` at every work level in `range` both methods reach (a
+/// grid of 1/200 of the range, plus every point of either curve): the worst margin and its
+/// work level, and the part of the range compared (from the larger of the two least works
+/// to the range's end); `None` when one of them reaches no work level in the range.
 pub fn worst_margin(
     ours: &[(f64, f64)],
     other: &[(f64, f64)],
     range: (f64, f64),
+    reading: Reading,
 ) -> Option<(f64, f64, (f64, f64))> {
     let lo = range.0.max(ours.first()?.0).max(other.first()?.0);
-    let hi = range.1.min(ours.last()?.0).min(other.last()?.0);
+    let hi = range.1;
     if lo > hi {
         return None;
     }
@@ -430,7 +489,12 @@ pub fn worst_margin(
     );
     levels
         .into_iter()
-        .filter_map(|w| Some((interpolate(ours, w)? - interpolate(other, w)?, w)))
+        .filter_map(|w| {
+            Some((
+                value_at(ours, w, reading)? - value_at(other, w, reading)?,
+                w,
+            ))
+        })
         .min_by(|a, b| a.0.total_cmp(&b.0))
         .map(|(m, w)| (m, w, (lo, hi)))
 }
@@ -466,7 +530,7 @@ fn report(kind: Kind, cfg: &BenchConfig, workers: u32, points: &[Value]) -> Stri
         ));
     }
     md.push_str(&format!(
-        "\n## Verdict: FlashDiff against every other method over work {:.2}-{:.2}\n\nEach curve is the upper envelope of its method's settings (the best it reaches at or below each work level, for the mean and for the worst prompt each), linear in work between them; the margin is FlashDiff's {unit} minus the other's at the same work, at every level both curves reach in the range. \"ahead\" needs a margin of at least 0 everywhere, for the mean and for the worst prompt.\n\n| method | compared over work | worst margin, mean | worst margin, worst prompt | verdict |\n| --- | --- | --- | --- | --- |\n",
+        "\n## Verdict: FlashDiff against every other method over work {:.2}-{:.2}\n\nEach method is read at what it reaches at each work level from its settings: for the mean, the upper concave hull of its settings (a share of the requests run at each of two settings reaches any point between them); for the worst prompt, the best single setting at or below that work (a mix does not average the worst prompt); above its most work, the best it reaches. Adding a setting can only raise either reading. The margin is FlashDiff's {unit} minus the other's at the same work, at every level from where both have a setting to the range's end. \"ahead\" needs a margin of at least 0 everywhere, for the mean and for the worst prompt.\n\n| method | compared over work | worst margin, mean | worst margin, worst prompt | verdict |\n| --- | --- | --- | --- | --- |\n",
         JUDGED.0, JUDGED.1
     ));
     let mut all_ahead = true;
@@ -475,14 +539,16 @@ fn report(kind: Kind, cfg: &BenchConfig, workers: u32, points: &[Value]) -> Stri
         .filter(|(m, _)| *m != "flashdiff" && *m != "full")
     {
         let mean = worst_margin(
-            &curve(points, "flashdiff", "db"),
-            &curve(points, m, "db"),
+            &curve(points, "flashdiff", "db", Reading::Mixed),
+            &curve(points, m, "db", Reading::Mixed),
             JUDGED,
+            Reading::Mixed,
         );
         let worst = worst_margin(
-            &curve(points, "flashdiff", "worst_db"),
-            &curve(points, m, "worst_db"),
+            &curve(points, "flashdiff", "worst_db", Reading::Best),
+            &curve(points, m, "worst_db", Reading::Best),
             JUDGED,
+            Reading::Best,
         );
         let (Some((mm, mw, range)), Some((wm, ww, _))) = (mean, worst) else {
             md.push_str(&format!(
@@ -499,7 +565,7 @@ fn report(kind: Kind, cfg: &BenchConfig, workers: u32, points: &[Value]) -> Stri
             if ahead { "ahead" } else { "**behind**" }
         ));
     }
-    let fd = curve(points, "flashdiff", "db");
+    let fd = curve(points, "flashdiff", "db", Reading::Mixed);
     if let (Some(lo), Some(hi)) = (fd.first(), fd.last()) {
         md.push_str(&format!(
             "\nFlashDiff's settings reach work {:.3}-{:.3}{}.\n",
@@ -553,8 +619,16 @@ fn plot(out: &Path, kind: Kind, points: &[Value]) -> PlotResult {
     let colours = crate::colours();
     for (i, (m, _)) in METHODS.iter().filter(|(m, _)| *m != "full").enumerate() {
         let c = colours[i % colours.len()];
-        let mean = curve(points, m, "db");
-        let worst = curve(points, m, "worst_db");
+        let mean = curve(points, m, "db", Reading::Mixed);
+        // The worst prompt's curve is a staircase: each setting holds until a better one.
+        let best = curve(points, m, "worst_db", Reading::Best);
+        let mut worst: Vec<(f64, f64)> = Vec::new();
+        for p in &best {
+            if let Some(&(_, v)) = worst.last() {
+                worst.push((p.0, v));
+            }
+            worst.push(*p);
+        }
         chart
             .draw_series(LineSeries::new(mean.clone(), c.stroke_width(2)))?
             .label(*m)
@@ -579,7 +653,7 @@ fn plot(out: &Path, kind: Kind, points: &[Value]) -> PlotResult {
                 ))?;
             }
         }
-        if worst.len() == 1 {
+        if best.len() == 1 {
             chart.draw_series(std::iter::once(Cross::new(worst[0], 4, c)))?;
         }
     }
@@ -630,14 +704,79 @@ mod tests {
         // Ours is 5 dB above at the ends and 1 dB below at 0.5 (the other curve's kink).
         let ours = [(0.2, 15.0), (0.8, 45.0)];
         let other = [(0.2, 10.0), (0.5, 31.0), (0.8, 40.0)];
-        let (m, w, range) = worst_margin(&ours, &other, (0.25, 0.6)).expect("overlap");
+        let (m, w, range) =
+            worst_margin(&ours, &other, (0.25, 0.6), Reading::Mixed).expect("overlap");
         assert!((m + 1.0).abs() < 1e-9, "margin {m}");
         assert!((w - 0.5).abs() < 1e-9, "at {w}");
         assert_eq!(range, (0.25, 0.6));
         // Outside the judged range the kink does not count.
-        let (m, _, _) = worst_margin(&ours, &other, (0.6, 0.8)).expect("overlap");
+        let (m, _, _) = worst_margin(&ours, &other, (0.6, 0.8), Reading::Mixed).expect("overlap");
         assert!(m > 0.0);
-        // No shared work level.
-        assert!(worst_margin(&[(0.1, 1.0), (0.2, 2.0)], &other, (0.25, 0.6)).is_none());
+        // A method with no setting in the range is not compared.
+        assert!(worst_margin(&ours, &[(0.7, 50.0)], (0.25, 0.6), Reading::Mixed).is_none());
+        // Read as single settings, ours is 15 dB until 0.8 and the other 31 dB from 0.5.
+        let (m, w, _) = worst_margin(&ours, &other, (0.25, 0.6), Reading::Best).expect("overlap");
+        assert!(
+            (m + 16.0).abs() < 1e-9 && (0.5..0.501).contains(&w),
+            "{m} at {w}"
+        );
+    }
+
+    #[test]
+    fn the_hull_drops_settings_under_the_chord_of_their_neighbours() {
+        let c = frontier(vec![
+            (0.2, 10.0),
+            (0.3, 12.0),
+            (0.4, 30.0),
+            (0.6, 31.0),
+            (0.8, 40.0),
+        ]);
+        // 0.3 lies under the line from 0.2 to 0.4; 0.6 under the line from 0.4 to 0.8.
+        assert_eq!(hull(c), [(0.2, 10.0), (0.4, 30.0), (0.8, 40.0)]);
+        assert!(hull(Vec::new()).is_empty());
+    }
+
+    #[test]
+    fn adding_a_setting_never_lowers_either_reading() {
+        // Settings from a small generator (no randomness needed to find the failure of the
+        // old reading: a setting under the chord of two others lowered it).
+        let mut state = 7u64;
+        let mut next = || {
+            state = state
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            (state >> 33) as f64 / (1u64 << 31) as f64
+        };
+        for _ in 0..300 {
+            let n = 2 + (next() * 6.0) as usize;
+            let set: Vec<(f64, f64)> = (0..n).map(|_| (next(), 60.0 * next())).collect();
+            let extra = (next(), 60.0 * next());
+            let mut more = set.clone();
+            more.push(extra);
+            for reading in [Reading::Mixed, Reading::Best] {
+                let read = |s: &[(f64, f64)]| {
+                    let c = frontier(s.to_vec());
+                    match reading {
+                        Reading::Mixed => hull(c),
+                        Reading::Best => c,
+                    }
+                };
+                let (a, b) = (read(&set), read(&more));
+                for i in 0..=100 {
+                    let w = i as f64 / 100.0;
+                    if let Some(before) = value_at(&a, w, reading) {
+                        let after = value_at(&b, w, reading).expect("defined where it was");
+                        assert!(
+                            after >= before - 1e-9,
+                            "{reading:?} at {w}: {before} -> {after}"
+                        );
+                    }
+                }
+            }
+        }
+        // The old reading (linear between the frontier's points) fails this.
+        let set = [(0.2, 10.0), (0.6, 50.0)];
+        let lowered = frontier(vec![(0.2, 10.0), (0.5, 20.0), (0.6, 50.0)]);
+        assert!(interpolate(&lowered, 0.4).unwrap() < interpolate(&set, 0.4).unwrap());
     }
 }
