@@ -10,32 +10,34 @@
 What it does to each call, per sample (each row of the transformer's batch, so classifier-free
 guidance and batches give every sample what it would get alone):
 
-1. The first ``warmup`` steps run in full. The last of them also measures, in the
-   dual-stream blocks, how much every image token attends to the prompt's salient words
-   (the pipeline's T5 pieces mapped to words); that saliency map is cut into ``patches``
-   patches by the Rust partitioner.
-2. Each later step decides which patches run. On FLUX, by FlashDiff's change budget (``rule
-   "budget"``, the engine's rule): every patch adds up the relative change of the first
-   block's modulated input over its tokens since it last ran; a step runs once a patch has
-   used up ``epsilon`` or waited ``max_skip`` steps, and otherwise every token advances on
-   its forecast velocity without calling the transformer. On SD3 (and on FLUX with ``rule
-   "gate"``), by the paper's gate, from each patch's self-attention mass (the refinement
-   importance, measured in the last dual-stream block). The transformer runs on the chosen
-   patches' image tokens only (their RoPE ids gathered with them) and the whole text
-   stream; attention reads the other image tokens' K/V from a per-block cache, forecast
-   along their slope; skipped tokens' velocity is forecast the same way. The last step
-   runs every patch.
+1. The first ``warmup`` steps run in full. The last of them also measures how much every
+   image token attends to the prompt's salient words (the pipeline's T5 pieces mapped to
+   words) in the joint attention (FLUX's dual-stream blocks, SD3's joint blocks) or the
+   cross-attention (Wan); that saliency map (a frames x height x width one for Wan's video
+   latents) is cut into ``patches`` patches by the Rust partitioner.
+2. Each later step decides which patches run. By FlashDiff's change budget (``rule
+   "budget"``, the engine's rule and the default): every patch adds up the relative change
+   of the first block's modulated input over its tokens since it last ran; a step runs once
+   a patch has used up ``epsilon`` or waited ``max_skip`` steps, and otherwise every token
+   advances on its forecast velocity without calling the transformer. Or by the paper's gate
+   (``rule "gate"``), from each patch's self-attention mass (the refinement importance,
+   measured in the last joint or self-attention block). The transformer runs on the chosen
+   patches' image tokens only (their RoPE angles or position embeddings gathered with them)
+   and the whole text stream; attention reads the other image tokens' K/V from a per-block
+   cache, forecast along their slope; skipped tokens' velocity is forecast the same way. The
+   last step runs every patch.
 3. Few-step models (at most 8 steps) run unchanged unless ``force=True``, with a warning.
 
 It is installed per pipeline instance, through the attention-processor API and a wrapper of
 the transformer's ``forward``; classes are never patched. ``disable`` puts back what was
 there. State is per call (a call is recognised by the scheduler's new ``timesteps``) and is
 sized by the call's real step count. One device-to-host read per sample per step (the
-patches' importance) and one host-to-device copy (the active tokens' indices).
+patches' changes or importance) and one host-to-device copy (the active tokens' indices).
 
-Supported: ``FluxPipeline``, ``StableDiffusion3Pipeline`` (SD3 and SD3.5) and their
-transformers (driven by a scheduler the caller passes). Other pipelines are refused with an
-error that says so.
+Supported: ``FluxPipeline``, ``StableDiffusion3Pipeline`` (SD3 and SD3.5), ``WanPipeline``
+(Wan 2.1 text-to-video; Wan 2.2's second, low-noise transformer is left as it is, and
+per-token timesteps are refused) and their transformers (driven by a scheduler the caller
+passes). Other pipelines are refused with an error that says so.
 """
 
 from __future__ import annotations
@@ -46,9 +48,12 @@ from typing import Any, Dict, List, Optional
 
 import numpy as np
 
-from . import Budget, Error, Gate, partition_saliency, relative_change, salient_mask
+from . import Budget, Error, Gate, partition_saliency, salient_mask
 
 _ATTR = "_flashdiff_adapter"
+
+# The transformers FlashDiff runs inside, by class name.
+_KINDS = {"FluxTransformer2DModel": "flux", "SD3Transformer2DModel": "sd3", "WanTransformer3DModel": "wan"}
 
 
 def _torch():
@@ -66,7 +71,7 @@ class _Row:
         self.layout = None
         self.gate: Optional[Gate] = None
         self.budget: Optional[Budget] = None
-        self.signal: Optional[np.ndarray] = None  # first block's modulated input, last step
+        self.signal: Optional[Any] = None  # first block's modulated input, last step (device)
         self.tokens: List[Any] = []  # image-token indices of each patch, on the device
         self.sizes: Optional[np.ndarray] = None
         self.kv: Dict[str, List[Any]] = {}  # block -> [k, v, k_slope, v_slope, last_step]
@@ -114,17 +119,31 @@ class _Adapter:
         self.saved_processors = dict(transformer.attn_processors)
         self.orig_forward = transformer.forward
         names = list(self.saved_processors)
-        self.sd3 = type(transformer).__name__ == "SD3Transformer2DModel"
-        # The joint (image + text) attention blocks: where saliency and importance are read.
-        self.dual = [n for n in names if n.startswith("transformer_blocks.") and ".attn." in n]
-        self.importance_block = self.dual[-1] if self.dual else names[-1]
-        proc = _SD3Processor if self.sd3 else _Processor
-        transformer.set_attn_processor({n: proc(self, n) for n in names})
-        transformer.forward = types.MethodType(_forward_sd3 if self.sd3 else _forward, transformer)
+        self.kind = _KINDS[type(transformer).__name__]
+        self.sd3 = self.kind == "sd3"
         self.hooks = []
-        if self.sd3:
-            self.hooks = [transformer.pos_embed.register_forward_hook(_gather_tokens(self)),
+        if self.kind == "wan":
+            # Self-attention over the image tokens (K/V cached, importance read in the last
+            # block); the cross-attention to the prompt gives the saliency map.
+            self.dual = []
+            self.importance_block = [n for n in names if ".attn1." in n][-1]
+            procs = {n: (_WanCrossProcessor if ".attn2." in n else _WanSelfProcessor)(self, n) for n in names}
+            self.hooks = [transformer.rope.register_forward_hook(_gather_rope(self)),
+                          transformer.patch_embedding.register_forward_hook(_gather_patches(self)),
                           transformer.proj_out.register_forward_hook(_scatter_tokens(self))]
+            forward = _forward_wan
+        else:
+            # The joint (image + text) attention blocks: where saliency and importance are read.
+            self.dual = [n for n in names if n.startswith("transformer_blocks.") and ".attn." in n]
+            self.importance_block = self.dual[-1] if self.dual else names[-1]
+            proc = _SD3Processor if self.sd3 else _Processor
+            procs = {n: proc(self, n) for n in names}
+            forward = _forward_sd3 if self.sd3 else _forward
+            if self.sd3:
+                self.hooks = [transformer.pos_embed.register_forward_hook(_gather_tokens(self)),
+                              transformer.proj_out.register_forward_hook(_scatter_tokens(self))]
+        transformer.set_attn_processor(procs)
+        transformer.forward = types.MethodType(forward, transformer)
         if pipe is not None and hasattr(pipe, "encode_prompt"):
             self.orig_encode = pipe.encode_prompt
             adapter = self
@@ -177,8 +196,8 @@ class _Adapter:
             return m.to(device)
         mask = torch.ones(text, dtype=torch.bool, device=device)
         # T5's pieces carry the words: FLUX's second tokenizer; SD3's third, whose rows follow
-        # CLIP's 77.
-        name, offset = ("tokenizer_3", 77) if self.sd3 else ("tokenizer_2", 0)
+        # CLIP's 77; Wan's only one (UMT5).
+        name, offset = {"sd3": ("tokenizer_3", 77), "flux": ("tokenizer_2", 0), "wan": ("tokenizer", 0)}[self.kind]
         tok = getattr(self.pipe, name, None) if self.pipe is not None else None
         if not self.prompts or tok is None:
             return mask
@@ -362,7 +381,7 @@ def _forward(self: Any, hidden_states: Any, encoder_hidden_states: Any = None, p
                 if ctx.want_saliency:
                     h = int(img_ids[:, 1].max().item()) + 1
                     w = int(img_ids[:, 2].max().item()) + 1
-                    _partition(a, row, h, w, img_ids.device)
+                    _partition(a, row, (h, w), img_ids.device)
                     if row.budget is not None:
                         row.signal = _flux_signal(self, hidden_states[sl], args)
             else:
@@ -384,7 +403,7 @@ def _record_velocity(row: _Row, v: Any, n: int) -> None:
         _refresh(row.vel, torch.arange(v.shape[0], device=v.device), v, n)
 
 
-def _flux_signal(t: Any, hs: Any, args: Any) -> np.ndarray:
+def _flux_signal(t: Any, hs: Any, args: Any) -> Any:
     """The first double-stream block's modulated input of every image token (tokens x width):
     the change the budget adds up, what whole-step caching watches."""
     torch = _torch()
@@ -397,17 +416,19 @@ def _flux_signal(t: Any, hs: Any, args: Any) -> np.ndarray:
         else:
             temb = t.time_text_embed(ts, guidance.to(x.dtype) * 1000, pooled)
         m = t.transformer_blocks[0].norm1(x, emb=temb)[0]
-    return m[0].float().cpu().numpy().astype(np.float32)
+    return m[0].detach().float()
 
 
-def _partition(a: _Adapter, row: _Row, h: int, w: int, dev: Any) -> None:
-    """The saliency map of the last warm-up step, cut into patches by the Rust partitioner."""
+def _partition(a: _Adapter, row: _Row, grid: Any, dev: Any) -> None:
+    """The saliency map of the last warm-up step, cut into patches by the Rust partitioner;
+    `grid` is the latent's token grid, (height, width) or (frames, height, width)."""
     torch = _torch()
     sal = row.saliency.float().cpu().numpy().astype(np.float32)
-    if sal.size != h * w:
-        raise Error(f"latent of {sal.size} tokens is not the {h}x{w} grid its ids give")
-    patches = min(a.s["patches"], h * w)
-    row.layout = partition_saliency(sal.reshape(h, w), patches)
+    tokens = int(np.prod(grid))
+    if sal.size != tokens:
+        raise Error(f"latent of {sal.size} tokens is not the {'x'.join(map(str, grid))} grid its shape gives")
+    patches = min(a.s["patches"], tokens)
+    row.layout = partition_saliency(sal.reshape(grid), patches)
     row.tokens = [torch.from_numpy(row.layout.patch_tokens(p).astype(np.int64)).to(dev) for p in range(patches)]
     row.patch_of_t = torch.from_numpy(row.layout.patch_of.astype(np.int64)).to(dev)
     row.sizes_t = torch.from_numpy(row.layout.sizes().astype(np.int64)).to(dev)
@@ -415,6 +436,21 @@ def _partition(a: _Adapter, row: _Row, h: int, w: int, dev: Any) -> None:
         row.budget = Budget(patches, epsilon=a.s["epsilon"], share=0.0, max_skip=a.s["max_skip"])
     else:
         row.gate = Gate(patches, epsilon=a.s["epsilon"], max_skip=a.s["max_skip"])
+
+
+def _budget_observe(row: _Row, now: Any) -> None:
+    """Feeds the budget each patch's relative L1 change of the signal (tokens x width, on the
+    device) since the last step, summed over its tokens on the device: the step's one
+    device-to-host read is the patches' changes."""
+    torch = _torch()
+    patches = len(row.tokens)
+    num = torch.zeros(patches, dtype=torch.float64, device=now.device)
+    den = torch.zeros_like(num)
+    num.index_add_(0, row.patch_of_t, (now - row.signal).abs().sum(dim=1, dtype=torch.float64))
+    den.index_add_(0, row.patch_of_t, row.signal.abs().sum(dim=1, dtype=torch.float64))
+    change = (num / den.clamp(min=1e-12)).cpu().numpy().astype(np.float32)
+    row.budget.observe(change)
+    row.signal = now
 
 
 def _choose(call: _Call, row: _Row) -> Any:
@@ -447,10 +483,7 @@ def _partial(a: _Adapter, call: _Call, row: _Row, hs: Any, img_ids: Any, args: A
     n = call.step
     extrap = a.s["reuse"] == "extrapolate"
     if row.budget is not None:
-        now = _flux_signal(a.transformer, hs, args)
-        row.budget.observe(relative_change(now, row.signal, row.layout.patch_of.astype(np.uint32),
-                                           len(row.tokens)))
-        row.signal = now
+        _budget_observe(row, _flux_signal(a.transformer, hs, args))
     active, idx, last = _choose(call, row)
     if row.budget is not None:
         row.budget.ran(active)
@@ -575,40 +608,224 @@ def _forward_sd3(self: Any, hidden_states: Any, encoder_hidden_states: Any = Non
     else:
         if block_controlnet_hidden_states is not None:
             raise Error("flashdiff.diffusers: ControlNet residuals are not supported with FlashDiff enabled")
-        n, warm, text = call.step, a.s["warmup"], encoder_hidden_states.shape[1]
-        p = self.config.patch_size
-        h, w = hidden_states.shape[-2] // p, hidden_states.shape[-1] // p
+        text, p = encoder_hidden_states.shape[1], self.config.patch_size
+        grid = (hidden_states.shape[-2] // p, hidden_states.shape[-1] // p)
         outs = []
         for b in range(hidden_states.shape[0]):
             sl = slice(b, b + 1)
             row = call.rows.setdefault((call.branch, b), _Row())
-            if n < warm:
-                ctx = _Ctx(row, "record", n, text)
-                ctx.want_saliency = n == warm - 1
-                if ctx.want_saliency:
-                    ctx.salient = a.salient_tokens(b, hidden_states.shape[0], text, hidden_states.device)
-                a.ctx = ctx
-                try:
-                    o = orig(hidden_states[sl], encoder_hidden_states[sl], pooled_projections[sl], timestep[sl])
-                finally:
-                    a.ctx = None
-                if ctx.want_saliency:
-                    _partition(a, row, h, w, hidden_states.device)
-            else:
-                active, idx, last = _choose(call, row)
-                if idx is None:
-                    # The gate always runs at least one patch; only the budget skips steps.
-                    raise Error("flashdiff.diffusers: a step with no patch to run on SD3")
-                ctx = _Ctx(row, "partial", n, text)
-                ctx.active_tokens = idx
-                a.ctx = ctx
-                try:
-                    o = orig(hidden_states[sl], encoder_hidden_states[sl], pooled_projections[sl], timestep[sl])
-                finally:
-                    a.ctx = None
-                row.computed.append(int(idx.numel()))
-                _observe(row, ctx, active, last)
-            outs.append(o)
+            args = (hidden_states[sl], encoder_hidden_states[sl], pooled_projections[sl], timestep[sl])
+            outs.append(_hooked_row(a, call, row, b, hidden_states.shape[0], text, grid, hidden_states.device,
+                                    run=lambda args=args: orig(*args),
+                                    signal=lambda args=args: _sd3_signal(self, args),
+                                    unpatchify=lambda v: _unpatchify_sd3(self, v, grid)))
+        out = torch.cat(outs, 0)
+    if return_dict:
+        from diffusers.models.modeling_outputs import Transformer2DModelOutput
+
+        return Transformer2DModelOutput(sample=out)
+    return (out,)
+
+
+def _hooked_row(a: _Adapter, call: _Call, row: _Row, b: int, batch: int, text: int, grid: Any, dev: Any,
+                run: Any, signal: Any, unpatchify: Any) -> Any:
+    """One sample's step on a transformer whose hooks gather the active tokens after the
+    patch embedding and scatter them among the forecast ones before the unpatchify (SD3,
+    Wan). `run` calls the transformer, `signal` gives the first block's modulated input of
+    every token (the budget's change), `unpatchify` turns forecast token velocities into the
+    transformer's output shape for a step that runs no patch."""
+    n, warm = call.step, a.s["warmup"]
+    if n < warm:
+        ctx = _Ctx(row, "record", n, text)
+        ctx.want_saliency = n == warm - 1
+        if ctx.want_saliency:
+            ctx.salient = a.salient_tokens(b, batch, text, dev)
+        a.ctx = ctx
+        try:
+            o = run()
+        finally:
+            a.ctx = None
+        if ctx.want_saliency:
+            _partition(a, row, grid, dev)
+            if row.budget is not None:
+                row.signal = signal()
+        return o
+    if row.budget is not None:
+        _budget_observe(row, signal())
+    active, idx, last = _choose(call, row)
+    if row.budget is not None:
+        row.budget.ran(active)
+    if idx is None:
+        # Nothing at its budget: every token advances on its forecast velocity.
+        row.computed.append(0)
+        vel = _forecast(row.vel[0], row.vel[1], row.vel[2], n, a.s["reuse"] == "extrapolate")
+        return unpatchify(vel.unsqueeze(0))
+    ctx = _Ctx(row, "partial", n, text)
+    ctx.active_tokens = idx
+    a.ctx = ctx
+    try:
+        o = run()
+    finally:
+        a.ctx = None
+    row.computed.append(int(idx.numel()))
+    _observe(row, ctx, active, last)
+    return o
+
+
+def _sd3_signal(t: Any, args: Any) -> Any:
+    """SD3's first joint block's modulated input of every image token (tokens x width)."""
+    torch = _torch()
+    hs, _, pooled, timestep = args
+    with torch.no_grad():
+        x = t.pos_embed(hs)
+        temb = t.time_text_embed(timestep, pooled)
+        m = t.transformer_blocks[0].norm1(x, emb=temb)[0]
+    return m[0].detach().float()
+
+
+def _unpatchify_sd3(t: Any, v: Any, grid: Any) -> Any:
+    """(1, h * w, p * p * c) token rows to SD3's (1, c, h * p, w * p) output."""
+    torch = _torch()
+    (h, w), p, c = grid, t.config.patch_size, t.out_channels
+    v = torch.einsum("nhwpqc->nchpwq", v.reshape(1, h, w, p, p, c))
+    return v.reshape(1, c, h * p, w * p)
+
+
+def _wan_rope(x: Any, cos: Any, sin: Any) -> Any:
+    """Rotates each (even, odd) pair of `x`'s last dimension by the angle whose cosine and
+    sine the pair's entries of `cos` and `sin` hold (Wan's interleaved RoPE)."""
+    torch = _torch()
+    even, odd = x.unflatten(-1, (-1, 2)).unbind(-1)
+    c, s = cos[..., 0::2], sin[..., 1::2]
+    out = torch.empty_like(x)
+    out[..., 0::2] = even * c - odd * s
+    out[..., 1::2] = even * s + odd * c
+    return out.type_as(x)
+
+
+class _WanSelfProcessor(_Processor):
+    """Wan's self-attention over the image tokens (sequence dim 1: (B, L, H, D)), with
+    FlashDiff's K/V cache."""
+
+    def __call__(self, attn: Any, hidden_states: Any, encoder_hidden_states: Any = None,
+                 attention_mask: Any = None, rotary_emb: Any = None) -> Any:
+        if self.a.ctx is None:  # a call FlashDiff leaves alone: the processor it replaced
+            return self.a.saved_processors[self.name](attn, hidden_states, encoder_hidden_states,
+                                                      attention_mask, rotary_emb)
+        from diffusers.models.transformers import transformer_wan as tw
+
+        q, k, v = tw._get_qkv_projections(attn, hidden_states, None)
+        q = attn.norm_q(q).unflatten(2, (attn.heads, -1))
+        k = attn.norm_k(k).unflatten(2, (attn.heads, -1))
+        v = v.unflatten(2, (attn.heads, -1))
+        if rotary_emb is not None:
+            q, k = _wan_rope(q, *rotary_emb), _wan_rope(k, *rotary_emb)
+        k, v = self.keys_values(self.a.ctx, q, k, v)
+        out = tw.dispatch_attention_fn(q, k, v, attn_mask=attention_mask, backend=self._attention_backend)
+        out = out.flatten(2, 3).type_as(q)
+        return attn.to_out[1](attn.to_out[0](out))
+
+
+class _WanCrossProcessor(_Processor):
+    """Wan's cross-attention to the prompt, unchanged; at the last warm-up step it also adds
+    up how much every image token attends to the prompt's salient words."""
+
+    def __call__(self, attn: Any, hidden_states: Any, encoder_hidden_states: Any = None,
+                 attention_mask: Any = None, rotary_emb: Any = None) -> Any:
+        ctx = self.a.ctx
+        if ctx is not None and ctx.want_saliency:
+            from diffusers.models.transformers import transformer_wan as tw
+
+            text = encoder_hidden_states
+            if attn.add_k_proj is not None:  # image-to-video: the prompt's rows follow the image's
+                text = text[:, text.shape[1] - ctx.text:]
+            q, k, _ = tw._get_qkv_projections(attn, hidden_states, text)
+            q = attn.norm_q(q).unflatten(2, (attn.heads, -1))
+            k = attn.norm_k(k).unflatten(2, (attn.heads, -1))
+            probs = self.attention_probs(q, k)  # (N, T)
+            sal = ctx.salient
+            m = probs[:, sal].mean(dim=1) if bool(sal.any()) else probs.mean(dim=1)
+            row = ctx.row
+            row.saliency = m if row.saliency is None else row.saliency + m
+        return self.a.saved_processors[self.name](attn, hidden_states, encoder_hidden_states,
+                                                  attention_mask, rotary_emb)
+
+
+def _gather_rope(a: _Adapter) -> Any:
+    """Wan's rotary angles of the active tokens only."""
+
+    def hook(module: Any, inputs: Any, out: Any) -> Any:
+        ctx = a.ctx
+        if ctx is None or ctx.mode != "partial":
+            return out
+        return tuple(f[:, ctx.active_tokens] for f in out)
+
+    return hook
+
+
+def _gather_patches(a: _Adapter) -> Any:
+    """After Wan's patch embedding, (B, C, F, H, W): the active tokens as (B, C, n, 1, 1),
+    which the transformer flattens into its n rows."""
+
+    def hook(module: Any, inputs: Any, out: Any) -> Any:
+        ctx = a.ctx
+        if ctx is None or ctx.mode != "partial":
+            return out
+        return out.flatten(2)[:, :, ctx.active_tokens][..., None, None]
+
+    return hook
+
+
+def _wan_signal(t: Any, args: Any) -> Any:
+    """Wan's first block's modulated self-attention input of every token (tokens x width)."""
+    torch = _torch()
+    hs, timestep, ehs, image = args
+    with torch.no_grad():
+        x = t.patch_embedding(hs).flatten(2).transpose(1, 2)
+        _, proj, _, _ = t.condition_embedder(timestep, ehs, image)
+        block = t.blocks[0]
+        shift, scale = (block.scale_shift_table + proj.unflatten(1, (6, -1)).float()).chunk(6, dim=1)[:2]
+        m = block.norm1(x.float()) * (1 + scale) + shift
+    return m[0].detach().float()
+
+
+def _unpatchify_wan(t: Any, v: Any, grid: Any) -> Any:
+    """(1, f * h * w, pt * ph * pw * c) token rows to Wan's (1, c, f * pt, h * ph, w * pw)."""
+    (f, h, w), (pt, ph, pw) = grid, t.config.patch_size
+    v = v.reshape(1, f, h, w, pt, ph, pw, -1).permute(0, 7, 1, 4, 2, 5, 3, 6)
+    return v.flatten(6, 7).flatten(4, 5).flatten(2, 3)
+
+
+def _forward_wan(self: Any, hidden_states: Any, timestep: Any = None, encoder_hidden_states: Any = None,
+                 encoder_hidden_states_image: Any = None, return_dict: bool = True,
+                 attention_kwargs: Any = None) -> Any:
+    torch = _torch()
+    a: _Adapter = getattr(self, _ATTR)
+    call = a.begin()
+
+    def orig(hs: Any, t: Any, ehs: Any, image: Any) -> Any:
+        return a.orig_forward(hs, timestep=t, encoder_hidden_states=ehs, encoder_hidden_states_image=image,
+                              return_dict=False, attention_kwargs=attention_kwargs)[0]
+
+    if call.plain:
+        a.ctx = None
+        out = orig(hidden_states, timestep, encoder_hidden_states, encoder_hidden_states_image)
+    else:
+        if timestep.ndim == 2:
+            raise Error("flashdiff.diffusers: per-token timesteps (Wan 2.2 TI2V) are not supported")
+        pt, ph, pw = self.config.patch_size
+        grid = (hidden_states.shape[2] // pt, hidden_states.shape[3] // ph, hidden_states.shape[4] // pw)
+        text, batch = encoder_hidden_states.shape[1], hidden_states.shape[0]
+        outs = []
+        for b in range(batch):
+            sl = slice(b, b + 1)
+            image = None if encoder_hidden_states_image is None else encoder_hidden_states_image[sl]
+            args = (hidden_states[sl], timestep[sl], encoder_hidden_states[sl], image)
+            row = call.rows.setdefault((call.branch, b), _Row())
+            outs.append(_hooked_row(a, call, row, b, batch, text, grid, hidden_states.device,
+                                    run=lambda args=args: orig(*args),
+                                    signal=lambda args=args: _wan_signal(self, args),
+                                    unpatchify=lambda v: _unpatchify_wan(self, v, grid)))
         out = torch.cat(outs, 0)
     if return_dict:
         from diffusers.models.modeling_outputs import Transformer2DModelOutput
@@ -626,20 +843,20 @@ def _parts(target: Any) -> Any:
 
 def enable(target: Any, epsilon: float = 0.1, patches: int = 16, max_skip: int = 3, warmup: int = 5,
            reuse: str = "extrapolate", force: bool = False, scheduler: Any = None,
-           rule: Optional[str] = None) -> None:
-    """Enables FlashDiff on a ``FluxPipeline`` or ``StableDiffusion3Pipeline`` (or their
-    transformer with the ``scheduler`` that drives it). ``rule`` is ``"budget"`` (FlashDiff's
-    change budget; the default on FLUX) or ``"gate"`` (the paper's gate; the default and the
-    only rule on SD3); ``epsilon`` is the budget a patch may use up between runs, or the
-    gate's threshold (0 never skips); ``patches`` the patch count, ``max_skip`` the longest
-    run of skips, ``warmup`` the full steps before partitioning, ``reuse`` ``"extrapolate"``
-    or ``"stale"``."""
+           rule: str = "budget") -> None:
+    """Enables FlashDiff on a ``FluxPipeline``, ``StableDiffusion3Pipeline`` or ``WanPipeline``
+    (or their transformer with the ``scheduler`` that drives it). ``rule`` is ``"budget"``
+    (FlashDiff's change budget, the engine's rule) or ``"gate"`` (the paper's gate);
+    ``epsilon`` is the budget a patch may use up between runs, or the gate's threshold (0
+    never skips); ``patches`` the patch count, ``max_skip`` the longest run of skips,
+    ``warmup`` the full steps before partitioning, ``reuse`` ``"extrapolate"`` or
+    ``"stale"``."""
     pipe, transformer, sched = _parts(target)
     sched = scheduler or sched
     name = type(transformer).__name__
-    if name not in ("FluxTransformer2DModel", "SD3Transformer2DModel"):
-        raise Error(f"{type(target).__name__}: not supported (FluxPipeline, StableDiffusion3Pipeline and their "
-                    "transformers are)")
+    if name not in _KINDS:
+        raise Error(f"{type(target).__name__}: not supported (FluxPipeline, StableDiffusion3Pipeline, WanPipeline "
+                    "and their transformers are)")
     if sched is None:
         raise Error("a bare transformer needs the scheduler that drives it: enable(t, scheduler=...)")
     if not (0.0 <= epsilon <= 1.0):
@@ -648,12 +865,8 @@ def enable(target: Any, epsilon: float = 0.1, patches: int = 16, max_skip: int =
         raise Error(f"patches {patches}, max_skip {max_skip}, warmup {warmup}: need patches >= 1, max_skip >= 0, warmup >= 1")
     if reuse not in ("extrapolate", "stale"):
         raise Error(f"reuse {reuse!r}: expected extrapolate or stale")
-    flux = name == "FluxTransformer2DModel"
-    rule = rule or ("budget" if flux else "gate")
     if rule not in ("budget", "gate"):
         raise Error(f"rule {rule!r}: expected budget or gate")
-    if rule == "budget" and not flux:
-        raise Error(f"rule 'budget' runs on FLUX; {name} takes rule='gate'")
     if getattr(transformer, _ATTR, None) is not None:
         disable(target)
     settings = dict(epsilon=epsilon, patches=patches, max_skip=max_skip, warmup=warmup, reuse=reuse, force=force,
