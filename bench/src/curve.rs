@@ -68,6 +68,7 @@ fn settings(base: &RequestConfig, workers: u32) -> Vec<Setting> {
     let budget_knob = [
         (0.02f32, k),
         (0.05, k),
+        (0.07, k),
         (0.1, k),
         (0.15, k),
         (0.2, k),
@@ -79,6 +80,7 @@ fn settings(base: &RequestConfig, workers: u32) -> Vec<Setting> {
         (1.0, k + 3),
         (1.0, k + 5),
         (1.0, loose),
+        (0.07, loose),
         (0.1, loose),
         (0.15, loose),
         (0.2, loose),
@@ -146,7 +148,9 @@ fn settings(base: &RequestConfig, workers: u32) -> Vec<Setting> {
         });
     }
     for (method, forecast) in [("teacache", true), ("teacache-stale", false)] {
-        for t in [0.03f32, 0.05, 0.1, 0.15, 0.2, 0.25, 0.3, 0.4, 0.5, 0.8, 1.2] {
+        for t in [
+            0.03f32, 0.05, 0.07, 0.1, 0.15, 0.2, 0.25, 0.3, 0.4, 0.5, 0.8, 1.2,
+        ] {
             v.push(Setting {
                 method,
                 label: format!("{t}"),

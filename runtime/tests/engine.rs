@@ -630,6 +630,7 @@ fn a_request_resumed_from_any_checkpoint_ends_bit_identical() {
         Mode::TeaCache,
         Mode::Ras,
         Mode::Full,
+        Mode::PatchGate,
     ] {
         let c = RequestConfig {
             adaptive_epsilon: mode == Mode::FlashDiff,
@@ -666,6 +667,14 @@ fn a_request_resumed_from_any_checkpoint_ends_bit_identical() {
             );
             for (step, bytes) in &saved {
                 let ck = checkpoint::decode(bytes).unwrap();
+                // Only a method that decides through the paper's gate has one (and its
+                // state in the checkpoint); FlashDiff's budget and RAS decide otherwise.
+                let gated = !matches!(mode, Mode::FlashDiff | Mode::Ras);
+                assert_eq!(
+                    !ck.gate.r_bar.is_empty(),
+                    gated,
+                    "{mode:?}: gate state in the checkpoint"
+                );
                 let mut b = Engine::new(&default_weights(), 1).unwrap();
                 b.resume(ck).unwrap();
                 let got = b.run(&mut |_| {});

@@ -265,16 +265,20 @@ impl Engine {
             },
             Err(e) => return self.fail(id, e.into()),
         };
-        let gate = match Gate::new(
-            layout.patches() as usize,
-            GateConfig {
-                epsilon: methods::of(r.cfg.mode).epsilon(&r.cfg),
-                eta: flashdiff_gate::DEFAULT_ETA,
-                max_skip: r.cfg.max_skip,
-            },
-        ) {
-            Ok(g) => g,
-            Err(e) => return self.fail(id, e.into()),
+        let method = methods::of(r.cfg.mode);
+        let gate = match method.uses_gate().then(|| {
+            Gate::new(
+                layout.patches() as usize,
+                GateConfig {
+                    epsilon: method.epsilon(&r.cfg),
+                    eta: flashdiff_gate::DEFAULT_ETA,
+                    max_skip: r.cfg.max_skip,
+                },
+            )
+        }) {
+            None => None,
+            Some(Ok(g)) => Some(g),
+            Some(Err(e)) => return self.fail(id, e.into()),
         };
         for (dst, &p) in r
             .state
@@ -287,7 +291,7 @@ impl Engine {
         r.report.patches = layout.patches();
         r.active = vec![false; layout.patches() as usize];
         r.layout = Some(layout);
-        r.gate = Some(gate);
+        r.gate = gate;
         r.report.time.partition += t0.elapsed();
     }
 

@@ -9,6 +9,7 @@ use flashdiff_models::{Dims, ModelError, Tensor};
 use flashdiff_partitioner::{Grid, PatchLayout};
 
 use super::forecast::Track;
+use super::methods;
 use super::request::Request;
 use super::{
     check_request, create_private_dir, Engine, EngineError, LayoutKind, Report, RequestConfig,
@@ -83,8 +84,9 @@ impl Engine {
                 c.step, cfg.warmup, cfg.steps
             )));
         }
-        let (layout, gate, budget, track) =
-            restore_policies(&c, self.model.dims()).map_err(|e| match e {
+        let uses_gate = methods::of(cfg.mode).uses_gate();
+        let (layout, gate, budget, track) = restore_policies(&c, self.model.dims(), uses_gate)
+            .map_err(|e| match e {
                 EngineError::Config(m) => bad(m),
                 e => e,
             })?;
@@ -120,7 +122,7 @@ impl Engine {
                 conds: Vec::new(),
                 state,
                 layout: Some(layout),
-                gate: Some(gate),
+                gate,
                 step: c.step,
                 active: c.active,
                 report,
@@ -189,31 +191,44 @@ pub fn from_config_record(c: &checkpoint::ConfigRecord) -> Result<RequestConfig,
     })
 }
 
-/// A checkpoint's patch layout, gate and extrapolation state, each checked against the
-/// model (untrusted input).
+/// A checkpoint's patch layout, gate (`None` unless the method `uses_gate`; the record of
+/// one that does not is not read) and extrapolation state, each checked against the model
+/// (untrusted input).
 fn restore_policies(
     c: &Checkpoint,
     dims: &Dims,
-) -> Result<(PatchLayout, Gate, Option<Budget>, Option<Track>), EngineError> {
+    uses_gate: bool,
+) -> Result<(PatchLayout, Option<Gate>, Option<Budget>, Option<Track>), EngineError> {
     let bad = |m: &str| EngineError::Config(m.to_string());
     let g = dims.grid;
     let grid = Grid::new(g.frames as u32, g.height as u32, g.width as u32)?;
     let layout = PatchLayout::from_assignment(grid, c.patch_of.clone(), c.patches)?;
-    let gate = Gate::from_state(flashdiff_gate::GateState {
-        cfg: GateConfig {
-            epsilon: c.gate.epsilon,
-            eta: c.gate.eta,
-            max_skip: c.gate.max_skip,
-        },
-        r_bar: c.gate.r_bar.clone(),
-        delta: c.gate.delta.clone(),
-        seen: c.gate.seen.clone(),
-        skipped_run: c.gate.skipped_run.clone(),
-        active: c.gate.active.clone(),
-        weights: c.gate.weights.clone(),
-        steps: c.gate.steps,
-    })?;
-    if gate.patches() != layout.patches() as usize || c.active.len() != gate.patches() {
+    if c.active.len() != layout.patches() as usize {
+        return Err(bad(
+            "the active patches and the layout disagree on the patch count",
+        ));
+    }
+    let gate = match uses_gate {
+        false => None,
+        true => Some(Gate::from_state(flashdiff_gate::GateState {
+            cfg: GateConfig {
+                epsilon: c.gate.epsilon,
+                eta: c.gate.eta,
+                max_skip: c.gate.max_skip,
+            },
+            r_bar: c.gate.r_bar.clone(),
+            delta: c.gate.delta.clone(),
+            seen: c.gate.seen.clone(),
+            skipped_run: c.gate.skipped_run.clone(),
+            active: c.gate.active.clone(),
+            weights: c.gate.weights.clone(),
+            steps: c.gate.steps,
+        })?),
+    };
+    if gate
+        .as_ref()
+        .is_some_and(|g| g.patches() != layout.patches() as usize)
+    {
         return Err(bad("gate and layout disagree on the patch count"));
     }
     let budget = match &c.budget {
@@ -227,7 +242,7 @@ fn restore_policies(
                 accumulated: b.accumulated.clone(),
                 skipped_run: b.skipped_run.clone(),
             })?;
-            if budget.patches() != gate.patches() {
+            if budget.patches() != layout.patches() as usize {
                 return Err(bad("budget and layout disagree on the patch count"));
             }
             Some(budget)
@@ -323,7 +338,24 @@ fn report_from(id: u64, cfg: &RequestConfig, rr: &checkpoint::ReportRecord) -> R
 /// A request between steps as a checkpoint (`None` before its partition).
 fn to_checkpoint(id: u64, r: &Request) -> Option<Checkpoint> {
     let layout = r.layout.as_ref()?;
-    let gate = r.gate.as_ref()?.state();
+    // A method without a gate records its settings and no state.
+    let gate = r.gate.as_ref().map_or_else(
+        || flashdiff_gate::GateState {
+            cfg: GateConfig {
+                epsilon: methods::of(r.cfg.mode).epsilon(&r.cfg),
+                eta: flashdiff_gate::DEFAULT_ETA,
+                max_skip: r.cfg.max_skip,
+            },
+            r_bar: Vec::new(),
+            delta: Vec::new(),
+            seen: Vec::new(),
+            skipped_run: Vec::new(),
+            active: Vec::new(),
+            weights: Vec::new(),
+            steps: 0,
+        },
+        Gate::state,
+    );
     let rep = &r.report;
     let t = &rep.time;
     let ns = |d: Duration| d.as_nanos().min(u64::MAX as u128) as u64;

@@ -158,7 +158,7 @@ impl Engine {
             r.track = Some(Track::start(&r.state, r.step.saturating_sub(1), cfg, w));
         }
         let layout = r.layout.as_ref().expect("partitioned");
-        let gate = r.gate.as_mut().expect("partitioned");
+        let mut gate = r.gate.as_mut();
         for p in (0..layout.patches()).filter(|&p| r.active[p as usize]) {
             for &t in layout.patch_tokens(p) {
                 let t = t as usize;
@@ -176,12 +176,11 @@ impl Engine {
                 dst[t * pd..(t + 1) * pd].copy_from_slice(&src[t * pd..(t + 1) * pd]);
             }
             let importance = r.state.get(Region::Importance)[p as usize];
-            // A method that picks its own tokens does not feed the gate.
-            if !method.feeds_gate() {
-                continue;
-            }
-            if let Err(e) = gate.observe(p as usize, importance) {
-                return self.fail(id, e.into());
+            // Only a method that decides through the gate has one to feed.
+            if let Some(gate) = gate.as_deref_mut() {
+                if let Err(e) = gate.observe(p as usize, importance) {
+                    return self.fail(id, e.into());
+                }
             }
         }
         if let Some(tr) = r.track.as_mut() {

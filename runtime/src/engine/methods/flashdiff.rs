@@ -154,7 +154,7 @@ impl Method for FlashDiff {
         Ok(())
     }
 
-    fn feeds_gate(&self) -> bool {
+    fn uses_gate(&self) -> bool {
         false
     }
 }

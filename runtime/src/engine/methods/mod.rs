@@ -63,8 +63,9 @@ pub(super) trait Method: Sync {
         gate_choose(r, load, final_full, false)
     }
 
-    /// Whether computed patches' refinement importance feeds the gate.
-    fn feeds_gate(&self) -> bool {
+    /// Whether the method decides through the paper's gate, which computed patches'
+    /// refinement importance then feeds; a method that decides otherwise has no gate.
+    fn uses_gate(&self) -> bool {
         true
     }
 

@@ -58,7 +58,7 @@ impl Method for RandomPatches {
         Ok(())
     }
 
-    fn feeds_gate(&self) -> bool {
+    fn uses_gate(&self) -> bool {
         false
     }
 }

@@ -32,7 +32,7 @@ impl Method for Ras {
         cfg.extrapolate
     }
 
-    fn feeds_gate(&self) -> bool {
+    fn uses_gate(&self) -> bool {
         false
     }
 
