@@ -249,6 +249,35 @@ def test_batch_of_two_equals_two_single_runs(model):
         torch.testing.assert_close(both[b:b + 1], one, atol=1e-6, rtol=0)
 
 
+def euler_guided(model, steps, x, e, pooled, scale=4.0):
+    """Classifier-free guidance as FLUX's true CFG and Wan's pipelines run it: two calls a
+    step, with the prompt and with an empty one."""
+    t, sched, kind = model
+    sched.set_timesteps(steps)
+    e0, p0 = torch.zeros_like(e), torch.zeros_like(pooled)
+    with torch.no_grad():
+        for ts in sched.timesteps:
+            vc = kind.forward(t, x, e, pooled, ts)
+            vu = kind.forward(t, x, e0, p0, ts)
+            x = sched.step(vu + scale * (vc - vu), ts, x).prev_sample
+    return x
+
+
+def test_guidance_gives_each_sample_what_it_gets_alone(model):
+    x, e, p = inputs(model, 2, 7)
+    fdd.enable(model[0], epsilon=0.3, patches=8, scheduler=model[1])
+    both = euler_guided(model, 16, x, e, p)
+    samples = fdd.report(model[0])["samples"]
+    # Each of the two calls a step (branch) and each sample has its own layout and budget,
+    # and each skipped some work.
+    assert sorted((s["branch"], s["sample"]) for s in samples) == [(0, 0), (0, 1), (1, 0), (1, 1)]
+    for s in samples:
+        assert sum(s["computed_per_step"]) < H * W * len(s["computed_per_step"]), s
+    for b in range(2):
+        one = euler_guided(model, 16, x[b:b + 1], e[b:b + 1], p[b:b + 1])
+        torch.testing.assert_close(both[b:b + 1], one, atol=1e-6, rtol=0)
+
+
 def test_a_call_is_unaffected_by_the_one_before(model):
     x, e, p = inputs(model, 2, 3)
     fdd.enable(model[0], epsilon=0.3, patches=8, scheduler=model[1])
