@@ -720,6 +720,22 @@ fn a_damaged_or_foreign_checkpoint_is_refused() {
     wrong.patch_of.pop();
     assert!(b.resume(wrong).is_err());
     let mut wrong = ck.clone();
+    wrong
+        .budget
+        .as_mut()
+        .expect("FlashDiff's budget")
+        .accumulated[0] = f32::NAN;
+    assert!(b.resume(wrong).is_err());
+    // A damaged gate, in the checkpoint of a method that decides through it.
+    a.submit(10, PROMPT, cfg(Mode::PatchGate)).unwrap();
+    let gated = checkpoint::path(&dir, 10);
+    let mut gated_bytes = None;
+    a.run(&mut |ev| {
+        if ev.step == 6 {
+            gated_bytes = std::fs::read(&gated).ok();
+        }
+    });
+    let mut wrong = checkpoint::decode(&gated_bytes.unwrap()).unwrap();
     wrong.gate.r_bar[0] = f32::NAN;
     assert!(b.resume(wrong).is_err());
     let mut wrong = ck.clone();
