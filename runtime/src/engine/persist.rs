@@ -191,14 +191,13 @@ pub fn from_config_record(c: &checkpoint::ConfigRecord) -> Result<RequestConfig,
     })
 }
 
+/// A request's policies as a checkpoint restores them: layout, gate, budget, extrapolation.
+type Policies = (PatchLayout, Option<Gate>, Option<Budget>, Option<Track>);
+
 /// A checkpoint's patch layout, gate (`None` unless the method `uses_gate`; the record of
 /// one that does not is not read) and extrapolation state, each checked against the model
 /// (untrusted input).
-fn restore_policies(
-    c: &Checkpoint,
-    dims: &Dims,
-    uses_gate: bool,
-) -> Result<(PatchLayout, Option<Gate>, Option<Budget>, Option<Track>), EngineError> {
+fn restore_policies(c: &Checkpoint, dims: &Dims, uses_gate: bool) -> Result<Policies, EngineError> {
     let bad = |m: &str| EngineError::Config(m.to_string());
     let g = dims.grid;
     let grid = Grid::new(g.frames as u32, g.height as u32, g.width as u32)?;
