@@ -349,7 +349,14 @@ pub fn run(
             })
         })
         .collect();
-    let md = report(kind, cfg, engine.workers(), &points);
+    let head = Header {
+        prompts: cfg.prompts,
+        seed: cfg.seed,
+        steps: cfg.steps,
+        patches: cfg.patches,
+        workers: engine.workers(),
+    };
+    let md = report(kind, &head, &points);
     plot(out, kind, &points).map_err(|e| EngineError::Config(format!("plotting: {e}")))?;
     let doc = json!({
         "config": {"model_kind": format!("{kind:?}"), "prompts": cfg.prompts, "seed": cfg.seed, "steps": cfg.steps, "patches": cfg.patches, "workers": engine.workers(), "judged_work": [JUDGED.0, JUDGED.1]},
@@ -503,7 +510,59 @@ pub fn worst_margin(
         .map(|(m, w)| (m, w, (lo, hi)))
 }
 
-fn report(kind: Kind, cfg: &BenchConfig, workers: u32, points: &[Value]) -> String {
+/// What a study's report says it ran.
+struct Header {
+    prompts: u32,
+    seed: u64,
+    steps: u32,
+    patches: u32,
+    workers: u32,
+}
+
+/// Reads a study's `curve.json` in `dir` again and writes its `report.md` and plot with the
+/// verdict as this version reads it; returns the report. The error names what is wrong with
+/// the file.
+pub fn reread(dir: &Path) -> Result<String, String> {
+    let path = dir.join("curve.json");
+    let text = std::fs::read_to_string(&path)
+        .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+    let doc: Value =
+        serde_json::from_str(&text).map_err(|e| format!("{} is not JSON: {e}", path.display()))?;
+    let c = &doc["config"];
+    let kind = match c["model_kind"].as_str() {
+        Some("Image") => Kind::Image,
+        Some("Video") => Kind::Video,
+        Some("Audio") => Kind::Audio,
+        other => {
+            return Err(format!(
+                "{}: config.model_kind {other:?}: expected Image, Video or Audio",
+                path.display()
+            ))
+        }
+    };
+    let num = |k: &str| {
+        c[k].as_u64()
+            .ok_or_else(|| format!("{}: config.{k} is not a whole number", path.display()))
+    };
+    let head = Header {
+        prompts: num("prompts")? as u32,
+        seed: num("seed")?,
+        steps: num("steps")? as u32,
+        patches: num("patches")? as u32,
+        workers: num("workers")? as u32,
+    };
+    let points = doc["points"]
+        .as_array()
+        .ok_or_else(|| format!("{}: no points", path.display()))?;
+    let md = report(kind, &head, points);
+    plot(dir, kind, points).map_err(|e| format!("plotting: {e}"))?;
+    std::fs::write(dir.join("report.md"), &md)
+        .map_err(|e| format!("cannot write {}: {e}", dir.join("report.md").display()))?;
+    Ok(md)
+}
+
+fn report(kind: Kind, cfg: &Header, points: &[Value]) -> String {
+    let workers = cfg.workers;
     let unit = if kind == Kind::Audio { "SNR" } else { "PSNR" };
     let mut md = format!(
         "# FlashDiff bench: quality against work ({kind:?} model)\n\n{} held-out prompts (seeds from {}), {} steps, {} patches for the patch methods, {workers} worker(s). Work: the share of full computation's model work, warm-up included. {unit} against full computation from the same seed (capped at 99 dB); worst: the worst prompt; agreement: the built-in checker gives the same verdict as on full computation.\n\n| method | what it is |\n| --- | --- |\n",
@@ -793,5 +852,33 @@ mod tests {
         let set = [(0.2, 10.0), (0.6, 50.0)];
         let lowered = frontier(vec![(0.2, 10.0), (0.5, 20.0), (0.6, 50.0)]);
         assert!(interpolate(&lowered, 0.4).unwrap() < interpolate(&set, 0.4).unwrap());
+    }
+
+    #[test]
+    fn a_study_is_read_again_from_its_json() {
+        let dir = std::env::temp_dir().join(format!("fd-curve-reread-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let point = |m: &str, w: f64, db: f64| {
+            json!({"method": m, "setting": "-", "work": w, "db": db, "worst_db": db - 5.0,
+                   "ssim": 1.0, "agreement": 1.0, "patch_steps_skipped": 0.0, "latency_ms": 1.0})
+        };
+        let doc = json!({
+            "config": {"model_kind": "Image", "prompts": 2, "seed": 7, "steps": 50, "patches": 16, "workers": 1},
+            "points": [point("full", 1.0, 99.0), point("flashdiff", 0.2, 40.0), point("flashdiff", 0.6, 60.0),
+                       point("teacache", 0.2, 30.0), point("teacache", 0.6, 62.0)],
+        });
+        std::fs::write(dir.join("curve.json"), doc.to_string()).unwrap();
+        let md = reread(&dir).unwrap();
+        // Behind whole-step caching at 0.6 by 2 dB on the mean and the worst prompt.
+        assert!(md.contains("| teacache | 0.250-0.600 | -2.00 dB at work 0.600 | -2.00 dB at work 0.600 | **behind** |"), "{md}");
+        assert!(std::fs::read_to_string(dir.join("report.md")).unwrap() == md);
+        std::fs::write(
+            dir.join("curve.json"),
+            "{\"config\": {\"model_kind\": \"Photo\"}}",
+        )
+        .unwrap();
+        let e = reread(&dir).unwrap_err();
+        assert!(e.contains("model_kind") && e.contains("curve.json"), "{e}");
+        let _ = std::fs::remove_dir_all(&dir);
     }
 }
