@@ -235,7 +235,16 @@ pub fn run(
         .find(|m| m.name == "distrifusion")
         .map(|m| (m.cfg)(&base))
         .expect("distrifusion is in methods()");
-    let serving = serving::study(engine, cfg, &base, &distrifusion, &mut md, progress)?;
+    let quality = |m: &str| get(m, "psnr_db");
+    let serving = serving::study(
+        engine,
+        cfg,
+        &base,
+        &distrifusion,
+        &quality,
+        &mut md,
+        progress,
+    )?;
     let ordering = serving::ordering(engine, cfg, &base, &mut md, progress)?;
     md.push_str(&wall_time::section(engine, cfg, progress)?);
     progress("final-step profile");

@@ -3,11 +3,13 @@
 //! full computation or whole-step caching, one per worker) and DistriFusion-style patch
 //! parallelism (its displaced patches spread over the workers).
 //!
-//! Loads are multiples of DistriFusion-style's measured capacity (the paper's targets are
-//! stated at load 1.2 of it). Each method's own capacity is measured too (every request at
-//! once), so a row whose arrivals outpace its method is marked: that queue grows without
-//! bound, and its p99 is the wait at the end of the trace, which grows with the trace's
-//! length, not a property of the method.
+//! Loads are multiples of the strongest other way's measured capacity: the highest among the
+//! baselines whose mean PSNR in the bench's quality table meets [`QUALITY_BAR_DB`] (the
+//! paper states its targets at load 1.2 of DistriFusion-style's, which on these cores is
+//! slower than full computation, so any load of it leaves every other method idle). Each
+//! method's own capacity is measured too (every request at once), so a row whose arrivals
+//! outpace its method is marked: that queue grows without bound, and its p99 is the wait at
+//! the end of the trace, which grows with the trace's length, not a property of the method.
 
 use std::time::{Duration, Instant};
 
@@ -29,7 +31,13 @@ struct Server {
     fifo: bool,
     /// On worker processes (request state in shared memory) instead of the bench's engine.
     processes: bool,
+    /// The method of the bench's quality table whose output this one serves.
+    quality: &'static str,
 }
+
+/// The mean PSNR against full computation a way of serving must reach for its capacity to
+/// set the loads (the quality the project promises).
+pub(crate) const QUALITY_BAR_DB: f64 = 30.0;
 
 fn servers(base: &RequestConfig, distrifusion: &RequestConfig) -> Vec<Server> {
     vec![
@@ -39,6 +47,7 @@ fn servers(base: &RequestConfig, distrifusion: &RequestConfig) -> Vec<Server> {
             cfg: base.clone(),
             fifo: false,
             processes: false,
+            quality: "flashdiff",
         },
         Server {
             name: "flashdiff-adaptive-eps",
@@ -49,6 +58,7 @@ fn servers(base: &RequestConfig, distrifusion: &RequestConfig) -> Vec<Server> {
             },
             fifo: false,
             processes: false,
+            quality: "flashdiff",
         },
         Server {
             name: "distrifusion",
@@ -56,6 +66,7 @@ fn servers(base: &RequestConfig, distrifusion: &RequestConfig) -> Vec<Server> {
             cfg: distrifusion.clone(),
             fifo: false,
             processes: false,
+            quality: "distrifusion",
         },
         Server {
             name: "distrifusion-processes",
@@ -63,6 +74,7 @@ fn servers(base: &RequestConfig, distrifusion: &RequestConfig) -> Vec<Server> {
             cfg: distrifusion.clone(),
             fifo: false,
             processes: true,
+            quality: "distrifusion",
         },
         Server {
             name: "full-fifo",
@@ -73,6 +85,7 @@ fn servers(base: &RequestConfig, distrifusion: &RequestConfig) -> Vec<Server> {
             },
             fifo: true,
             processes: false,
+            quality: "full",
         },
         Server {
             name: "teacache-fifo",
@@ -83,6 +96,7 @@ fn servers(base: &RequestConfig, distrifusion: &RequestConfig) -> Vec<Server> {
             },
             fifo: true,
             processes: false,
+            quality: "teacache",
         },
         Server {
             name: "flashdiff-fifo",
@@ -90,11 +104,12 @@ fn servers(base: &RequestConfig, distrifusion: &RequestConfig) -> Vec<Server> {
             cfg: base.clone(),
             fifo: true,
             processes: false,
+            quality: "flashdiff",
         },
     ]
 }
 
-/// The load the paper's serving targets are stated at (times DistriFusion-style's capacity).
+/// The load the serving targets are judged at, times the strongest other way's capacity.
 const TARGET_LOAD: f64 = 1.2;
 
 /// Runs the study, appends its section to `md`, returns one JSON row per run.
@@ -103,6 +118,7 @@ pub(crate) fn study(
     cfg: &BenchConfig,
     base: &RequestConfig,
     distrifusion: &RequestConfig,
+    quality_db: &dyn Fn(&str) -> f64,
     md: &mut String,
     progress: &mut dyn FnMut(&str),
 ) -> Result<Vec<Value>, EngineError> {
@@ -158,7 +174,8 @@ pub(crate) fn study(
             .position(|s| s.name == name)
             .map_or(f64::NAN, |i| capacity[i])
     };
-    let df_cap = cap_of("distrifusion");
+    let (base_name, base_cap) =
+        load_base(&list, &capacity, quality_db).unwrap_or(("distrifusion", cap_of("distrifusion")));
     let loads: &[f64] = if quick {
         &[TARGET_LOAD]
     } else {
@@ -173,7 +190,7 @@ pub(crate) fn study(
         200
     };
     md.push_str(&format!(
-        "\n## Serving a bursty stream on this machine\n\n{workers} worker(s). Arrivals from a two-state MMPP (seeded, the same trace for every method at a load), priorities 0-3 cycling. Load is a multiple of DistriFusion-style's capacity, {df_cap:.2} req/s, measured like every method's own capacity column with {n_sat} requests submitted at once. Requests per run: {}. A row is **overloaded** when its arrivals come faster than its method's capacity: that queue grows without bound and its p99 is the wait at the end of the trace, which grows with the trace's length.\n\n| method | what |\n| --- | --- |\n",
+        "\n## Serving a bursty stream on this machine\n\n{workers} worker(s). Arrivals from a two-state MMPP (seeded, the same trace for every method at a load), priorities 0-3 cycling. Load is a multiple of {base_name}'s capacity, {base_cap:.2} req/s: the highest among the other ways of serving whose mean PSNR in the quality table meets {QUALITY_BAR_DB} dB, measured like every method's own capacity column with {n_sat} requests submitted at once. Requests per run: {}. A row is **overloaded** when its arrivals come faster than its method's capacity: that queue grows without bound and its p99 is the wait at the end of the trace, which grows with the trace's length.\n\n| method | what |\n| --- | --- |\n",
         length
     ));
     for s in &list {
@@ -188,7 +205,7 @@ pub(crate) fn study(
     md.push_str("\n| load | method | arrivals req/s | capacity req/s | throughput req/s | p50 s | p95 s | p99 s | work | mean ε | queue |\n| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n");
     for &load in loads {
         let n = length;
-        let rate = load * df_cap;
+        let rate = load * base_cap;
         let arrivals = bursty_arrivals(n, rate, 99 + (load * 100.0) as u64);
         for (s, &cap) in list.iter().zip(&capacity) {
             progress(&format!("serving: load {load}, {} ({n} requests)", s.name));
@@ -207,8 +224,26 @@ pub(crate) fn study(
             rows.push(r);
         }
     }
-    verdicts(&rows, &list, &capacity, md);
+    verdicts(&rows, &list, &capacity, base_name, md);
     Ok(rows)
+}
+
+/// The strongest other way of serving: the highest measured capacity among the servers that
+/// are not FlashDiff's and whose quality meets [`QUALITY_BAR_DB`]; its name and capacity.
+fn load_base<'a>(
+    list: &'a [Server],
+    capacity: &[f64],
+    quality_db: &dyn Fn(&str) -> f64,
+) -> Option<(&'a str, f64)> {
+    list.iter()
+        .zip(capacity)
+        .filter(|(s, c)| {
+            !s.name.starts_with("flashdiff")
+                && c.is_finite()
+                && quality_db(s.quality) >= QUALITY_BAR_DB
+        })
+        .max_by(|a, b| a.1.total_cmp(b.1))
+        .map(|(s, &c)| (s.name, c))
 }
 
 /// One method's row of the serving table at one load.
@@ -239,7 +274,7 @@ fn load_row(load: f64, name: &str, rate: f64, cap: f64, n: usize, r: &Value) -> 
 
 /// The serving targets at the load they are stated for, and FlashDiff against every other
 /// way of serving, worst margin first.
-fn verdicts(rows: &[Value], list: &[Server], capacity: &[f64], md: &mut String) {
+fn verdicts(rows: &[Value], list: &[Server], capacity: &[f64], base: &str, md: &mut String) {
     let at = |m: &str, k: &str| {
         rows.iter()
             .find(|r| r["method"] == m && r["load"] == json!(TARGET_LOAD))
@@ -260,14 +295,14 @@ fn verdicts(rows: &[Value], list: &[Server], capacity: &[f64], md: &mut String) 
     let tput = at("flashdiff", "throughput_rps") / at("distrifusion", "throughput_rps");
     let p99 = at("distrifusion", "p99_s") / at("flashdiff", "p99_s");
     md.push_str(&format!(
-        "\n### Targets at load {TARGET_LOAD} of DistriFusion-style's capacity\n\n| target | measured | wanted | verdict |\n| --- | --- | --- | --- |\n| throughput vs DistriFusion-style | {tput:.2}x | >= 1.5x | {} |\n| p99 completion vs DistriFusion-style | {p99:.2}x lower{short} | >= 2x | {} |\n",
+        "\n### The paper's targets against DistriFusion-style, at load {TARGET_LOAD} of {base}'s capacity\n\n| target | measured | wanted | verdict |\n| --- | --- | --- | --- |\n| throughput vs DistriFusion-style | {tput:.2}x | >= 1.5x | {} |\n| p99 completion vs DistriFusion-style | {p99:.2}x lower{short} | >= 2x | {} |\n",
         verdict(tput >= 1.5),
         verdict(p99 >= 2.0),
     ));
     md.push_str(&format!(
-        "\nOn an open stream no method completes requests faster than they arrive, so FlashDiff's throughput on this trace is at most {TARGET_LOAD}x DistriFusion-style's capacity; a ratio above that comes only from DistriFusion-style falling below its own capacity.{} \n",
+        "\nOn an open stream no method completes requests faster than they arrive, so FlashDiff's throughput on this trace is at most the arrival rate, {TARGET_LOAD}x {base}'s capacity; against DistriFusion-style a ratio comes from DistriFusion-style falling below that rate.{} \n",
         if over("distrifusion") {
-            " DistriFusion-style is overloaded here by definition, so its p99 (and the p99 ratio) grows with the trace's length; the capacity ratios below do not depend on it."
+            " DistriFusion-style is overloaded at this load, so its p99 (and the p99 ratio) grows with the trace's length; the capacity ratios below do not depend on it."
         } else {
             ""
         }
@@ -610,4 +645,51 @@ fn deadline_study(
         rows.extend(res);
     }
     Ok(rows)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn loads_follow_the_fastest_other_way_that_meets_the_quality_bar() {
+        let base = RequestConfig::default();
+        let list = servers(&base, &base);
+        let names: Vec<&str> = list.iter().map(|s| s.name).collect();
+        // `fast` at 9 req/s, every other at 1 plus a little that differs by name.
+        let cap = |fast: &str| -> Vec<f64> {
+            names
+                .iter()
+                .map(|&n| {
+                    if n == fast {
+                        9.0
+                    } else {
+                        1.0 + n.len() as f64 / 100.0
+                    }
+                })
+                .collect()
+        };
+        let good = |_: &str| 40.0;
+        // The fastest other way sets the loads, whichever it is.
+        assert_eq!(
+            load_base(&list, &cap("teacache-fifo"), &good),
+            Some(("teacache-fifo", 9.0))
+        );
+        assert_eq!(
+            load_base(&list, &cap("distrifusion"), &good),
+            Some(("distrifusion", 9.0))
+        );
+        // FlashDiff's own rows never do.
+        assert_ne!(
+            load_base(&list, &cap("flashdiff-fifo"), &good).map(|b| b.0),
+            Some("flashdiff-fifo")
+        );
+        // A faster way under the bar does not (nor the same method on processes): the
+        // fastest one at the bar does, whole-step caching at 1.13 here.
+        let df_blurry = |m: &str| if m == "distrifusion" { 25.0 } else { 40.0 };
+        let got = load_base(&list, &cap("distrifusion"), &df_blurry).unwrap();
+        assert_eq!(got.0, "teacache-fifo");
+        // Nothing at the bar: no base.
+        assert_eq!(load_base(&list, &cap("full-fifo"), &|_| 10.0), None);
+    }
 }

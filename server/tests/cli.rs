@@ -629,6 +629,40 @@ fn bench_writes_json_and_a_report() {
         .unwrap()
         .iter()
         .any(|r| r["load"] == "saturated"));
+    // Loads are multiples of the highest capacity among the other ways of serving whose mean
+    // PSNR in the quality table meets 30 dB: recomputed here from the rows.
+    let psnr = |m: &str| {
+        json["summary"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|r| r["method"] == m)
+            .and_then(|r| r["psnr_db"].as_f64())
+            .unwrap_or(f64::NAN)
+    };
+    let serving = json["serving"].as_array().unwrap();
+    let base = serving
+        .iter()
+        .filter(|r| r["load"] == "saturated")
+        .filter_map(|r| {
+            let quality = match r["method"].as_str().unwrap() {
+                "distrifusion" | "distrifusion-processes" => "distrifusion",
+                "full-fifo" => "full",
+                "teacache-fifo" => "teacache",
+                _ => return None,
+            };
+            (psnr(quality) >= 30.0).then(|| r["throughput_rps"].as_f64().unwrap())
+        })
+        .fold(f64::NAN, f64::max);
+    let arrivals = serving
+        .iter()
+        .find(|r| r["load"] == 1.2)
+        .and_then(|r| r["arrival_rps"].as_f64())
+        .unwrap();
+    assert!(
+        (arrivals - 1.2 * base).abs() < 1e-9 * base.max(1.0),
+        "arrivals {arrivals} at load 1.2, the strongest baseline's capacity {base}"
+    );
     let report = std::fs::read_to_string(dir.join("report.md")).unwrap();
     for section in [
         "## Targets",
