@@ -650,18 +650,18 @@ fn verdict_table(points: &[Value], reading: Reading, md: &mut String) -> bool {
                 reading,
             )
         };
+        let ablation = ABLATIONS.contains(m);
+        let tag = if ablation { " (ablation)" } else { "" };
         let (Some((mm, mw, range)), Some((wm, ww, _))) = (margin("db"), margin("worst_db")) else {
             md.push_str(&format!(
-                "| {m} | the curves share no work level in the range | - | - | not compared |\n"
+                "| {m}{tag} | the curves share no work level in the range | - | - | not compared |\n"
             ));
             continue;
         };
         let ahead = mm >= 0.0 && wm >= 0.0;
-        let ablation = ABLATIONS.contains(m);
         all_ahead &= ahead || ablation;
         md.push_str(&format!(
-            "| {m}{} | {:.3}-{:.3} | {mm:+.2} dB at work {mw:.3} | {wm:+.2} dB at work {ww:.3} | {} |\n",
-            if ablation { " (ablation)" } else { "" },
+            "| {m}{tag} | {:.3}-{:.3} | {mm:+.2} dB at work {mw:.3} | {wm:+.2} dB at work {ww:.3} | {} |\n",
             range.0,
             range.1,
             if ahead { "ahead" } else { "**behind**" }
