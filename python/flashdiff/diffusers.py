@@ -388,11 +388,7 @@ def _forward(self: Any, hidden_states: Any, encoder_hidden_states: Any = None, p
                 o = _partial(a, call, row, hidden_states[sl], img_ids, args, text, orig)
             outs.append(o)
         out = torch.cat(outs, 0)
-    if return_dict:
-        from diffusers.models.modeling_outputs import Transformer2DModelOutput
-
-        return Transformer2DModelOutput(sample=out)
-    return (out,)
+    return _output(out, return_dict)
 
 
 def _record_velocity(row: _Row, v: Any, n: int) -> None:
@@ -479,7 +475,6 @@ def _observe(row: _Row, ctx: _Ctx, active: Any, last: bool) -> None:
 
 
 def _partial(a: _Adapter, call: _Call, row: _Row, hs: Any, img_ids: Any, args: Any, text: int, orig: Any) -> Any:
-    torch = _torch()
     n = call.step
     extrap = a.s["reuse"] == "extrapolate"
     if row.budget is not None:
@@ -571,7 +566,6 @@ def _scatter_tokens(a: _Adapter) -> Any:
     forecast, which the row keeps (token space: patch x patch x channels)."""
 
     def hook(module: Any, inputs: Any, out: Any) -> Any:
-        torch = _torch()
         ctx = a.ctx
         if ctx is None:
             return out
@@ -592,7 +586,6 @@ def _scatter_tokens(a: _Adapter) -> Any:
 def _forward_sd3(self: Any, hidden_states: Any, encoder_hidden_states: Any = None, pooled_projections: Any = None,
                  timestep: Any = None, block_controlnet_hidden_states: Any = None, joint_attention_kwargs: Any = None,
                  return_dict: bool = True, skip_layers: Any = None) -> Any:
-    torch = _torch()
     a: _Adapter = getattr(self, _ATTR)
     call = a.begin()
 
@@ -610,21 +603,35 @@ def _forward_sd3(self: Any, hidden_states: Any, encoder_hidden_states: Any = Non
             raise Error("flashdiff.diffusers: ControlNet residuals are not supported with FlashDiff enabled")
         text, p = encoder_hidden_states.shape[1], self.config.patch_size
         grid = (hidden_states.shape[-2] // p, hidden_states.shape[-1] // p)
-        outs = []
-        for b in range(hidden_states.shape[0]):
-            sl = slice(b, b + 1)
-            row = call.rows.setdefault((call.branch, b), _Row())
-            args = (hidden_states[sl], encoder_hidden_states[sl], pooled_projections[sl], timestep[sl])
-            outs.append(_hooked_row(a, call, row, b, hidden_states.shape[0], text, grid, hidden_states.device,
-                                    run=lambda args=args: orig(*args),
-                                    signal=lambda args=args: _sd3_signal(self, args),
-                                    unpatchify=lambda v: _unpatchify_sd3(self, v, grid)))
-        out = torch.cat(outs, 0)
+        samples = [(hidden_states[b:b + 1], encoder_hidden_states[b:b + 1], pooled_projections[b:b + 1],
+                    timestep[b:b + 1]) for b in range(hidden_states.shape[0])]
+        out = _hooked_batch(a, call, samples, text, grid, hidden_states.device, run=orig,
+                            signal=lambda args: _sd3_signal(self, args),
+                            unpatchify=lambda v: _unpatchify_sd3(self, v, grid))
+    return _output(out, return_dict)
+
+
+def _output(out: Any, return_dict: bool) -> Any:
+    """The transformer's output as its ``forward`` returns it."""
     if return_dict:
         from diffusers.models.modeling_outputs import Transformer2DModelOutput
 
         return Transformer2DModelOutput(sample=out)
     return (out,)
+
+
+def _hooked_batch(a: _Adapter, call: _Call, samples: List[Any], text: int, grid: Any, dev: Any, run: Any,
+                  signal: Any, unpatchify: Any) -> Any:
+    """Every sample of a call (its forward's arguments, one row each) through
+    [`_hooked_row`], each with the row of its branch and index; their outputs stacked."""
+    torch = _torch()
+    outs = []
+    for b, args in enumerate(samples):
+        row = call.rows.setdefault((call.branch, b), _Row())
+        outs.append(_hooked_row(a, call, row, b, len(samples), text, grid, dev,
+                                run=lambda args=args: run(*args), signal=lambda args=args: signal(args),
+                                unpatchify=unpatchify))
+    return torch.cat(outs, 0)
 
 
 def _hooked_row(a: _Adapter, call: _Call, row: _Row, b: int, batch: int, text: int, grid: Any, dev: Any,
@@ -799,7 +806,6 @@ def _unpatchify_wan(t: Any, v: Any, grid: Any) -> Any:
 def _forward_wan(self: Any, hidden_states: Any, timestep: Any = None, encoder_hidden_states: Any = None,
                  encoder_hidden_states_image: Any = None, return_dict: bool = True,
                  attention_kwargs: Any = None) -> Any:
-    torch = _torch()
     a: _Adapter = getattr(self, _ATTR)
     call = a.begin()
 
@@ -815,23 +821,13 @@ def _forward_wan(self: Any, hidden_states: Any, timestep: Any = None, encoder_hi
             raise Error("flashdiff.diffusers: per-token timesteps (Wan 2.2 TI2V) are not supported")
         pt, ph, pw = self.config.patch_size
         grid = (hidden_states.shape[2] // pt, hidden_states.shape[3] // ph, hidden_states.shape[4] // pw)
-        text, batch = encoder_hidden_states.shape[1], hidden_states.shape[0]
-        outs = []
-        for b in range(batch):
-            sl = slice(b, b + 1)
-            image = None if encoder_hidden_states_image is None else encoder_hidden_states_image[sl]
-            args = (hidden_states[sl], timestep[sl], encoder_hidden_states[sl], image)
-            row = call.rows.setdefault((call.branch, b), _Row())
-            outs.append(_hooked_row(a, call, row, b, batch, text, grid, hidden_states.device,
-                                    run=lambda args=args: orig(*args),
-                                    signal=lambda args=args: _wan_signal(self, args),
-                                    unpatchify=lambda v: _unpatchify_wan(self, v, grid)))
-        out = torch.cat(outs, 0)
-    if return_dict:
-        from diffusers.models.modeling_outputs import Transformer2DModelOutput
-
-        return Transformer2DModelOutput(sample=out)
-    return (out,)
+        image = encoder_hidden_states_image
+        samples = [(hidden_states[b:b + 1], timestep[b:b + 1], encoder_hidden_states[b:b + 1],
+                    None if image is None else image[b:b + 1]) for b in range(hidden_states.shape[0])]
+        out = _hooked_batch(a, call, samples, encoder_hidden_states.shape[1], grid, hidden_states.device, run=orig,
+                            signal=lambda args: _wan_signal(self, args),
+                            unpatchify=lambda v: _unpatchify_wan(self, v, grid))
+    return _output(out, return_dict)
 
 
 def _parts(target: Any) -> Any:
