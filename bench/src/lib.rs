@@ -9,6 +9,7 @@
 pub mod curve;
 pub mod media;
 mod plots;
+pub mod reading;
 mod scale;
 mod serving;
 mod wall_time;
