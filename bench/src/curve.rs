@@ -21,7 +21,7 @@ use flashdiff_gate::pace::computes_for;
 use flashdiff_models::scene::{self, IMAGE};
 use flashdiff_models::{Kind, Sample};
 use flashdiff_runtime::engine::{
-    Engine, EngineError, LayoutKind, Mode, Output, RequestConfig, FINAL_FULL_STEPS,
+    Engine, EngineError, LayoutKind, Mode, Output, RequestConfig, Reuse, FINAL_FULL_STEPS,
 };
 
 /// The work range the verdict is judged over.
@@ -35,14 +35,15 @@ struct Setting {
 }
 
 /// What each method is and how it reuses what it does not compute.
-const METHODS: [(&str, &str); 13] = [
-    ("flashdiff", "saliency patches, each accumulating block 0's input change; a step runs whole once any patch reaches ε or K skips, else every token is forecast; knob: ε, then K at ε 1"),
+const METHODS: [(&str, &str); 14] = [
+    ("flashdiff", "saliency patches, each accumulating block 0's input change; a step runs whole once any patch reaches ε or K skips, else every token is forecast; knob: ε, then K at ε 1, each at first and at second order (\"order 2\": skipped velocities along the parabola through their last three computations)"),
     ("flashdiff-budget", "FlashDiff under a work budget F: floor(F x steps) computed steps, the warm-up and final step among them, paced by the same accumulated change (latency known at admission); knob: F"),
+    ("flashdiff-order1", "ablation: FlashDiff's first-order settings alone (read from its rows without \"order 2\")"),
     ("flashdiff-uniform", "ablation: FlashDiff on a uniform grid of patches instead of the saliency cut; same knob"),
     ("per-patch", "ablation: a computed step runs only the patches at their budget, the others stand in with forecast K/V and velocity; same knob"),
     ("random-patches", "ablation: per-patch's number of patches per step, drawn at random; same knob"),
     ("patch-gate", "ablation: the paper's memoryless gate on normalised importance change (at least one patch a step); knob: ε, then K at ε 1"),
-    ("teacache", "whole-step caching on block 0's accumulated input change, skipped steps forecast (first order); knob: threshold"),
+    ("teacache", "whole-step caching on block 0's accumulated input change, skipped steps forecast at first order and, as \"order 2\", at second (TaylorSeer's orders 1 and 2); knob: threshold"),
     ("teacache-stale", "whole-step caching as its authors run it: skipped steps reuse the last velocity; knob: threshold"),
     ("ras", "RAS: the regions whose velocity changed most, dense reset steps, the others forecast; knob: share recomputed"),
     ("ras-stale", "RAS as its authors run it: the others reuse their velocity and K/V; knob: share recomputed"),
@@ -90,24 +91,34 @@ fn settings(base: &RequestConfig, workers: u32) -> Vec<Setting> {
         (0.4, loose),
         (0.5, loose),
     ];
+    // Every method that forecasts gets both forecasters: its knob at first order and again
+    // at second order, on knob lines of their own ("ε 0.1 K 3 order 2").
+    let orders: Vec<(Reuse, &str)> = if base.reuse == Reuse::Extrapolate {
+        vec![(base.reuse, ""), (Reuse::Extrapolate2, " order 2")]
+    } else {
+        vec![(base.reuse, "")]
+    };
     for (method, mode, layout) in [
         ("flashdiff", Mode::FlashDiff, base.layout),
         ("flashdiff-uniform", Mode::FlashDiff, LayoutKind::Uniform),
         ("per-patch", Mode::PerPatch, base.layout),
         ("random-patches", Mode::RandomPatches, base.layout),
     ] {
-        for (e, k) in budget_knob {
-            v.push(Setting {
-                method,
-                label: format!("ε {e} K {k}"),
-                cfg: RequestConfig {
-                    mode,
-                    epsilon: e,
-                    max_skip: k,
-                    layout,
-                    ..base.clone()
-                },
-            });
+        for &(reuse, order) in &orders {
+            for (e, k) in budget_knob {
+                v.push(Setting {
+                    method,
+                    label: format!("ε {e} K {k}{order}"),
+                    cfg: RequestConfig {
+                        mode,
+                        epsilon: e,
+                        max_skip: k,
+                        layout,
+                        reuse,
+                        ..base.clone()
+                    },
+                });
+            }
         }
     }
     // A work budget F: the pace computes floor(F x steps) steps, spent where the change is.
@@ -148,34 +159,39 @@ fn settings(base: &RequestConfig, workers: u32) -> Vec<Setting> {
             },
         });
     }
-    for (method, forecast) in [("teacache", true), ("teacache-stale", false)] {
-        for t in [
-            0.03f32, 0.05, 0.07, 0.1, 0.15, 0.2, 0.25, 0.3, 0.4, 0.5, 0.8, 1.2,
-        ] {
-            v.push(Setting {
-                method,
-                label: format!("{t}"),
-                cfg: RequestConfig {
-                    mode: Mode::TeaCache,
-                    cache_threshold: t,
-                    extrapolate: forecast,
-                    ..base.clone()
-                },
-            });
+    let stale = [(Reuse::Stale, "")];
+    for (method, reuses) in [("teacache", &orders[..]), ("teacache-stale", &stale[..])] {
+        for &(reuse, order) in reuses {
+            for t in [
+                0.03f32, 0.05, 0.07, 0.1, 0.15, 0.2, 0.25, 0.3, 0.4, 0.5, 0.8, 1.2,
+            ] {
+                v.push(Setting {
+                    method,
+                    label: format!("threshold {t}{order}"),
+                    cfg: RequestConfig {
+                        mode: Mode::TeaCache,
+                        cache_threshold: t,
+                        reuse,
+                        ..base.clone()
+                    },
+                });
+            }
         }
     }
-    for (method, forecast) in [("ras", true), ("ras-stale", false)] {
-        for q in [0.1f32, 0.2, 0.3, 0.5, 0.75] {
-            v.push(Setting {
-                method,
-                label: format!("{q}"),
-                cfg: RequestConfig {
-                    mode: Mode::Ras,
-                    ras_ratio: q,
-                    extrapolate: forecast,
-                    ..base.clone()
-                },
-            });
+    for (method, reuses) in [("ras", &orders[..]), ("ras-stale", &stale[..])] {
+        for &(reuse, order) in reuses {
+            for q in [0.1f32, 0.2, 0.3, 0.5, 0.75] {
+                v.push(Setting {
+                    method,
+                    label: format!("share {q}{order}"),
+                    cfg: RequestConfig {
+                        mode: Mode::Ras,
+                        ras_ratio: q,
+                        reuse,
+                        ..base.clone()
+                    },
+                });
+            }
         }
     }
     for n in [8u32, 12, 16, 20, 25, 30, 35, 40] {
@@ -207,7 +223,7 @@ fn settings(base: &RequestConfig, workers: u32) -> Vec<Setting> {
             mode: Mode::NoSkip,
             patches: Some(r),
             layout: LayoutKind::Uniform,
-            extrapolate: false,
+            reuse: Reuse::Stale,
             monotasks: Some(u32::MAX),
             ..base.clone()
         },
@@ -371,9 +387,7 @@ pub fn run(
 
 /// A method's settings as (work, value) points, sorted by work.
 fn settings_points(points: &[Value], method: &str, key: &str) -> Vec<(f64, f64)> {
-    let mut c: Vec<(f64, f64)> = points
-        .iter()
-        .filter(|p| p["method"] == method)
+    let mut c: Vec<(f64, f64)> = of_method(points, method)
         .map(|p| (f(p, "work"), f(p, key)))
         .filter(|p| p.0.is_finite() && p.1.is_finite())
         .collect();
@@ -381,11 +395,22 @@ fn settings_points(points: &[Value], method: &str, key: &str) -> Vec<(f64, f64)>
     c
 }
 
+/// The settings a row of the study reads: its own, or for `flashdiff-order1` FlashDiff's
+/// first-order ones.
+fn of_method<'a>(points: &'a [Value], method: &'a str) -> impl Iterator<Item = &'a Value> + 'a {
+    let (source, first_order_only) = match method {
+        "flashdiff-order1" => ("flashdiff", true),
+        m => (m, false),
+    };
+    points.iter().filter(move |p| {
+        p["method"] == source
+            && !(first_order_only && p["setting"].as_str().unwrap_or("").ends_with("order 2"))
+    })
+}
+
 /// A method's curve for `key` ("db" or "worst_db") from a study's points.
 fn curve(points: &[Value], method: &str, key: &str) -> Curve {
-    let settings: Vec<(String, f64, f64)> = points
-        .iter()
-        .filter(|p| p["method"] == method)
+    let settings: Vec<(String, f64, f64)> = of_method(points, method)
         .map(|p| {
             (
                 p["setting"].as_str().unwrap_or("").to_string(),
@@ -529,8 +554,9 @@ fn report(kind: Kind, cfg: &Header, points: &[Value]) -> String {
 
 /// FlashDiff's own variants in the study: rows that say what each part of it buys, not
 /// methods it is judged against.
-const ABLATIONS: [&str; 4] = [
+const ABLATIONS: [&str; 5] = [
     "flashdiff-budget",
+    "flashdiff-order1",
     "flashdiff-uniform",
     "per-patch",
     "patch-gate",

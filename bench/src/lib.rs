@@ -27,7 +27,9 @@ use flashdiff_scheduler::SchedulerConfig;
 
 use flashdiff_models::scene::{self, IMAGE};
 use flashdiff_models::{euler_full_step, ModelError, Tensor};
-use flashdiff_runtime::engine::{Engine, EngineError, LayoutKind, Mode, Output, RequestConfig};
+use flashdiff_runtime::engine::{
+    Engine, EngineError, LayoutKind, Mode, Output, RequestConfig, Reuse,
+};
 
 /// Benchmark settings.
 #[derive(Debug, Clone)]
@@ -111,7 +113,7 @@ fn methods() -> Vec<Method> {
             name: "flashdiff-stale",
             what: "ablation: K/V and skipped velocities reused as last computed (the paper's rule)",
             cfg: |b| RequestConfig {
-                extrapolate: false,
+                reuse: Reuse::Stale,
                 ..b.clone()
             },
         },
@@ -129,7 +131,7 @@ fn methods() -> Vec<Method> {
             cfg: |b| RequestConfig {
                 mode: Mode::NoSkip,
                 layout: LayoutKind::Uniform,
-                extrapolate: false,
+                reuse: Reuse::Stale,
                 monotasks: Some(u32::MAX),
                 ..b.clone()
             },
@@ -260,7 +262,7 @@ pub fn run(
         .iter()
         .map(|r| json!({"method": r.method, "prompt": r.prompt, "latency_ms": r.latency_ms, "work": r.work, "patch_steps_skipped": r.skipped, "psnr_db": if r.psnr.is_finite() { r.psnr } else { 99.0 }, "ssim": r.ssim, "all_correct": r.all_correct, "agrees_with_full": r.agrees_with_full}))
         .collect();
-    let doc = json!({"config": {"prompts": cfg.prompts, "seed": cfg.seed, "steps": cfg.steps, "patches": cfg.patches, "epsilon": base.epsilon, "max_skip": base.max_skip, "extrapolate": base.extrapolate, "monotasks": base.monotasks, "workers": engine.workers()}, "summary": summary, "runs": per_run, "scale_simulated": scale, "serving": serving, "ordering": ordering, "sweeps": sweeps, "final_step": jump.1});
+    let doc = json!({"config": {"prompts": cfg.prompts, "seed": cfg.seed, "steps": cfg.steps, "patches": cfg.patches, "epsilon": base.epsilon, "max_skip": base.max_skip, "reuse": base.reuse.name(), "monotasks": base.monotasks, "workers": engine.workers()}, "summary": summary, "runs": per_run, "scale_simulated": scale, "serving": serving, "ordering": ordering, "sweeps": sweeps, "final_step": jump.1});
     write_outputs(out, &doc, &md)?;
     Ok(md)
 }
@@ -535,7 +537,7 @@ fn summary_table(
         cfg.steps,
         cfg.patches,
         knob(base),
-        if base.extrapolate { "extrapolated" } else { "stale" },
+        base.reuse.name(),
         match base.monotasks {
             None => engine.workers().to_string(),
             Some(m) if m >= cfg.patches => "per-patch".to_string(),

@@ -11,7 +11,7 @@ use std::sync::{Mutex, MutexGuard};
 use std::time::Duration;
 
 use flashdiff_runtime::engine::{
-    default_weights, Engine, EngineError, LayoutKind, Mode, Output, RequestConfig,
+    default_weights, Engine, EngineError, LayoutKind, Mode, Output, RequestConfig, Reuse,
 };
 
 use flashdiff_runtime::schema::{RequestFields, IMAGE_FIELDS};
@@ -62,7 +62,8 @@ pub struct fd_request_config {
     pub priority: u8,
     /// Reused values in modes 0, 1 and 4 (other patches' K/V, skipped patches' and skipped
     /// steps' velocity): 0 = extrapolated along their slope (default), 1 = as last computed
-    /// (the paper's rule; whole-step caching as TeaCache runs it).
+    /// (the paper's rule; whole-step caching as TeaCache runs it). Second-order forecasting
+    /// is the JSON field `"reuse": "extrapolate2"` of `fd_engine_submit_json`.
     pub reuse: u32,
     /// Monotasks per step: a step's active patches run packed into at most this many
     /// forwards; patches of one forward see each other's fresh K/V. Default 1 (the output
@@ -200,7 +201,7 @@ pub extern "C" fn fd_request_config_default() -> fd_request_config {
         priority: d.priority,
         layout: 0,
         cache_threshold: d.cache_threshold,
-        reuse: if d.extrapolate { 0 } else { 1 },
+        reuse: u32::from(d.reuse == Reuse::Stale),
         monotasks: d.monotasks.unwrap_or(0),
     }
 }
@@ -451,9 +452,9 @@ fn submit(e: &fd_engine, id: u64, prompt: &str, c: &fd_request_config) -> Result
                 ))
             }
         };
-        let extrapolate = match c.reuse {
-            0 => true,
-            1 => false,
+        let reuse = match c.reuse {
+            0 => Reuse::Extrapolate,
+            1 => Reuse::Stale,
             k => {
                 return Err(Fail::new(
                     fd_status::FD_ERR_VALUE,
@@ -478,7 +479,7 @@ fn submit(e: &fd_engine, id: u64, prompt: &str, c: &fd_request_config) -> Result
             layout,
             cache_threshold: c.cache_threshold,
             ras_ratio: RequestConfig::default().ras_ratio,
-            extrapolate,
+            reuse,
             monotasks: (c.monotasks > 0).then_some(c.monotasks),
             // Not in the C request struct yet either (same reason).
             deadline: None,

@@ -212,7 +212,7 @@ impl Engine {
                 flashdiff_runtime::engine::LayoutKind::Saliency => "saliency",
                 flashdiff_runtime::engine::LayoutKind::Uniform => "uniform",
             },
-            "reuse": if c.extrapolate { "extrapolate" } else { "stale" },
+            "reuse": c.reuse.name(),
             "monotasks": c.monotasks,
             "cache_threshold": short(c.cache_threshold),
             "priority": c.priority,

@@ -13,7 +13,7 @@ use std::path::{Path, PathBuf};
 use rkyv::rancor::Error as RkyvError;
 
 const MAGIC: [u8; 4] = *b"FDCK";
-const VERSION: u32 = 3;
+const VERSION: u32 = 4;
 const HEADER: usize = 24;
 /// Largest checkpoint accepted (far above any model's request state today).
 pub const MAX_CHECKPOINT: u64 = 1 << 34;
@@ -44,7 +44,9 @@ mod records {
         pub layout: u8,
         pub cache_threshold: f32,
         pub ras_ratio: f32,
-        pub extrapolate: bool,
+        /// [`crate::engine::Reuse::order`]: 0 stale, 1 extrapolated, 2 second order (one
+        /// byte, so records written when this was a bool read the same).
+        pub reuse: u8,
         pub monotasks: Option<u32>,
         pub deadline_ns: Option<u64>,
     }
@@ -83,6 +85,10 @@ mod records {
         pub v_slope_kv: Vec<f32>,
         pub v_base: Vec<f32>,
         pub v_slope: Vec<f32>,
+        /// Second divided differences of the velocities (empty at first order).
+        pub v_curve: Vec<f32>,
+        /// Steps between each token's last two computations (0: one computation so far).
+        pub gap: Vec<u32>,
         pub last: Vec<u32>,
     }
 
@@ -264,7 +270,7 @@ pub fn sample() -> Checkpoint {
             layout: 0,
             cache_threshold: 0.1,
             ras_ratio: 0.5,
-            extrapolate: true,
+            reuse: 1,
             monotasks: None,
             deadline_ns: Some(5),
         },

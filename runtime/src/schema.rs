@@ -18,7 +18,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use crate::engine::{EngineError, LayoutKind, RequestConfig};
+use crate::engine::{EngineError, LayoutKind, RequestConfig, Reuse};
 
 /// A count given as a number or as a word (`"auto"`, `"workers"`, `"per-patch"`).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -61,7 +61,7 @@ pub struct RequestFields {
     pub mode: Option<String>,
     /// Patch layout: `saliency` or `uniform`.
     pub layout: Option<String>,
-    /// Reused values: `extrapolate` or `stale`.
+    /// Reused values: `extrapolate`, `extrapolate2` or `stale`.
     pub reuse: Option<String>,
     /// Monotasks per step: a number, `"workers"` or `"per-patch"`.
     pub monotasks: Option<Count>,
@@ -156,7 +156,7 @@ impl RequestFields {
             c.layout = parse_layout(l)?;
         }
         if let Some(r) = &self.reuse {
-            c.extrapolate = parse_reuse(r)?;
+            c.reuse = parse_reuse(r)?;
         }
         if let Some(m) = &self.monotasks {
             c.monotasks = parse_monotasks(m)?;
@@ -253,16 +253,10 @@ pub fn parse_monotasks(v: &Count) -> Result<Option<u32>, EngineError> {
     }
 }
 
-/// `reuse`: `extrapolate` (`true`) or `stale`.
-pub fn parse_reuse(v: &str) -> Result<bool, EngineError> {
-    match v {
-        "extrapolate" => Ok(true),
-        "stale" => Ok(false),
-        _ => Err(invalid(
-            "reuse",
-            format!("{v:?}: expected extrapolate or stale"),
-        )),
-    }
+/// `reuse`: `extrapolate`, `extrapolate2` or `stale`.
+pub fn parse_reuse(v: &str) -> Result<Reuse, EngineError> {
+    v.parse()
+        .map_err(|e| invalid("reuse", format!("{v:?}: {e}")))
 }
 
 /// `layout`: `saliency` or `uniform`.
@@ -292,7 +286,7 @@ mod tests {
         assert_eq!(c.steps, 30);
         assert_eq!(c.patches, None);
         assert_eq!(c.monotasks, Some(u32::MAX));
-        assert!(!c.extrapolate);
+        assert_eq!(c.reuse, Reuse::Stale);
         assert_eq!(c.layout, LayoutKind::Uniform);
         assert_eq!(c.deadline, Some(Duration::from_millis(5)));
         assert_eq!(

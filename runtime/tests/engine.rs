@@ -1,7 +1,9 @@
 //! Engine semantics: determinism across workers and packing, modes, request isolation, and
 //! clear errors for bad requests.
 
-use flashdiff_runtime::engine::{default_weights, noise, Engine, EngineError, Mode, RequestConfig};
+use flashdiff_runtime::engine::{
+    default_weights, noise, Engine, EngineError, Mode, RequestConfig, Reuse,
+};
 use flashdiff_runtime::models::{StepInput, Tensor};
 use std::time::Duration;
 
@@ -641,7 +643,17 @@ fn a_request_resumed_from_any_checkpoint_ends_bit_identical() {
             budget: Some(0.5),
             ..cfg(mode)
         };
-        for c in std::iter::once(c).chain((mode == Mode::FlashDiff).then_some(budgeted)) {
+        // Second-order forecasting keeps its curves and gaps across a resume.
+        let second = RequestConfig {
+            reuse: Reuse::Extrapolate2,
+            ..cfg(mode)
+        };
+        let extra = match mode {
+            Mode::FlashDiff => vec![budgeted, second],
+            Mode::TeaCache => vec![second],
+            _ => Vec::new(),
+        };
+        for c in std::iter::once(c).chain(extra) {
             let mut a = Engine::new(&default_weights(), 1).unwrap();
             a.set_checkpoint_dir(Some(dir.clone()), Duration::ZERO)
                 .unwrap();
@@ -747,6 +759,20 @@ fn a_damaged_or_foreign_checkpoint_is_refused() {
     let mut wrong = ck.clone();
     wrong.step = 1;
     assert!(b.resume(wrong).unwrap_err().to_string().contains("step"));
+    // Second-order state that does not match the request's forecast order.
+    let mut wrong = ck.clone();
+    wrong.track.as_mut().expect("forecasting").v_curve = vec![0.0; 3];
+    assert!(b.resume(wrong).is_err());
+    let mut wrong = ck.clone();
+    wrong.cfg.reuse = 2;
+    assert!(b
+        .resume(wrong)
+        .unwrap_err()
+        .to_string()
+        .contains("extrapolation"));
+    let mut wrong = ck.clone();
+    wrong.cfg.reuse = 7;
+    assert!(b.resume(wrong).unwrap_err().to_string().contains("reuse"));
     // The real one still resumes after all those refusals.
     b.resume(ck).unwrap();
     assert!(b.run(&mut |_| {})[0].is_ok());

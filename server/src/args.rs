@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use crate::serve::*;
 use clap::{Args, Parser, Subcommand};
 use flashdiff_runtime::engine::{
-    LayoutKind, Mode, RequestConfig, BUILTIN_MODELS, DEFAULT_CACHE_THRESHOLD, DEFAULT_STEPS,
+    LayoutKind, Mode, RequestConfig, Reuse, BUILTIN_MODELS, DEFAULT_CACHE_THRESHOLD, DEFAULT_STEPS,
     DEFAULT_WARMUP, ENGINE_DEFAULT_EPSILON, ENGINE_DEFAULT_MAX_SKIP,
 };
 use flashdiff_runtime::schema::Count;
@@ -201,10 +201,11 @@ pub(crate) struct Knobs {
     /// saliency | uniform.
     #[arg(long, default_value = "saliency", value_parser = ["saliency", "uniform"])]
     pub(crate) layout: String,
-    /// extrapolate | stale: reused K/V and skipped tokens' velocity (every method that
-    /// skips) extrapolated along their slope, or reused as last computed (the paper's rule;
-    /// TeaCache's and RAS's authors').
-    #[arg(long, default_value = "extrapolate", value_parser = parse_reuse_flag)]
+    /// extrapolate | extrapolate2 | stale: reused K/V and skipped tokens' velocity (every
+    /// method that skips) extrapolated along their slope, skipped velocities along the
+    /// parabola through their last three computations (second order, TaylorSeer's), or
+    /// reused as last computed (the paper's rule; TeaCache's and RAS's authors').
+    #[arg(long, default_value = "extrapolate", value_parser = parse_reuse)]
     pub(crate) reuse: Reuse,
     /// N | workers | per-patch: a step's active patches run packed into at most N forwards
     /// (neighbours together, balanced by tokens); patches in one forward see each other's
@@ -389,14 +390,6 @@ pub(crate) fn parse_mode(v: &str) -> Result<Mode, String> {
     v.parse()
 }
 
-/// Whether reused values are extrapolated (`--reuse extrapolate`) or stale.
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct Reuse(pub(crate) bool);
-
-pub(crate) fn parse_reuse_flag(v: &str) -> Result<Reuse, String> {
-    parse_reuse(v).map(Reuse)
-}
-
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Monotasks(pub(crate) Option<u32>);
 
@@ -425,7 +418,7 @@ impl Knobs {
                 "uniform" => LayoutKind::Uniform,
                 _ => LayoutKind::Saliency,
             },
-            extrapolate: self.reuse.0,
+            reuse: self.reuse,
             monotasks: self.monotasks.0,
             cache_threshold: self.cache_threshold,
             ..RequestConfig::default()

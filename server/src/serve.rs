@@ -378,7 +378,8 @@ pub(crate) fn parse_request(
     Ok((f.id.unwrap_or(fallback_id), prompt, cfg, model, warmup))
 }
 
-/// `extrapolate` or `stale` (the `--reuse` flag and the `reuse` request field).
-pub(crate) fn parse_reuse(v: &str) -> Result<bool, String> {
+/// `extrapolate`, `extrapolate2` or `stale` (the `--reuse` flag and the `reuse` request
+/// field).
+pub(crate) fn parse_reuse(v: &str) -> Result<flashdiff_runtime::engine::Reuse, String> {
     flashdiff_runtime::schema::parse_reuse(v).map_err(|e| e.to_string())
 }

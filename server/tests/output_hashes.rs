@@ -11,7 +11,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use flashdiff_runtime::engine::{
-    builtin_weights, Engine, LayoutKind, Mode, Output, RequestConfig, BUILTIN_MODELS,
+    builtin_weights, Engine, LayoutKind, Mode, Output, RequestConfig, Reuse, BUILTIN_MODELS,
 };
 use flashdiff_runtime::models::flux::{EncodedPrompt, FluxCheckpoint, FluxDenoiser, PromptEncoder};
 use flashdiff_runtime::models::{Denoiser, Device, ModelError, Tensor};
@@ -209,7 +209,7 @@ fn all_cases() -> Vec<(&'static str, RequestConfig)> {
         (
             "flashdiff-stale",
             RequestConfig {
-                extrapolate: false,
+                reuse: Reuse::Stale,
                 ..b()
             },
         ),
@@ -276,7 +276,7 @@ fn all_cases() -> Vec<(&'static str, RequestConfig)> {
             RequestConfig {
                 mode: Mode::TeaCache,
                 cache_threshold: 0.3,
-                extrapolate: false,
+                reuse: Reuse::Stale,
                 ..b()
             },
         ),
@@ -291,7 +291,7 @@ fn all_cases() -> Vec<(&'static str, RequestConfig)> {
             "ras stale",
             RequestConfig {
                 mode: Mode::Ras,
-                extrapolate: false,
+                reuse: Reuse::Stale,
                 ..b()
             },
         ),

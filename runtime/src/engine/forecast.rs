@@ -23,12 +23,24 @@ pub(super) struct Track {
     pub(super) kv_slope: [Vec<f32>; 2],
     pub(super) v_base: Vec<f32>,
     pub(super) v_slope: Vec<f32>,
+    /// Second divided differences of the velocities ([`super::Reuse::Extrapolate2`]; empty
+    /// at first order).
+    pub(super) v_curve: Vec<f32>,
+    /// Steps between each token's last two computations (0: one computation so far).
+    pub(super) gap: Vec<u32>,
     pub(super) last: Vec<u32>,
 }
 
 impl Track {
     /// Starts tracking from the state the warm-up left: every token computed at `at`.
-    pub(super) fn start(state: &SharedState, at: u32, cfg: &Dims, kv_weight: f32) -> Self {
+    /// Velocities are forecast to `order` 1 or 2.
+    pub(super) fn start(
+        state: &SharedState,
+        at: u32,
+        cfg: &Dims,
+        kv_weight: f32,
+        order: u8,
+    ) -> Self {
         let kv = cfg.kv_layers * cfg.grid.tokens() * cfg.kv_dim;
         let vel = cfg.grid.tokens() * cfg.channels;
         Self {
@@ -40,6 +52,12 @@ impl Track {
             kv_slope: [vec![0.0; kv], vec![0.0; kv]],
             v_base: state.get(Region::Velocity).to_vec(),
             v_slope: vec![0.0; vel],
+            v_curve: if order >= 2 {
+                vec![0.0; vel]
+            } else {
+                Vec::new()
+            },
+            gap: vec![0; cfg.grid.tokens()],
             last: vec![at; cfg.grid.tokens()],
         }
     }
@@ -86,17 +104,47 @@ pub(super) fn extrapolate(
                 }
             }
             let r = t * pd..(t + 1) * pd;
-            let (base, slope) = (&mut tr.v_base[r.clone()], &mut tr.v_slope[r.clone()]);
             let resumed = gap > 1.0;
-            for ((b, sl), &f) in base.iter_mut().zip(slope).zip(&fresh_vel[r]) {
-                if resumed {
-                    let predicted = *b + gap * *sl;
-                    err2 += ((f - predicted) as f64).powi(2);
-                    norm2 += (f as f64).powi(2);
+            if tr.v_curve.is_empty() {
+                let (base, slope) = (&mut tr.v_base[r.clone()], &mut tr.v_slope[r.clone()]);
+                for ((b, sl), &f) in base.iter_mut().zip(slope).zip(&fresh_vel[r]) {
+                    if resumed {
+                        let predicted = *b + gap * *sl;
+                        err2 += ((f - predicted) as f64).powi(2);
+                        norm2 += (f as f64).powi(2);
+                    }
+                    *sl = (f - *b) * inv_gap;
+                    *b = f;
                 }
-                *sl = (f - *b) * inv_gap;
-                *b = f;
+            } else {
+                // Newton's form through the last three computations, at steps
+                // `n - gap - before`, `n - gap` (the base) and `n`: the slope is the first
+                // divided difference of the last two, the curve the second of all three
+                // (none before the second slope).
+                let before = tr.gap[t] as f32;
+                let to_curve = if before > 0.0 {
+                    1.0 / (gap + before)
+                } else {
+                    0.0
+                };
+                let (base, slope, curve) = (
+                    &mut tr.v_base[r.clone()],
+                    &mut tr.v_slope[r.clone()],
+                    &mut tr.v_curve[r.clone()],
+                );
+                for (((b, sl), c), &f) in base.iter_mut().zip(slope).zip(curve).zip(&fresh_vel[r]) {
+                    if resumed {
+                        let predicted = *b + gap * *sl + gap * (gap + before) * *c;
+                        err2 += ((f - predicted) as f64).powi(2);
+                        norm2 += (f as f64).powi(2);
+                    }
+                    let measured = (f - *b) * inv_gap;
+                    *c = (measured - *sl) * to_curve;
+                    *sl = measured;
+                    *b = f;
+                }
             }
+            tr.gap[t] = gap as u32;
             tr.last[t] = n;
         }
     }
@@ -105,18 +153,28 @@ pub(super) fn extrapolate(
 }
 
 /// Writes into `V` every token's velocity forecast for step `n` from the last one computed
-/// (`base + (n - last) slope`); tokens computed at step `n` keep theirs.
+/// (`base + (n - last) slope`, at second order plus `(n - last) (n - last + gap) curve`);
+/// tokens computed at step `n` keep theirs.
 pub(super) fn forecast_velocity(state: &mut SharedState, tr: &Track, n: u32, pd: usize) {
     let v = state.get_mut(Region::Velocity);
     for (t, &last) in tr.last.iter().enumerate().filter(|(_, &l)| l < n) {
         let ahead = (n - last) as f32;
         let r = t * pd..(t + 1) * pd;
-        for ((o, &b), &sl) in v[r.clone()]
-            .iter_mut()
-            .zip(&tr.v_base[r.clone()])
-            .zip(&tr.v_slope[r])
-        {
-            *o = b + ahead * sl;
+        let (out, base, slope) = (
+            &mut v[r.clone()],
+            &tr.v_base[r.clone()],
+            &tr.v_slope[r.clone()],
+        );
+        if tr.v_curve.is_empty() {
+            for ((o, &b), &sl) in out.iter_mut().zip(base).zip(slope) {
+                *o = b + ahead * sl;
+            }
+        } else {
+            // The parabola through the last three computations (`gap` before the base).
+            let bend = ahead * (ahead + tr.gap[t] as f32);
+            for (((o, &b), &sl), &c) in out.iter_mut().zip(base).zip(slope).zip(&tr.v_curve[r]) {
+                *o = b + ahead * sl + bend * c;
+            }
         }
     }
 }
@@ -201,7 +259,7 @@ mod tests {
         fill(&mut st, Region::CacheKeys, d, 0, &everyone);
         fill(&mut st, Region::CacheValues, d, 0, &everyone);
         fill(&mut st, Region::Velocity, pd, 0, &everyone);
-        let mut track = Track::start(&st, 0, &cfg, weight);
+        let mut track = Track::start(&st, 0, &cfg, weight, 1);
         // Patch 0 runs every step; patch 1 runs at steps 1 and 5 and is skipped in between.
         // Every measured slope is 0.5 (also across a gap); the averaged K/V slope after m
         // measurements is 0.5 (1 - (1 - weight)^m); the cache holds base + (n + 1 - last)
@@ -250,5 +308,70 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// Velocities moving along a parabola in the step: at second order a skipped token's
+    /// forecast is exact once three computations are known, also at uneven gaps, and the
+    /// resumed token's prediction error is zero; at first order it is not.
+    #[test]
+    fn second_order_follows_a_quadratic_trajectory_through_uneven_skips() {
+        let exact = quadratic_trajectory(2);
+        assert!(exact < 1e-6, "second order: squared error {exact}");
+        let first = quadratic_trajectory(1);
+        assert!(first > 1.0, "first order cannot follow a parabola: {first}");
+    }
+
+    /// Runs patch 0 every step and patch 1 at steps 2, 3 and 7 (gaps 2, 1, 4) after a start at
+    /// step 0, checking every forecast from the third computation on, and returns the
+    /// squared prediction error summed over the forecasts and the resumes.
+    fn quadratic_trajectory(order: u8) -> f64 {
+        let cfg = tiny();
+        let (tokens, pd) = (cfg.grid.tokens(), cfg.channels);
+        let layout = flashdiff_partitioner::partition_uniform(
+            flashdiff_partitioner::Grid::image(2, 2).unwrap(),
+            2,
+        )
+        .unwrap();
+        let mut st = SharedState::create(crate::state::StateLayout::new(&cfg), None, 0).unwrap();
+        let value = |t: usize, i: usize, step: u32| {
+            let s = step as f32;
+            (t + i) as f32 - 0.3 * (i as f32) * s + 0.05 * (1 + t) as f32 * s * s
+        };
+        let fill = |st: &mut SharedState, region: Region, step: u32, only: &[bool]| {
+            let dst = st.get_mut(region);
+            for t in (0..tokens).filter(|&t| only[t]) {
+                for i in 0..pd {
+                    dst[t * pd + i] = value(t, i, step);
+                }
+            }
+        };
+        let everyone = vec![true; tokens];
+        fill(&mut st, Region::Velocity, 0, &everyone);
+        let mut track = Track::start(&st, 0, &cfg, 1.0, order);
+        let mut total = 0.0f64;
+        for n in 1..=7u32 {
+            let active = [true, [2, 3, 7].contains(&n)];
+            let computed: Vec<bool> = layout
+                .patch_of()
+                .iter()
+                .map(|&p| active[p as usize])
+                .collect();
+            fill(&mut st, Region::FreshVelocity, n, &everyone);
+            fill(&mut st, Region::Velocity, n, &computed);
+            let (err2, _) = extrapolate(&mut st, &mut track, &layout, &active, n, &cfg);
+            if n == 7 {
+                total += err2;
+            }
+            for &t in layout.patch_tokens(1) {
+                let t = t as usize;
+                if n > 3 {
+                    for i in 0..pd {
+                        let got = st.get(Region::Velocity)[t * pd + i];
+                        total += ((got - value(t, i, n)) as f64).powi(2);
+                    }
+                }
+            }
+        }
+        total
     }
 }

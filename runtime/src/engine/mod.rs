@@ -78,8 +78,8 @@ pub use persist::{from_config_record, to_config_record};
 pub use report::{report_json, Output, Report, StepEvent, TimeSplit};
 pub use settings::{
     adaptive_epsilon, check_request, fit_warmup, lone_request_patches, LayoutKind, Mode,
-    RequestConfig, DEFAULT_CACHE_THRESHOLD, DEFAULT_MONOTASKS, DEFAULT_PATCHES, DEFAULT_STEPS,
-    DEFAULT_WARMUP, DISPATCH_DEPTH, ENGINE_DEFAULT_EPSILON, ENGINE_DEFAULT_MAX_SKIP,
+    RequestConfig, Reuse, DEFAULT_CACHE_THRESHOLD, DEFAULT_MONOTASKS, DEFAULT_PATCHES,
+    DEFAULT_STEPS, DEFAULT_WARMUP, DISPATCH_DEPTH, ENGINE_DEFAULT_EPSILON, ENGINE_DEFAULT_MAX_SKIP,
     FINAL_FULL_STEPS, QUALITY_WEIGHT,
 };
 pub use workers::HangPolicy;

@@ -13,7 +13,7 @@ use super::methods;
 use super::request::Request;
 use super::{
     check_request, create_private_dir, Engine, EngineError, LayoutKind, Report, RequestConfig,
-    TimeSplit,
+    Reuse, TimeSplit,
 };
 use crate::checkpoint::{self, Checkpoint};
 use crate::state::{Region, SharedState};
@@ -156,7 +156,7 @@ pub fn to_config_record(c: &RequestConfig) -> checkpoint::ConfigRecord {
         layout: u8::from(c.layout == LayoutKind::Uniform),
         cache_threshold: c.cache_threshold,
         ras_ratio: c.ras_ratio,
-        extrapolate: c.extrapolate,
+        reuse: c.reuse.order(),
         monotasks: c.monotasks,
         deadline_ns: c
             .deadline
@@ -185,7 +185,8 @@ pub fn from_config_record(c: &checkpoint::ConfigRecord) -> Result<RequestConfig,
         },
         cache_threshold: c.cache_threshold,
         ras_ratio: c.ras_ratio,
-        extrapolate: c.extrapolate,
+        reuse: Reuse::of_order(c.reuse)
+            .ok_or_else(|| format!("reuse {}: expected 0, 1 or 2", c.reuse))?,
         monotasks: c.monotasks,
         deadline: c.deadline_ns.map(Duration::from_nanos),
     })
@@ -265,6 +266,8 @@ fn restore_policies(c: &Checkpoint, dims: &Dims, uses_gate: bool) -> Result<Poli
         .all(|v| v.len() == kv)
         && t.v_base.len() == vel
         && t.v_slope.len() == vel
+        && t.v_curve.len() == if c.cfg.reuse == 2 { vel } else { 0 }
+        && t.gap.len() == tokens
         && t.last.len() == tokens;
     if !ok {
         return Err(bad("extrapolation state of the wrong size"));
@@ -275,6 +278,8 @@ fn restore_policies(c: &Checkpoint, dims: &Dims, uses_gate: bool) -> Result<Poli
         kv_slope: [t.k_slope.clone(), t.v_slope_kv.clone()],
         v_base: t.v_base.clone(),
         v_slope: t.v_slope.clone(),
+        v_curve: t.v_curve.clone(),
+        gap: t.gap.clone(),
         last: t.last.clone(),
     };
     Ok((layout, gate, budget, Some(track)))
@@ -402,6 +407,8 @@ fn to_checkpoint(id: u64, r: &Request) -> Option<Checkpoint> {
             v_slope_kv: t.kv_slope[1].clone(),
             v_base: t.v_base.clone(),
             v_slope: t.v_slope.clone(),
+            v_curve: t.v_curve.clone(),
+            gap: t.gap.clone(),
             last: t.last.clone(),
         }),
         tea: r.tea.clone(),

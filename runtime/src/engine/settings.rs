@@ -55,6 +55,65 @@ pub const DISPATCH_DEPTH: u32 = 2;
 /// K = 4 and 5 skip a little more at lower PSNR (docs/benchmarks.md, "Defaults").
 pub const ENGINE_DEFAULT_MAX_SKIP: u32 = 3;
 
+/// How a request stands in for values it does not compute ([`RequestConfig::reuse`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Reuse {
+    /// As last computed.
+    Stale,
+    /// Along the slope of their last two computations (first order): the displaced K/V
+    /// monotasks read (raw slope with one monotask per step, else averaged,
+    /// [`super::KV_SLOPE_SMOOTHING`]) and a skipped token's velocity.
+    Extrapolate,
+    /// A skipped token's velocity along the parabola through its last three computations
+    /// (second order, TaylorSeer's order 2 with Newton's divided differences, so computations
+    /// at uneven gaps are exact for a quadratic trajectory); K/V as [`Reuse::Extrapolate`].
+    Extrapolate2,
+}
+
+impl Reuse {
+    /// Every value, in wire order.
+    pub const ALL: [Reuse; 3] = [Reuse::Extrapolate, Reuse::Extrapolate2, Reuse::Stale];
+
+    /// The name requests use (`reuse` field, `--reuse`).
+    pub fn name(self) -> &'static str {
+        match self {
+            Reuse::Stale => "stale",
+            Reuse::Extrapolate => "extrapolate",
+            Reuse::Extrapolate2 => "extrapolate2",
+        }
+    }
+
+    /// Whether skipped values are forecast rather than reused as last computed.
+    pub fn forecasts(self) -> bool {
+        self != Reuse::Stale
+    }
+
+    /// The velocity forecast's order (0 for stale reuse).
+    pub fn order(self) -> u8 {
+        match self {
+            Reuse::Stale => 0,
+            Reuse::Extrapolate => 1,
+            Reuse::Extrapolate2 => 2,
+        }
+    }
+
+    /// The value of [`Reuse::order`] `order`.
+    pub fn of_order(order: u8) -> Option<Reuse> {
+        Reuse::ALL.into_iter().find(|r| r.order() == order)
+    }
+}
+
+impl std::str::FromStr for Reuse {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        Reuse::ALL
+            .into_iter()
+            .find(|r| r.name() == s)
+            .ok_or_else(|| "expected extrapolate, extrapolate2 or stale".to_string())
+    }
+}
+
 /// How a request is executed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Mode {
@@ -182,12 +241,11 @@ pub struct RequestConfig {
     /// Share of 2x2 regions [`Mode::Ras`] recomputes each step (RAS's sample ratio, 0.5).
     pub ras_ratio: f32,
     /// Values reused instead of recomputed (every method that skips: FlashDiff, no-skip's
-    /// displaced K/V, whole-step caching, RAS): `true` forecasts them along their per-step
-    /// slope: the displaced K/V monotasks read (raw slope with one monotask per step, else
-    /// averaged, [`super::KV_SLOPE_SMOOTHING`]) and a skipped token's velocity (slope of its
-    /// last two computations); `false` reuses them as last computed (the paper's rule; with
-    /// no skipping, DistriFusion's; TeaCache's and RAS's authors' rule).
-    pub extrapolate: bool,
+    /// displaced K/V, whole-step caching, RAS): forecast along their per-step slopes
+    /// ([`Reuse::Extrapolate`], [`Reuse::Extrapolate2`]) or reused as last computed
+    /// ([`Reuse::Stale`]: the paper's rule; with no skipping, DistriFusion's; TeaCache's and
+    /// RAS's authors' rule).
+    pub reuse: Reuse,
     /// Monotasks per step: the step's active patches are packed, in patch order and balanced
     /// by tokens, into at most this many monotasks; the patches of one monotask run in one
     /// forward and see each other's fresh K/V, patches in different monotasks see each
@@ -220,7 +278,7 @@ impl Default for RequestConfig {
             layout: LayoutKind::Saliency,
             cache_threshold: DEFAULT_CACHE_THRESHOLD,
             ras_ratio: 0.5,
-            extrapolate: true,
+            reuse: Reuse::Extrapolate,
             monotasks: Some(DEFAULT_MONOTASKS),
             deadline: None,
         }

@@ -155,7 +155,14 @@ impl Engine {
             // First commit after the warm-up, whose last step computed every token.
             let one = method.monotask_limit(&r.cfg, self.workers) == 1;
             let w = if one { 1.0 } else { KV_SLOPE_SMOOTHING };
-            r.track = Some(Track::start(&r.state, r.step.saturating_sub(1), cfg, w));
+            let order = r.cfg.reuse.order();
+            r.track = Some(Track::start(
+                &r.state,
+                r.step.saturating_sub(1),
+                cfg,
+                w,
+                order,
+            ));
         }
         let layout = r.layout.as_ref().expect("partitioned");
         let mut gate = r.gate.as_mut();

@@ -126,7 +126,7 @@ impl Method for FlashDiff {
     }
 
     fn forecasts(&self, cfg: &RequestConfig) -> bool {
-        cfg.extrapolate
+        cfg.reuse.forecasts()
     }
 
     fn skip_step(

@@ -15,6 +15,6 @@ impl Method for NoSkip {
     }
 
     fn forecasts(&self, cfg: &RequestConfig) -> bool {
-        cfg.extrapolate
+        cfg.reuse.forecasts()
     }
 }

@@ -29,7 +29,7 @@ impl Method for Ras {
     }
 
     fn forecasts(&self, cfg: &RequestConfig) -> bool {
-        cfg.extrapolate
+        cfg.reuse.forecasts()
     }
 
     fn uses_gate(&self) -> bool {

@@ -20,7 +20,7 @@ impl Method for WholeStep {
     }
 
     fn forecasts(&self, cfg: &RequestConfig) -> bool {
-        cfg.extrapolate
+        cfg.reuse.forecasts()
     }
 
     /// Skips the step (advancing with the forecast or cached velocity) when the accumulated
