@@ -16,6 +16,7 @@ use std::time::Duration;
 use candle_core::{DType, Device, Tensor};
 use criterion::{black_box, criterion_group, criterion_main, BenchmarkId, Criterion};
 use flashdiff_models::flux::{Flux, FluxConfig, Rows};
+use flashdiff_models::var_builder_from;
 use flashdiff_models::ModelError;
 
 fn config() -> FluxConfig {
@@ -67,9 +68,9 @@ fn setup() -> (Device, DType, String) {
 }
 
 fn model(dev: &Device, dtype: DType) -> Flux {
-    let counter = std::cell::Cell::new(0u64);
+    let counter = std::sync::atomic::AtomicU64::new(0);
     let get = |name: &str, shape: &[usize]| -> Result<Tensor, ModelError> {
-        counter.set(counter.get() + 1);
+        let id = 1 + counter.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let n: usize = shape.iter().product();
         let fan_in = *shape.last().unwrap_or(&1) as f32;
         let scale = if shape.len() == 2 {
@@ -77,7 +78,7 @@ fn model(dev: &Device, dtype: DType) -> Flux {
         } else {
             0.1
         };
-        let t = Tensor::from_vec(values(n, counter.get(), scale), shape, dev)?;
+        let t = Tensor::from_vec(values(n, id, scale), shape, dev)?;
         // Linear layers' weights in the compute dtype, as `FluxCheckpoint::load_in` does.
         if shape.len() == 2 && name.ends_with(".weight") {
             Ok(t.to_dtype(dtype)?)
@@ -85,7 +86,8 @@ fn model(dev: &Device, dtype: DType) -> Flux {
             Ok(t)
         }
     };
-    Flux::load(config(), &get).expect("random FLUX-shaped weights")
+    let vb = var_builder_from(get, dev);
+    Flux::load(config(), &vb).expect("random FLUX-shaped weights")
 }
 
 fn subset(c: &mut Criterion) {

@@ -4,8 +4,11 @@
 //! one with its halves swapped ((scale, shift) stored as (shift, scale)).
 
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
-use candle_core::{DType, Device, Tensor};
+use candle_core::{DType, Device, Shape, Tensor};
+use candle_nn::var_builder::SimpleBackend;
+use candle_nn::{Init, VarBuilder};
 
 use crate::{ModelError, Weights, WeightsError};
 
@@ -20,23 +23,30 @@ pub(crate) enum Source {
     Part(String, usize, usize),
     /// The two halves along the first dimension, swapped.
     Swap(String),
+    /// One tensor stored under another shape of the same elements (a vector kept as an
+    /// `n x 1` matrix).
+    Flat(String),
 }
 
 /// The dtype a model keeps tensor `name` of `shape` in when it computes its matrix products
 /// in `compute` (F32, or BF16 / F16 for 16-bit compute): a linear layer's weight (rank 2,
-/// `*.weight`) in `compute`, everything else (norms, biases, embeddings, convolutions) in
-/// f32. An error for any other `compute`.
+/// `*.weight`) in `compute`, everything else (norms, biases, convolutions, and the lookup
+/// tables of T5's token embedding `shared.weight` and relative position biases) in f32. An
+/// error for any other `compute`.
 pub(crate) fn dtype_for(name: &str, shape: &[usize], compute: DType) -> Result<DType, ModelError> {
     if !matches!(compute, DType::F32 | DType::BF16 | DType::F16) {
         return Err(ModelError::Input(format!(
             "compute dtype {compute:?}: only f32, bf16 and f16 are supported"
         )));
     }
-    Ok(if shape.len() == 2 && name.ends_with(".weight") {
-        compute
-    } else {
-        DType::F32
-    })
+    let lookup = name == "shared.weight" || name.contains("relative_attention_bias");
+    Ok(
+        if shape.len() == 2 && name.ends_with(".weight") && !lookup {
+            compute
+        } else {
+            DType::F32
+        },
+    )
 }
 
 /// The files of a checkpoint.
@@ -45,7 +55,143 @@ pub(crate) struct Shards {
     files: Vec<Weights>,
 }
 
+/// Where a layout keeps each of a model's tensors ([`Source`] of the model's name).
+pub(crate) type Mapping = Box<dyn Fn(&str) -> Source + Send + Sync>;
+
+/// How a [`VarBuilder`] over a checkpoint hands out dtypes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Dtypes {
+    /// Every tensor in the builder's dtype (candle-transformers' encoders).
+    All,
+    /// Linear layers' weights in the builder's dtype, everything else f32 ([`dtype_for`]):
+    /// our transformers, which compute in f32 around 16-bit matrix products.
+    Linear,
+}
+
+/// A checkpoint behind candle's `VarBuilder`: a model asks for its tensors under its own
+/// names and shapes; the layout's [`Mapping`] says where each lives in the files (one tensor,
+/// several concatenated, a part of a fused one, halves swapped). The one way every model
+/// reads its weights.
+struct Mapped {
+    files: Arc<Shards>,
+    map: Mapping,
+    dtypes: Dtypes,
+}
+
+impl Mapped {
+    fn read(
+        &self,
+        name: &str,
+        shape: &[usize],
+        dtype: DType,
+        dev: &Device,
+    ) -> Result<Tensor, ModelError> {
+        let dtype = match self.dtypes {
+            Dtypes::All => dtype,
+            Dtypes::Linear => dtype_for(name, shape, dtype)?,
+        };
+        self.files
+            .tensor_in(&(self.map)(name), name, shape, dtype, dev)
+    }
+}
+
+impl SimpleBackend for Mapped {
+    fn get(
+        &self,
+        s: Shape,
+        name: &str,
+        _: Init,
+        dtype: DType,
+        dev: &Device,
+    ) -> candle_core::Result<Tensor> {
+        self.read(name, s.dims(), dtype, dev)
+            .map_err(|e| candle_core::Error::Msg(e.to_string()))
+    }
+
+    fn get_unchecked(&self, name: &str, dtype: DType, dev: &Device) -> candle_core::Result<Tensor> {
+        let shape = self.files.shape(&(self.map)(name)).ok_or_else(|| {
+            candle_core::Error::Msg(WeightsError::Missing(name.into()).to_string())
+        })?;
+        self.get(shape.into(), name, Init::Const(0.0), dtype, dev)
+    }
+
+    fn contains_tensor(&self, name: &str) -> bool {
+        self.files.shape(&(self.map)(name)).is_some()
+    }
+}
+
+/// `files` as a `VarBuilder` of `dtype` tensors under the names `map` gives.
+pub(crate) fn var_builder(
+    files: Arc<Shards>,
+    map: Mapping,
+    dtype: DType,
+    dtypes: Dtypes,
+    dev: &Device,
+) -> VarBuilder<'static> {
+    VarBuilder::from_backend(Box::new(Mapped { files, map, dtypes }), dtype, dev.clone())
+}
+
+/// Any tensor source as candle's `VarBuilder`, for weights made or renamed some other way
+/// (tests against reference implementations, random weights): each tensor a model asks for
+/// is `get(name, shape)`, in whatever dtype `get` makes it; its error reaches the loader as
+/// text.
+pub fn var_builder_from<'a>(
+    get: impl Fn(&str, &[usize]) -> Result<Tensor, ModelError> + Send + Sync + 'a,
+    dev: &Device,
+) -> VarBuilder<'a> {
+    struct Made<F>(F);
+    impl<F: Fn(&str, &[usize]) -> Result<Tensor, ModelError> + Send + Sync> SimpleBackend for Made<F> {
+        fn get(
+            &self,
+            s: Shape,
+            name: &str,
+            _: Init,
+            _: DType,
+            _: &Device,
+        ) -> candle_core::Result<Tensor> {
+            (self.0)(name, s.dims()).map_err(|e| candle_core::Error::Msg(e.to_string()))
+        }
+        fn get_unchecked(&self, name: &str, _: DType, _: &Device) -> candle_core::Result<Tensor> {
+            candle_core::bail!("{name}: a tensor source is asked by shape")
+        }
+        fn contains_tensor(&self, _: &str) -> bool {
+            false
+        }
+    }
+    VarBuilder::from_backend(Box::new(Made(get)), DType::F32, dev.clone())
+}
+
+/// A layout that keeps every tensor under the model's own name.
+pub(crate) fn same_names() -> Mapping {
+    Box::new(|n: &str| Source::One(n.into()))
+}
+
+/// Where the weights come from inside a model's loader: tensor `name` of `shape` from the
+/// loader's `VarBuilder`, a read failure as our error (its text kept).
+pub(crate) type TensorSource<'a> = dyn Fn(&str, &[usize]) -> Result<Tensor, ModelError> + 'a;
+
+/// The getter a loader passes down its layers: `vb.get`, its error ours.
+pub(crate) fn getter<'a>(
+    vb: &'a VarBuilder,
+) -> impl Fn(&str, &[usize]) -> Result<Tensor, ModelError> + 'a {
+    move |name, shape| vb.get(shape, name).map_err(read_error)
+}
+
+/// A `VarBuilder` error as ours: what our reader said, or a tensor library failure.
+pub(crate) fn read_error(e: candle_core::Error) -> ModelError {
+    match e {
+        candle_core::Error::Msg(m) => WeightsError::Read(m).into(),
+        candle_core::Error::WithBacktrace { inner, .. } => read_error(*inner),
+        e => ModelError::Tensor(e),
+    }
+}
+
 impl Shards {
+    /// One file already open.
+    pub(crate) fn one(file: Weights) -> Self {
+        Self { files: vec![file] }
+    }
+
     /// `path`: a safetensors file, or a folder holding `*.safetensors` shards (a diffusers
     /// `transformer/` folder, or the model folder above it).
     pub(crate) fn open(path: &Path) -> Result<Self, ModelError> {
@@ -106,7 +252,7 @@ impl Shards {
     /// Shape of what `src` yields, if every tensor it needs is there.
     pub(crate) fn shape(&self, src: &Source) -> Option<Vec<usize>> {
         match src {
-            Source::One(n) | Source::Swap(n) => self.raw_shape(n),
+            Source::One(n) | Source::Swap(n) | Source::Flat(n) => self.raw_shape(n),
             Source::Part(n, _, parts) => self.raw_shape(n).map(|mut s| {
                 s[0] /= parts.max(&1);
                 s
@@ -147,35 +293,10 @@ impl Shards {
         }
     }
 
-    /// What `src` yields, checked against `shape`, on `dev`; `name` is the model's name for
-    /// it. A missing or mis-shaped tensor is an error naming the checkpoint's key and both
-    /// shapes.
-    pub(crate) fn tensor(
-        &self,
-        src: &Source,
-        name: &str,
-        shape: &[usize],
-        dev: &Device,
-    ) -> Result<Tensor, ModelError> {
-        self.tensor_in(src, name, shape, DType::F32, dev)
-    }
-
-    /// What a model's loader asks for when it computes in `compute`: what `src` yields, in
-    /// the dtype [`dtype_for`] gives the model's tensor `name` of `shape`.
-    pub(crate) fn for_compute(
-        &self,
-        src: &Source,
-        name: &str,
-        shape: &[usize],
-        compute: DType,
-        dev: &Device,
-    ) -> Result<Tensor, ModelError> {
-        let dtype = dtype_for(name, shape, compute)?;
-        self.tensor_in(src, name, shape, dtype, dev)
-    }
-
-    /// [`Shards::tensor`] as a `dtype` tensor (F32, F16 or BF16), read from the file in that
-    /// dtype where it is stored so (no f32 copy).
+    /// What `src` yields, checked against `shape`, as a `dtype` tensor (F32, F16 or BF16) on
+    /// `dev`, read from the file in that dtype where it is stored so (no f32 copy); `name` is
+    /// the model's name for it. A missing or mis-shaped tensor is an error naming the
+    /// checkpoint's key and both shapes.
     pub(crate) fn tensor_in(
         &self,
         src: &Source,
@@ -195,6 +316,18 @@ impl Shards {
                 let t = self.file_with(n)?.tensor_in(n, shape, dtype, dev)?;
                 let h = shape[0] / 2;
                 return Ok(Tensor::cat(&[t.narrow(0, h, h)?, t.narrow(0, 0, h)?], 0)?);
+            }
+            Source::Flat(n) => {
+                let t = whole(n)?;
+                if t.elem_count() != shape.iter().product::<usize>() {
+                    return Err(WeightsError::Shape {
+                        name: n.clone(),
+                        expected: shape.to_vec(),
+                        got: t.dims().to_vec(),
+                    }
+                    .into());
+                }
+                t.reshape(shape)?
             }
             Source::Part(n, i, parts) => {
                 let t = whole(n)?;
@@ -224,7 +357,7 @@ impl Shards {
             let key = match src {
                 Source::Cat(parts) => format!("{} (stacked as {name})", parts.join(" + ")),
                 Source::Part(n, i, parts) => format!("{n} (part {i} of {parts}, as {name})"),
-                Source::One(n) | Source::Swap(n) => n.clone(),
+                Source::One(n) | Source::Swap(n) | Source::Flat(n) => n.clone(),
             };
             return Err(WeightsError::Shape {
                 name: key,

@@ -33,8 +33,7 @@ impl Lin {
     }
 }
 
-/// Where the weights come from: a tensor by name, checked against its shape.
-pub type TensorSource<'a> = dyn Fn(&str, &[usize]) -> Result<Tensor, ModelError> + 'a;
+pub(crate) use crate::checkpoint::TensorSource;
 
 pub(crate) fn lin(
     get: &TensorSource,

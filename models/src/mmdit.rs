@@ -16,13 +16,17 @@
 //! attention's (after the Q/K norms).
 
 use candle_core::{IndexOp, Tensor};
+use candle_nn::VarBuilder;
 
-use crate::checkpoint::{Shards, Source};
+use std::sync::Arc;
+
+use crate::checkpoint::{Mapping, Shards, Source};
+use crate::joint::TensorSource;
 use crate::joint::{
     affine, check_rows, check_text_cache, layer_norm, lin, rms, text_context, Attention, Embedder,
     Lin, Pass,
 };
-pub use crate::joint::{JointOutput, Rows, TensorSource};
+pub use crate::joint::{JointOutput, Rows};
 use crate::joint_denoiser::{JointDenoiser, JointModel, PixelIndex};
 use crate::ModelError;
 
@@ -266,7 +270,8 @@ pub struct Mmdit {
 
 impl Mmdit {
     /// Loads the transformer from tensors named as in diffusers' `SD3Transformer2DModel`.
-    pub fn load(cfg: MmditConfig, get: &TensorSource) -> Result<Self, ModelError> {
+    pub fn load(cfg: MmditConfig, vb: &VarBuilder) -> Result<Self, ModelError> {
+        let get = &crate::checkpoint::getter(vb);
         cfg.validate()?;
         let (h, p, c) = (cfg.hidden, cfg.patch, cfg.in_channels);
         // The convolution reads (channel, row, column); tokens hold (row, column, channel).
@@ -594,7 +599,7 @@ pub enum MmditLayout {
 /// One or more safetensors files holding an SD3 / SD3.5 transformer.
 #[derive(Debug)]
 pub struct MmditCheckpoint {
-    files: Shards,
+    files: Arc<Shards>,
     layout: MmditLayout,
     /// Joint blocks (the last block's text modulation is stored differently).
     depth: usize,
@@ -614,7 +619,7 @@ impl MmditCheckpoint {
             Some(prefix) => MmditLayout::Stability { prefix },
         };
         let mut ck = Self {
-            files,
+            files: Arc::new(files),
             layout,
             depth: 0,
         };
@@ -634,14 +639,34 @@ impl MmditCheckpoint {
     }
 
     fn source(&self, name: &str) -> Source {
-        match &self.layout {
-            MmditLayout::Diffusers => Source::One(name.into()),
-            MmditLayout::Stability { prefix } => stability_source(name, prefix, self.depth),
-        }
+        layout_source(&self.layout, self.depth, name)
+    }
+
+    /// Where this checkpoint keeps each of the transformer's tensors.
+    fn mapping(&self) -> Mapping {
+        let (layout, depth) = (self.layout.clone(), self.depth);
+        Box::new(move |name| layout_source(&layout, depth, name))
     }
 
     fn shape(&self, name: &str) -> Option<Vec<usize>> {
         self.files.shape(&self.source(name))
+    }
+
+    /// The checkpoint as candle's `VarBuilder` under the model's own names (diffusers'), this
+    /// layout's mapping applied (tensors concatenated, split or reordered as the layout keeps
+    /// them); linear layers' weights in `compute` (F32, BF16 or F16), every other tensor f32.
+    pub fn var_builder(
+        &self,
+        compute: candle_core::DType,
+        dev: &candle_core::Device,
+    ) -> candle_nn::VarBuilder<'static> {
+        crate::checkpoint::var_builder(
+            self.files.clone(),
+            self.mapping(),
+            compute,
+            crate::checkpoint::Dtypes::Linear,
+            dev,
+        )
     }
 
     /// Tensor `name` (diffusers' name) checked against `shape`, on `dev`.
@@ -651,7 +676,7 @@ impl MmditCheckpoint {
         shape: &[usize],
         dev: &candle_core::Device,
     ) -> Result<Tensor, ModelError> {
-        self.files.tensor(&self.source(name), name, shape, dev)
+        crate::checkpoint::getter(&self.var_builder(candle_core::DType::F32, dev))(name, shape)
     }
 
     /// The architecture, from the tensors' shapes. The head count comes from the Q/K norms'
@@ -722,9 +747,16 @@ impl MmditCheckpoint {
         dev: &candle_core::Device,
     ) -> Result<Mmdit, ModelError> {
         crate::checkpoint::dtype_for("", &[], compute)?;
-        Mmdit::load(self.config(heads)?, &|n, s| {
-            self.files.for_compute(&self.source(n), n, s, compute, dev)
-        })
+        let vb = self.var_builder(compute, dev);
+        Mmdit::load(self.config(heads)?, &vb)
+    }
+}
+
+/// Where a checkpoint of `layout` with `depth` joint blocks keeps diffusers' tensor `name`.
+fn layout_source(layout: &MmditLayout, depth: usize, name: &str) -> Source {
+    match layout {
+        MmditLayout::Diffusers => Source::One(name.into()),
+        MmditLayout::Stability { prefix } => stability_source(name, prefix, depth),
     }
 }
 

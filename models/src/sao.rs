@@ -11,9 +11,11 @@
 //! and from the cache for the others (one layer per block, after the rotary encoding).
 
 use candle_core::{Tensor, D};
+use candle_nn::VarBuilder;
 
+use crate::joint::TensorSource;
 use crate::joint::{check_rows, lin, Attention, Lin, Pass};
-pub use crate::joint::{JointOutput, Rows, TensorSource};
+pub use crate::joint::{JointOutput, Rows};
 use crate::joint_denoiser::{JointDenoiser, JointModel, PixelIndex};
 use crate::ModelError;
 
@@ -157,7 +159,8 @@ pub struct Sao {
 
 impl Sao {
     /// Loads the DiT from tensors named as in diffusers' `StableAudioDiTModel`.
-    pub fn load(cfg: SaoConfig, get: &TensorSource) -> Result<Self, ModelError> {
+    pub fn load(cfg: SaoConfig, vb: &VarBuilder) -> Result<Self, ModelError> {
+        let get = &crate::checkpoint::getter(vb);
         cfg.validate()?;
         let (h, c, o) = (cfg.hidden(), cfg.in_channels, cfg.out_channels);
         let kv = cfg.kv_heads * cfg.head_dim;
@@ -420,7 +423,7 @@ pub enum SaoLayout {
 /// The DiT of a Stable Audio checkpoint, in either layout.
 #[derive(Debug)]
 pub struct SaoCheckpoint {
-    files: crate::checkpoint::Shards,
+    files: std::sync::Arc<crate::checkpoint::Shards>,
     layout: SaoLayout,
 }
 
@@ -443,7 +446,10 @@ impl SaoCheckpoint {
                 path.display()
             )));
         };
-        Ok(Self { files, layout })
+        Ok(Self {
+            files: std::sync::Arc::new(files),
+            layout,
+        })
     }
 
     /// The layout found.
@@ -452,30 +458,30 @@ impl SaoCheckpoint {
     }
 
     fn source(&self, name: &str) -> crate::checkpoint::Source {
-        match self.layout {
-            SaoLayout::Diffusers => crate::checkpoint::Source::One(name.into()),
-            SaoLayout::Official => official_source(name),
-        }
+        layout_source(&self.layout, name)
     }
 
-    /// Tensor `name` (diffusers' name) checked against `shape`, in `dtype`, on `dev`.
-    fn tensor(
+    /// Where this checkpoint keeps each of the DiT's tensors.
+    fn mapping(&self) -> crate::checkpoint::Mapping {
+        let layout = self.layout.clone();
+        Box::new(move |name| layout_source(&layout, name))
+    }
+
+    /// The checkpoint as candle's `VarBuilder` under the model's own names (diffusers'), this
+    /// layout's mapping applied (tensors concatenated, split or reordered as the layout keeps
+    /// them); linear layers' weights in `compute` (F32, BF16 or F16), every other tensor f32.
+    pub fn var_builder(
         &self,
-        name: &str,
-        shape: &[usize],
-        dtype: candle_core::DType,
+        compute: candle_core::DType,
         dev: &candle_core::Device,
-    ) -> Result<Tensor, ModelError> {
-        if self.layout == SaoLayout::Official && name == "time_proj.weight" {
-            // stable-audio-tools keeps the Fourier frequencies as a `n x 1` matrix.
-            let src = self.source(name);
-            let t = self
-                .files
-                .tensor_in(&src, name, &[shape[0], 1], dtype, dev)?;
-            return Ok(t.reshape(shape)?);
-        }
-        self.files
-            .tensor_in(&self.source(name), name, shape, dtype, dev)
+    ) -> candle_nn::VarBuilder<'static> {
+        crate::checkpoint::var_builder(
+            self.files.clone(),
+            self.mapping(),
+            compute,
+            crate::checkpoint::Dtypes::Linear,
+            dev,
+        )
     }
 
     /// The architecture, from the tensors' shapes; heads of `head_dim` (the released model:
@@ -528,10 +534,19 @@ impl SaoCheckpoint {
         dev: &candle_core::Device,
     ) -> Result<Sao, ModelError> {
         crate::checkpoint::dtype_for("", &[], compute)?;
-        Sao::load(self.config(head_dim)?, &|n, s| {
-            let d = crate::checkpoint::dtype_for(n, s, compute)?;
-            self.tensor(n, s, d, dev)
-        })
+        let vb = self.var_builder(compute, dev);
+        Sao::load(self.config(head_dim)?, &vb)
+    }
+}
+
+/// Where a checkpoint of `layout` keeps diffusers' tensor `name` (stable-audio-tools keeps
+/// the Fourier frequencies as an `n x 1` matrix).
+fn layout_source(layout: &SaoLayout, name: &str) -> crate::checkpoint::Source {
+    use crate::checkpoint::Source;
+    match (layout, official_source(name)) {
+        (SaoLayout::Diffusers, _) => Source::One(name.into()),
+        (SaoLayout::Official, Source::One(n)) if name == "time_proj.weight" => Source::Flat(n),
+        (SaoLayout::Official, s) => s,
     }
 }
 

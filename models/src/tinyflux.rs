@@ -11,10 +11,12 @@
 //! config and vocabulary in its metadata), as `models/tinyflux/export.py` writes them.
 
 use std::path::Path;
+use std::sync::Arc;
 
 use candle_core::{DType, Device, Tensor};
 use serde::Deserialize;
 
+use crate::checkpoint::{same_names, var_builder, Dtypes, Shards};
 use crate::flux::{FluxCheckpoint, FluxDenoiser};
 use crate::joint_denoiser::{EncodedPrompt, JointDenoiser, LatentDecoder, PromptEncoder};
 use crate::scene;
@@ -94,9 +96,15 @@ impl TinyFluxText {
             ))
             .into());
         }
-        let tower = TextTower::load(
-            &w,
+        let vb = var_builder(
+            Arc::new(Shards::one(w)),
+            same_names(),
+            DType::F32,
+            Dtypes::All,
             device,
+        );
+        let tower = TextTower::load(
+            &vb,
             TextNames {
                 tok_emb: "tok_emb.weight",
                 pos: "txt_pos",

@@ -11,10 +11,11 @@
 //! nothing of it is computed per token.
 
 use candle_core::{IndexOp, Tensor};
+use candle_nn::VarBuilder;
 
 use crate::checkpoint::{Shards, Source};
 use crate::joint::{affine, check_rows, layer_norm, lin, rope, rope_table, Attention, Lin, Pass};
-pub use crate::joint::{JointOutput, Rows, TensorSource};
+pub use crate::joint::{JointOutput, Rows};
 use crate::joint_denoiser::{JointDenoiser, JointModel, PixelIndex};
 use crate::ModelError;
 
@@ -143,7 +144,8 @@ pub struct Wan {
 
 impl Wan {
     /// Loads the transformer from tensors named as in diffusers' `WanTransformer3DModel`.
-    pub fn load(cfg: WanConfig, get: &TensorSource) -> Result<Self, ModelError> {
+    pub fn load(cfg: WanConfig, vb: &VarBuilder) -> Result<Self, ModelError> {
+        let get = &crate::checkpoint::getter(vb);
         cfg.validate()?;
         let (h, [pt, ph, pw], c) = (cfg.hidden(), cfg.patch, cfg.in_channels);
         let conv = get("patch_embedding.weight", &[h, c, pt, ph, pw])?;
@@ -390,7 +392,7 @@ pub enum WanLayout {
 /// One or more safetensors files holding a Wan2.1 transformer.
 #[derive(Debug)]
 pub struct WanCheckpoint {
-    files: Shards,
+    files: std::sync::Arc<Shards>,
     layout: WanLayout,
 }
 
@@ -407,7 +409,10 @@ impl WanCheckpoint {
             None => WanLayout::Diffusers,
             Some(prefix) => WanLayout::Official { prefix },
         };
-        Ok(Self { files, layout })
+        Ok(Self {
+            files: std::sync::Arc::new(files),
+            layout,
+        })
     }
 
     /// The layout found.
@@ -416,16 +421,34 @@ impl WanCheckpoint {
     }
 
     fn source(&self, name: &str) -> Source {
-        match &self.layout {
-            WanLayout::Diffusers => Source::One(name.into()),
-            WanLayout::Official { prefix } => {
-                Source::One(format!("{prefix}{}", official_name(name)))
-            }
-        }
+        layout_source(&self.layout, name)
+    }
+
+    /// Where this checkpoint keeps each of the transformer's tensors.
+    fn mapping(&self) -> crate::checkpoint::Mapping {
+        let layout = self.layout.clone();
+        Box::new(move |name| layout_source(&layout, name))
     }
 
     fn shape(&self, name: &str) -> Option<Vec<usize>> {
         self.files.shape(&self.source(name))
+    }
+
+    /// The checkpoint as candle's `VarBuilder` under the model's own names (diffusers'), this
+    /// layout's mapping applied (tensors concatenated, split or reordered as the layout keeps
+    /// them); linear layers' weights in `compute` (F32, BF16 or F16), every other tensor f32.
+    pub fn var_builder(
+        &self,
+        compute: candle_core::DType,
+        dev: &candle_core::Device,
+    ) -> candle_nn::VarBuilder<'static> {
+        crate::checkpoint::var_builder(
+            self.files.clone(),
+            self.mapping(),
+            compute,
+            crate::checkpoint::Dtypes::Linear,
+            dev,
+        )
     }
 
     /// Tensor `name` (diffusers' name) checked against `shape`, on `dev`.
@@ -435,7 +458,7 @@ impl WanCheckpoint {
         shape: &[usize],
         dev: &candle_core::Device,
     ) -> Result<Tensor, ModelError> {
-        self.files.tensor(&self.source(name), name, shape, dev)
+        crate::checkpoint::getter(&self.var_builder(candle_core::DType::F32, dev))(name, shape)
     }
 
     /// The architecture, from the tensors' shapes; the head count cannot be read from them
@@ -487,9 +510,16 @@ impl WanCheckpoint {
         dev: &candle_core::Device,
     ) -> Result<Wan, ModelError> {
         crate::checkpoint::dtype_for("", &[], compute)?;
-        Wan::load(self.config(heads)?, &|n, s| {
-            self.files.for_compute(&self.source(n), n, s, compute, dev)
-        })
+        let vb = self.var_builder(compute, dev);
+        Wan::load(self.config(heads)?, &vb)
+    }
+}
+
+/// Where a checkpoint of `layout` keeps diffusers' tensor `name`.
+fn layout_source(layout: &WanLayout, name: &str) -> Source {
+    match layout {
+        WanLayout::Diffusers => Source::One(name.into()),
+        WanLayout::Official { prefix } => Source::One(format!("{prefix}{}", official_name(name))),
     }
 }
 

@@ -33,6 +33,9 @@ pub enum WeightsError {
     Dtype(String, String),
     /// Metadata (config, vocabulary) missing or malformed.
     Metadata(String),
+    /// A tensor could not be read through candle's `VarBuilder`: the reader's own error
+    /// (one of the above), as text.
+    Read(String),
 }
 
 impl fmt::Display for WeightsError {
@@ -54,6 +57,7 @@ impl fmt::Display for WeightsError {
                 "tensor {n:?} has dtype {d}; only F32, F16 and BF16 are supported"
             ),
             Self::Metadata(m) => write!(f, "weights metadata: {m}"),
+            Self::Read(m) => f.write_str(m),
         }
     }
 }

@@ -9,6 +9,7 @@ use candle_nn::{VarBuilder, VarMap};
 use candle_transformers::models::flux::model as reference;
 use candle_transformers::models::flux::WithForward;
 use flashdiff_models::flux::{Flux, FluxConfig, Rows};
+use flashdiff_models::var_builder_from;
 use flashdiff_models::ModelError;
 
 mod common;
@@ -76,7 +77,8 @@ fn random_pair(guidance: bool, seed: u64) -> (Flux, reference::Flux, FluxConfig)
         assert_eq!(t.dims(), shape, "{name}");
         Ok(t.clone())
     };
-    let ours = Flux::load(cfg.clone(), &get).expect("ours loads the same tensors");
+    let ours = Flux::load(cfg.clone(), &var_builder_from(get, &Device::Cpu))
+        .expect("ours loads the same tensors");
     (ours, theirs, cfg)
 }
 
@@ -321,7 +323,7 @@ fn bad_inputs_are_errors_that_say_what_is_wrong() {
         ..cfg
     };
     let none = |_: &str, _: &[usize]| -> Result<Tensor, ModelError> { unreachable!() };
-    assert!(Flux::load(bad, &none)
+    assert!(Flux::load(bad, &var_builder_from(none, &Device::Cpu))
         .unwrap_err()
         .to_string()
         .contains("sum to the head width 16"));

@@ -6,6 +6,7 @@ mod common;
 
 use candle_core::Device;
 use flashdiff_models::pipeline::oobleck::{official_name, Oobleck, OobleckConfig};
+use flashdiff_models::var_builder_from;
 use flashdiff_models::Weights;
 
 use common::{max_abs, max_diff, t};
@@ -21,13 +22,19 @@ fn config() -> OobleckConfig {
     }
 }
 
-type Names<'a> = dyn Fn(&str, &[usize]) -> (String, Vec<usize>) + 'a;
+type Names<'a> = dyn Fn(&str, &[usize]) -> (String, Vec<usize>) + Sync + 'a;
 
 fn load(w: &Weights, name: &Names) -> Oobleck {
-    Oobleck::load(config(), &|n, s| {
-        let (key, shape) = name(n, s);
-        Ok(w.tensor(&key, &shape, &Device::Cpu)?.reshape(s)?)
-    })
+    Oobleck::load(
+        config(),
+        &var_builder_from(
+            |n: &str, s: &[usize]| {
+                let (key, shape) = name(n, s);
+                Ok(w.tensor(&key, &shape, &Device::Cpu)?.reshape(s)?)
+            },
+            &Device::Cpu,
+        ),
+    )
     .unwrap()
 }
 
@@ -96,18 +103,30 @@ fn bad_latents_and_configs_are_errors() {
         channel_multiples: vec![1, 2],
         ..config()
     };
-    let e = Oobleck::load(bad, &|n, s| Ok(g.tensor(n, s, &Device::Cpu)?))
-        .unwrap_err()
-        .to_string();
+    let e = Oobleck::load(
+        bad,
+        &var_builder_from(
+            |n: &str, s: &[usize]| Ok(g.tensor(n, s, &Device::Cpu)?),
+            &Device::Cpu,
+        ),
+    )
+    .unwrap_err()
+    .to_string();
     assert!(e.contains("as many strides"), "{e}");
     // A missing tensor names itself.
-    let e = Oobleck::load(config(), &|n, s| {
-        if n.contains("res_unit2.conv1.weight_g") {
-            Err(flashdiff_models::WeightsError::Missing(n.into()).into())
-        } else {
-            Ok(g.tensor(n, s, &Device::Cpu)?)
-        }
-    })
+    let e = Oobleck::load(
+        config(),
+        &var_builder_from(
+            |n: &str, s: &[usize]| {
+                if n.contains("res_unit2.conv1.weight_g") {
+                    Err(flashdiff_models::WeightsError::Missing(n.into()).into())
+                } else {
+                    Ok(g.tensor(n, s, &Device::Cpu)?)
+                }
+            },
+            &Device::Cpu,
+        ),
+    )
     .unwrap_err()
     .to_string();
     assert!(e.contains("res_unit2.conv1.weight_g"), "{e}");

@@ -4,6 +4,7 @@
 
 use candle_core::{Device, Tensor};
 use flashdiff_models::sao::{Rows, Sao, SaoConfig};
+use flashdiff_models::var_builder_from;
 
 mod common;
 use common::{max_abs, max_diff, t};
@@ -28,7 +29,14 @@ fn config() -> SaoConfig {
 #[test]
 fn full_forward_equals_diffusers_and_the_subset_forward_equals_its_rows() {
     let w = common::golden("sao_golden");
-    let m = Sao::load(config(), &|n, s| Ok(w.tensor(n, s, &Device::Cpu)?)).unwrap();
+    let m = Sao::load(
+        config(),
+        &var_builder_from(
+            |n: &str, s: &[usize]| Ok(w.tensor(n, s, &Device::Cpu)?),
+            &Device::Cpu,
+        ),
+    )
+    .unwrap();
     let ctx = m
         .context(&t(&w, "golden.enc"), &t(&w, "golden.global"))
         .unwrap();
@@ -107,7 +115,7 @@ fn bad_configs_weights_and_inputs_are_errors_that_say_why() {
             kv_heads: 3,
             ..config()
         },
-        &get,
+        &var_builder_from(get, &Device::Cpu),
     )
     .unwrap_err()
     .to_string();
@@ -117,7 +125,7 @@ fn bad_configs_weights_and_inputs_are_errors_that_say_why() {
             cross_dim: 16,
             ..config()
         },
-        &get,
+        &var_builder_from(get, &Device::Cpu),
     )
     .unwrap_err()
     .to_string();
@@ -125,7 +133,7 @@ fn bad_configs_weights_and_inputs_are_errors_that_say_why() {
         e.contains("transformer_blocks.0.attn2.to_k.weight") || e.contains("cross_attention_proj"),
         "{e}"
     );
-    let m = Sao::load(config(), &get).unwrap();
+    let m = Sao::load(config(), &var_builder_from(get, &Device::Cpu)).unwrap();
     let g = t(&w, "golden.global");
     let e = m
         .context(&g.unsqueeze(0).unwrap(), &g)

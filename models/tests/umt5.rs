@@ -5,6 +5,7 @@ mod common;
 
 use candle_core::{DType, Device};
 use flashdiff_models::pipeline::umt5::{Umt5Config, Umt5Encoder};
+use flashdiff_models::var_builder_from;
 
 use common::{max_abs, max_diff, t};
 
@@ -26,8 +27,15 @@ fn encoder_equals_transformers_umt5() {
         (cfg.num_layers, cfg.relative_attention_num_buckets),
         (3, 16)
     );
-    let m =
-        Umt5Encoder::load(cfg, &|n, s| Ok(g.tensor(n, s, &Device::Cpu)?), &Device::Cpu).unwrap();
+    let m = Umt5Encoder::load(
+        cfg,
+        &var_builder_from(
+            |n: &str, s: &[usize]| Ok(g.tensor(n, s, &Device::Cpu)?),
+            &Device::Cpu,
+        ),
+        &Device::Cpu,
+    )
+    .unwrap();
     let ids: Vec<u32> = g
         .get_i64("golden.ids")
         .unwrap()
@@ -57,11 +65,14 @@ fn bf16_encoder_stays_near_f32() {
     let get = |dtype: DType| {
         Umt5Encoder::load(
             config(),
-            &|n, s| {
-                let w = g.tensor(n, s, &Device::Cpu)?;
-                let lin = s.len() == 2 && !n.contains("relative") && n != "shared.weight";
-                Ok(if lin { w.to_dtype(dtype)? } else { w })
-            },
+            &var_builder_from(
+                |n: &str, s: &[usize]| {
+                    let w = g.tensor(n, s, &Device::Cpu)?;
+                    let lin = s.len() == 2 && !n.contains("relative") && n != "shared.weight";
+                    Ok(if lin { w.to_dtype(dtype)? } else { w })
+                },
+                &Device::Cpu,
+            ),
             &Device::Cpu,
         )
         .unwrap()

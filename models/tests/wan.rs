@@ -5,6 +5,7 @@
 use std::path::Path;
 
 use candle_core::{Device, Tensor};
+use flashdiff_models::var_builder_from;
 use flashdiff_models::wan::{Rows, Wan, WanConfig};
 use flashdiff_models::Weights;
 
@@ -31,7 +32,14 @@ fn config() -> WanConfig {
 #[test]
 fn full_forward_equals_diffusers_and_the_subset_forward_equals_its_rows() {
     let w = common::golden("wan_golden");
-    let m = Wan::load(config(), &|n, s| Ok(w.tensor(n, s, &Device::Cpu)?)).unwrap();
+    let m = Wan::load(
+        config(),
+        &var_builder_from(
+            |n: &str, s: &[usize]| Ok(w.tensor(n, s, &Device::Cpu)?),
+            &Device::Cpu,
+        ),
+    )
+    .unwrap();
     assert_eq!(m.config().axes_dim(), [4, 4, 4]);
     let ctx = m.context(&t(&w, "golden.txt")).unwrap();
     let time = t(&w, "golden.t").to_vec1::<f32>().unwrap()[0];
@@ -106,7 +114,7 @@ fn bad_configs_and_inputs_are_errors_that_say_why() {
             head_dim: 9,
             ..config()
         },
-        &get,
+        &var_builder_from(get, &Device::Cpu),
     )
     .unwrap_err()
     .to_string();
@@ -116,12 +124,12 @@ fn bad_configs_and_inputs_are_errors_that_say_why() {
             ffn_dim: 32,
             ..config()
         },
-        &get,
+        &var_builder_from(get, &Device::Cpu),
     )
     .unwrap_err()
     .to_string();
     assert!(e.contains("blocks.0.ffn.net.0.proj.weight"), "{e}");
-    let m = Wan::load(config(), &get).unwrap();
+    let m = Wan::load(config(), &var_builder_from(get, &Device::Cpu)).unwrap();
     let e = m.context(&t(&w, "golden.t")).unwrap_err().to_string();
     assert!(e.contains("text states must be n x 16"), "{e}");
     let ctx = m.context(&t(&w, "golden.txt")).unwrap();

@@ -12,6 +12,7 @@ use flashdiff_runtime::engine::{Engine, RequestConfig};
 use flashdiff_runtime::models::flux::{
     EncodedPrompt, Flux, FluxConfig, FluxDenoiser, PromptEncoder,
 };
+use flashdiff_runtime::models::var_builder_from;
 use flashdiff_runtime::models::{Denoiser, Device, ModelError, Tensor};
 
 /// Deterministic values in [-scale, scale).
@@ -55,22 +56,18 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         depth_single: 2,
         ..FluxConfig::dev()
     };
-    let counter = std::cell::Cell::new(0u64);
+    let counter = std::sync::atomic::AtomicU64::new(0);
     let get = |_: &str, shape: &[usize]| -> Result<Tensor, ModelError> {
-        counter.set(counter.get() + 1);
+        let id = 1 + counter.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let n: usize = shape.iter().product();
         let scale = if shape.len() == 2 {
             (shape[1] as f32).sqrt().recip()
         } else {
             0.1
         };
-        Ok(Tensor::from_vec(
-            values(n, counter.get(), scale),
-            shape,
-            &Device::Cpu,
-        )?)
+        Ok(Tensor::from_vec(values(n, id, scale), shape, &Device::Cpu)?)
     };
-    let flux = Flux::load(cfg, &get)?;
+    let flux = Flux::load(cfg, &var_builder_from(get, &Device::Cpu))?;
     let model: Arc<dyn Denoiser> = Arc::new(FluxDenoiser::new(
         flux,
         Box::new(StandIn),

@@ -8,6 +8,7 @@ use std::sync::Arc;
 
 use flashdiff_runtime::engine::{Engine, Mode, RequestConfig};
 use flashdiff_runtime::models::flux::{EncodedPrompt, FluxCheckpoint, FluxDenoiser, PromptEncoder};
+use flashdiff_runtime::models::var_builder_from;
 use flashdiff_runtime::models::{Denoiser, Device, ModelError, Tensor};
 
 /// SentencePiece-like pieces ("▁word"), padded with `<pad>`; each piece's state and the
@@ -220,7 +221,14 @@ fn wan_runs_through_the_engine_on_a_video_grid() {
         freq_dim: 32,
         cross_attn_norm: true,
     };
-    let wan = Wan::load(cfg, &|n, s| Ok(w.tensor(n, s, &Device::Cpu)?)).unwrap();
+    let wan = Wan::load(
+        cfg,
+        &var_builder_from(
+            |n: &str, s: &[usize]| Ok(w.tensor(n, s, &Device::Cpu)?),
+            &Device::Cpu,
+        ),
+    )
+    .unwrap();
     let m: Arc<dyn Denoiser> = Arc::new(
         WanDenoiser::new_video(wan, Box::new(HashText), (3, 2, 3), 0.0, Device::Cpu).unwrap(),
     );

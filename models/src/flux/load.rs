@@ -7,11 +7,12 @@
 //! final layer's modulation is stored as (scale, shift) there and (shift, scale) here).
 
 use std::path::Path;
+use std::sync::Arc;
 
 use candle_core::{DType, Device, Tensor};
 
 use super::{Flux, FluxConfig};
-use crate::checkpoint::{dtype_for, Shards, Source};
+use crate::checkpoint::{dtype_for, Mapping, Shards, Source};
 use crate::ModelError;
 
 /// How a checkpoint names its tensors.
@@ -29,7 +30,7 @@ pub enum FluxLayout {
 /// One or more safetensors files holding a FLUX transformer.
 #[derive(Debug)]
 pub struct FluxCheckpoint {
-    files: Shards,
+    files: Arc<Shards>,
     layout: FluxLayout,
 }
 
@@ -47,7 +48,10 @@ impl FluxCheckpoint {
             None => FluxLayout::Diffusers,
             Some(prefix) => FluxLayout::Bfl { prefix },
         };
-        Ok(Self { files, layout })
+        Ok(Self {
+            files: Arc::new(files),
+            layout,
+        })
     }
 
     /// The layout found.
@@ -56,10 +60,13 @@ impl FluxCheckpoint {
     }
 
     fn source(&self, name: &str) -> Source {
-        match &self.layout {
-            FluxLayout::Bfl { prefix } => Source::One(format!("{prefix}{name}")),
-            FluxLayout::Diffusers => diffusers_source(name),
-        }
+        layout_source(&self.layout, name)
+    }
+
+    /// Where this checkpoint keeps each of the transformer's tensors.
+    fn mapping(&self) -> Mapping {
+        let layout = self.layout.clone();
+        Box::new(move |name| layout_source(&layout, name))
     }
 
     /// Shape of a tensor under its Black Forest Labs name, if present.
@@ -67,10 +74,27 @@ impl FluxCheckpoint {
         self.files.shape(&self.source(name))
     }
 
+    /// The checkpoint as candle's `VarBuilder` under the model's own names (Black Forest Labs'), this
+    /// layout's mapping applied (tensors concatenated, split or reordered as the layout keeps
+    /// them); linear layers' weights in `compute` (F32, BF16 or F16), every other tensor f32.
+    pub fn var_builder(
+        &self,
+        compute: candle_core::DType,
+        dev: &candle_core::Device,
+    ) -> candle_nn::VarBuilder<'static> {
+        crate::checkpoint::var_builder(
+            self.files.clone(),
+            self.mapping(),
+            compute,
+            crate::checkpoint::Dtypes::Linear,
+            dev,
+        )
+    }
+
     /// Tensor `name` (Black Forest Labs' name) checked against `shape`, on `dev`. A missing
     /// or mis-shaped tensor is an error that names the checkpoint's key and both shapes.
     pub fn tensor(&self, name: &str, shape: &[usize], dev: &Device) -> Result<Tensor, ModelError> {
-        self.files.tensor(&self.source(name), name, shape, dev)
+        crate::checkpoint::getter(&self.var_builder(candle_core::DType::F32, dev))(name, shape)
     }
 
     /// The architecture, from the tensors' shapes. `axes_dim` sets the RoPE split of a head
@@ -137,9 +161,16 @@ impl FluxCheckpoint {
     ) -> Result<Flux, ModelError> {
         dtype_for("", &[], compute)?;
         let cfg = self.config(axes_dim)?;
-        Flux::load(cfg, &|n, s| {
-            self.files.for_compute(&self.source(n), n, s, compute, dev)
-        })
+        let vb = self.var_builder(compute, dev);
+        Flux::load(cfg, &vb)
+    }
+}
+
+/// Where a checkpoint of `layout` keeps Black Forest Labs' tensor `name`.
+fn layout_source(layout: &FluxLayout, name: &str) -> Source {
+    match layout {
+        FluxLayout::Bfl { prefix } => Source::One(format!("{prefix}{name}")),
+        FluxLayout::Diffusers => diffusers_source(name),
     }
 }
 

@@ -17,12 +17,14 @@
 //!   QK-norm and RoPE, `hidden` wide.
 
 use candle_core::{Device, IndexOp, Tensor};
+use candle_nn::VarBuilder;
 
+use crate::joint::TensorSource;
 use crate::joint::{
     check_rows, check_text_cache, layer_norm, lin, modulate, rms, rope, rope_table, text_context,
     Attention, Embedder, Lin, Pass,
 };
-pub use crate::joint::{JointOutput, Rows, TensorSource};
+pub use crate::joint::{JointOutput, Rows};
 use crate::joint_denoiser::{JointDenoiser, JointModel, PixelIndex};
 use crate::ModelError;
 
@@ -203,7 +205,8 @@ const LATENT_2X2: (usize, PixelIndex) = (2, |k, dy, dx, p, _| (k * p + dy) * p +
 impl Flux {
     /// Loads the transformer from tensors named as in Black Forest Labs' checkpoints. A
     /// missing or mis-shaped tensor is the source's error (it names the key and shapes).
-    pub fn load(cfg: FluxConfig, get: &TensorSource) -> Result<Self, ModelError> {
+    pub fn load(cfg: FluxConfig, vb: &VarBuilder) -> Result<Self, ModelError> {
+        let get = &crate::checkpoint::getter(vb);
         cfg.validate()?;
         let (h, m) = (cfg.hidden, cfg.mlp_hidden());
         let stream = |p: &str| -> Result<Stream, ModelError> {

@@ -23,12 +23,13 @@
 //! schedule's times (diffusers' default sampler is a second-order DPM-Solver SDE).
 
 use std::path::Path;
+use std::sync::Arc;
 
 use candle_core::{DType, Device, Tensor};
 
 use super::oobleck::Oobleck;
 use super::text::{config, T5Text};
-use crate::checkpoint::{Shards, Source};
+use crate::checkpoint::{getter, same_names, var_builder, Dtypes, Shards, Source};
 use crate::joint::{lin, Lin};
 use crate::joint_denoiser::{EncodedPrompt, PromptEncoder, Schedule};
 use crate::sao::SaoCheckpoint;
@@ -111,8 +112,9 @@ impl SaoText {
                 t5.width()
             )));
         }
-        let files = Shards::open(&pdir)?;
-        let get = |n: &str, s: &[usize]| files.tensor(&Source::One(n.into()), n, s, dev);
+        let files = Arc::new(Shards::open(&pdir)?);
+        let vb = var_builder(files.clone(), same_names(), DType::F32, Dtypes::All, dev);
+        let get = getter(&vb);
         let number = |p: &str| -> Result<NumberEmbedder, ModelError> {
             let e = format!("{p}.time_positional_embedding");
             let half = files.need(
@@ -164,8 +166,9 @@ impl SaoText {
         seconds: f32,
         dev: &Device,
     ) -> Result<Self, ModelError> {
-        let files = Shards::open(&r.file)?;
-        let get = |n: &str, s: &[usize]| files.tensor(&Source::One(n.into()), n, s, dev);
+        let files = Arc::new(Shards::open(&r.file)?);
+        let vb = var_builder(files.clone(), same_names(), DType::F32, Dtypes::All, dev);
+        let get = getter(&vb);
         let number = |id: &str| -> Result<NumberEmbedder, ModelError> {
             let e = format!("conditioner.conditioners.{id}.embedder.embedding");
             let what = "Stable Audio release";

@@ -8,10 +8,13 @@
 //! (`pretransform.model.decoder.layers.*` in the released single `model.safetensors`).
 
 use std::path::Path;
+use std::sync::Arc;
 
-use candle_core::{Device, Tensor};
+use candle_core::{DType, Device, Tensor};
+use candle_nn::VarBuilder;
 
-use crate::checkpoint::{Shards, Source};
+use crate::checkpoint::TensorSource;
+use crate::checkpoint::{same_names, var_builder, Dtypes, Shards, Source};
 use crate::ModelError;
 
 /// What we read of diffusers' `vae/config.json` (`AutoencoderOobleck`).
@@ -127,9 +130,6 @@ struct Block {
     res: [Residual; 3],
 }
 
-/// Where a tensor comes from: its diffusers name and shape -> the tensor.
-type Get<'a> = dyn Fn(&str, &[usize]) -> Result<Tensor, ModelError> + 'a;
-
 /// The Oobleck decoder: latents (`channels x frames`) to audio (`audio_channels x samples`).
 #[derive(Debug)]
 pub struct Oobleck {
@@ -140,7 +140,7 @@ pub struct Oobleck {
     conv2: Conv,
 }
 
-fn snake(get: &Get, p: &str, c: usize) -> Result<Snake, ModelError> {
+fn snake(get: &TensorSource, p: &str, c: usize) -> Result<Snake, ModelError> {
     let a = get(&format!("{p}.alpha"), &[1, c, 1])?.reshape((c, 1))?;
     let b = get(&format!("{p}.beta"), &[1, c, 1])?.reshape((c, 1))?;
     Ok(Snake {
@@ -151,7 +151,7 @@ fn snake(get: &Get, p: &str, c: usize) -> Result<Snake, ModelError> {
 
 /// A weight-normalised convolution `p` of `inp -> out` channels, `k` taps.
 fn conv(
-    get: &Get,
+    get: &TensorSource,
     p: &str,
     (inp, out, k): (usize, usize, usize),
     (padding, stride, dilation): (usize, usize, usize),
@@ -183,7 +183,8 @@ fn conv(
 
 impl Oobleck {
     /// The decoder from tensors named as diffusers names them (`decoder.*`).
-    pub fn load(cfg: OobleckConfig, get: &Get) -> Result<Self, ModelError> {
+    pub fn load(cfg: OobleckConfig, vb: &VarBuilder) -> Result<Self, ModelError> {
+        let get = &crate::checkpoint::getter(vb);
         cfg.validate()?;
         let n = cfg.downsampling_ratios.len();
         let mult: Vec<usize> = std::iter::once(1)
@@ -263,8 +264,9 @@ impl Oobleck {
             OobleckConfig::open_1_0()
         };
         if vae.is_dir() && !official.is_file() {
-            let files = Shards::open(&vae)?;
-            return Self::load(cfg, &|n, s| files.tensor(&Source::One(n.into()), n, s, dev));
+            let files = Arc::new(Shards::open(&vae)?);
+            let vb = var_builder(files, same_names(), DType::F32, Dtypes::All, dev);
+            return Self::load(cfg, &vb);
         }
         if !official.is_file() {
             return Err(ModelError::Input(format!(
@@ -273,19 +275,19 @@ impl Oobleck {
                 dir.display()
             )));
         }
-        let files = Shards::open(&official)?;
+        let files = Arc::new(Shards::open(&official)?);
         let blocks = cfg.downsampling_ratios.len();
-        Self::load(cfg, &|n, s| {
+        let map = move |n: &str| {
             let key = official_name(n, blocks);
+            // The snakes' alpha and beta: 1-D there, 1 x C x 1 here.
             if n.ends_with(".alpha") || n.ends_with(".beta") {
-                // 1-D there, 1 x C x 1 here.
-                let c = s.get(1).copied().unwrap_or(0);
-                return Ok(files
-                    .tensor(&Source::One(key.clone()), &key, &[c], dev)?
-                    .reshape(s)?);
+                Source::Flat(key)
+            } else {
+                Source::One(key)
             }
-            files.tensor(&Source::One(key.clone()), &key, s, dev)
-        })
+        };
+        let vb = var_builder(files, Box::new(map), DType::F32, Dtypes::All, dev);
+        Self::load(cfg, &vb)
     }
 
     /// The architecture.

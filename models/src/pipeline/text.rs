@@ -3,16 +3,15 @@
 //! `tokenizer_2/`, `text_encoder/`, `text_encoder_2/`).
 
 use std::path::Path;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
-use candle_core::{DType, Device, Shape, Tensor};
-use candle_nn::var_builder::SimpleBackend;
-use candle_nn::{Init, VarBuilder};
+use candle_core::{DType, Device, Tensor};
+use candle_nn::VarBuilder;
 use candle_transformers::models::clip::text_model as clip;
 use candle_transformers::models::t5;
 use tokenizers::Tokenizer;
 
-use crate::checkpoint::{Shards, Source};
+use crate::checkpoint::{same_names, var_builder, Dtypes, Shards};
 use crate::joint_denoiser::{EncodedPrompt, PromptEncoder};
 use crate::ModelError;
 
@@ -186,38 +185,6 @@ fn clip_bpe(dir: &Path) -> Result<Tokenizer, ModelError> {
     Ok(tok)
 }
 
-/// Our checkpoint reader behind candle's `VarBuilder`: candle-transformers' encoders ask for
-/// tensors by name and shape, and get ours (f16 / bf16 converted once, shards, errors that
-/// name the key and both shapes).
-struct ShardsBackend(Shards);
-
-impl SimpleBackend for ShardsBackend {
-    fn get(
-        &self,
-        s: Shape,
-        name: &str,
-        _: Init,
-        dtype: DType,
-        dev: &Device,
-    ) -> candle_core::Result<Tensor> {
-        self.0
-            .tensor_in(&Source::One(name.into()), name, s.dims(), dtype, dev)
-            .map_err(|e| candle_core::Error::Msg(e.to_string()))
-    }
-
-    fn get_unchecked(&self, name: &str, dtype: DType, dev: &Device) -> candle_core::Result<Tensor> {
-        let shape = self
-            .0
-            .shape(&Source::One(name.into()))
-            .ok_or_else(|| candle_core::Error::Msg(format!("cannot find tensor {name}")))?;
-        self.get(shape.into(), name, Init::Const(0.0), dtype, dev)
-    }
-
-    fn contains_tensor(&self, name: &str) -> bool {
-        self.0.has(name)
-    }
-}
-
 /// The f32 weights in `dir` (its `*.safetensors`) as a `VarBuilder`.
 pub(crate) fn weights(dir: &Path, dev: &Device) -> Result<VarBuilder<'static>, ModelError> {
     weights_in(dir, DType::F32, dev)
@@ -230,12 +197,8 @@ pub(crate) fn weights_in(
     dtype: DType,
     dev: &Device,
 ) -> Result<VarBuilder<'static>, ModelError> {
-    let files = Shards::open(dir)?;
-    Ok(VarBuilder::from_backend(
-        Box::new(ShardsBackend(files)),
-        dtype,
-        dev.clone(),
-    ))
+    let files = Arc::new(Shards::open(dir)?);
+    Ok(var_builder(files, same_names(), dtype, Dtypes::All, dev))
 }
 
 /// `dir/scheduler/scheduler_config.json`, parsed; where there is none, every field's

@@ -98,13 +98,25 @@ const SEED: u64 = 0x5EED_F1A5;
 struct Seeded {
     vars: VarMap,
     rng: Mutex<StdRng>,
+    /// How each variable is initialised, by name and shape, in place of the hint the model
+    /// passes (our loaders ask with none).
+    init: Option<Hint>,
 }
+
+/// How a random variable is initialised, from its name and shape.
+type Hint = fn(&str, &[usize]) -> Init;
 
 /// A builder over `vars` whose new variables come from the generator seeded with [`SEED`].
 pub(crate) fn seeded(vars: &VarMap) -> VarBuilder<'static> {
+    seeded_as(vars, None)
+}
+
+/// [`seeded`], each variable initialised as `init` says when given.
+fn seeded_as(vars: &VarMap, init: Option<Hint>) -> VarBuilder<'static> {
     let backend = Seeded {
         vars: vars.clone(),
         rng: Mutex::new(StdRng::seed_from_u64(SEED)),
+        init,
     };
     VarBuilder::from_backend(Box::new(backend), DType::F32, Device::Cpu)
 }
@@ -171,6 +183,7 @@ impl SimpleBackend for Seeded {
             }
             return v.as_tensor().to_dtype(dtype);
         }
+        let h = self.init.map_or(h, |init| init(name, s.dims()));
         let values = draw(&mut *self.rng.lock().map_err(|_| poisoned())?, h, &s)?;
         let var = Var::from_tensor(&Tensor::from_vec(values, s, dev)?.to_dtype(dtype)?)?;
         let t = var.as_tensor().clone();
@@ -196,15 +209,14 @@ impl SimpleBackend for Seeded {
 }
 
 /// Random weights for one of our models, saved to `path`: `build` loads the model from a
-/// getter that makes each tensor it asks for, initialised as `hint` says.
+/// `VarBuilder` that makes each tensor it asks for, initialised as `hint` says.
 fn random_model(
     path: &Path,
-    hint: &dyn Fn(&str, &[usize]) -> Init,
-    build: impl FnOnce(&crate::joint::TensorSource) -> Result<(), ModelError>,
+    hint: Hint,
+    build: impl FnOnce(&VarBuilder) -> Result<(), ModelError>,
 ) -> Result<(), ModelError> {
     let vm = VarMap::new();
-    let vb = seeded(&vm);
-    build(&|name: &str, shape: &[usize]| Ok(vb.get_with_hints(shape, name, hint(name, shape))?))?;
+    build(&seeded_as(&vm, Some(hint)))?;
     save(&vm, path)
 }
 
@@ -237,7 +249,7 @@ pub fn write_wan(dir: &Path) -> Result<(), ModelError> {
         "feed_forward_proj": "gated-gelu", "layer_norm_epsilon": 1e-6});
     write(&dir.join("text_encoder/config.json"), &json.to_string())?;
     let cfg = serde_json::from_value(json).map_err(|e| fail("umT5 config", e))?;
-    random_model(&dir.join("text_encoder/model.safetensors"), &init, |get| {
+    random_model(&dir.join("text_encoder/model.safetensors"), init, |get| {
         super::umt5::Umt5Encoder::load(cfg, get, &Device::Cpu).map(drop)
     })?;
     let cfg = crate::wan::WanConfig {
@@ -254,7 +266,7 @@ pub fn write_wan(dir: &Path) -> Result<(), ModelError> {
     };
     random_model(
         &dir.join("transformer/diffusion_pytorch_model.safetensors"),
-        &init,
+        init,
         |get| crate::wan::Wan::load(cfg, get).map(drop),
     )?;
     write(
@@ -276,7 +288,7 @@ pub fn write_wan(dir: &Path) -> Result<(), ModelError> {
     };
     random_model(
         &dir.join("vae/diffusion_pytorch_model.safetensors"),
-        &hint,
+        hint,
         |get| super::wan_vae::WanVae::load(cfg, get).map(drop),
     )?;
     write(
@@ -342,7 +354,7 @@ pub fn write_sao(dir: &Path) -> Result<(), ModelError> {
     )?;
     random_model(
         &dir.join("transformer/diffusion_pytorch_model.safetensors"),
-        &init,
+        init,
         |get| crate::sao::Sao::load(cfg, get).map(drop),
     )?;
     let vae = super::oobleck::OobleckConfig {
@@ -375,7 +387,7 @@ pub fn write_sao(dir: &Path) -> Result<(), ModelError> {
     };
     random_model(
         &dir.join("vae/diffusion_pytorch_model.safetensors"),
-        &hint,
+        hint,
         |get| super::oobleck::Oobleck::load(vae, get).map(drop),
     )?;
     write(
@@ -433,7 +445,7 @@ pub fn write_sd3(dir: &Path, sd35: bool) -> Result<(), ModelError> {
     let t = dir.join("transformer");
     random_model(
         &t.join("diffusion_pytorch_model.safetensors"),
-        &init,
+        init,
         |get| Mmdit::load(cfg, get).map(drop),
     )?;
     write(
@@ -478,7 +490,7 @@ fn transformer(dir: &Path, dev: bool) -> Result<(), ModelError> {
     };
     random_model(
         &dir.join("diffusion_pytorch_model.safetensors"),
-        &init,
+        init,
         |get| Flux::load(cfg, get).map(drop),
     )?;
     write(

@@ -8,6 +8,7 @@ use std::path::Path;
 use std::sync::Arc;
 
 use candle_core::{DType, Device, Tensor, D};
+use candle_nn::VarBuilder;
 
 use crate::joint::{lin, Lin};
 use crate::ModelError;
@@ -81,13 +82,11 @@ pub struct Umt5Encoder {
     device: Device,
 }
 
-/// Where tensors come from: a name and a shape -> the tensor.
-pub type Get<'a> = dyn Fn(&str, &[usize]) -> Result<Tensor, ModelError> + 'a;
-
 impl Umt5Encoder {
     /// The encoder from tensors named as transformers names them (`shared.weight`,
     /// `encoder.block.N.layer.0.SelfAttention.*`, ...).
-    pub fn load(cfg: Umt5Config, get: &Get, device: &Device) -> Result<Self, ModelError> {
+    pub fn load(cfg: Umt5Config, vb: &VarBuilder, device: &Device) -> Result<Self, ModelError> {
+        let get = &crate::checkpoint::getter(vb);
         let gated = match cfg.feed_forward_proj.as_str() {
             "gated-gelu" => true,
             "relu" => false,
@@ -147,21 +146,16 @@ impl Umt5Encoder {
     /// layers in `dtype`.
     pub fn open(dir: &Path, dtype: DType, dev: &Device) -> Result<Arc<Self>, ModelError> {
         let cfg: Umt5Config = super::text::config(dir)?;
-        let files = crate::checkpoint::Shards::open(dir)?;
+        let files = std::sync::Arc::new(crate::checkpoint::Shards::open(dir)?);
         crate::checkpoint::dtype_for("", &[], dtype)?;
-        let enc = Self::load(
-            cfg,
-            &|n, s| {
-                // The embedding and the position biases are looked up, not multiplied: f32.
-                let d = if n == "shared.weight" || n.contains("relative_attention_bias") {
-                    DType::F32
-                } else {
-                    crate::checkpoint::dtype_for(n, s, dtype)?
-                };
-                files.tensor_in(&crate::checkpoint::Source::One(n.into()), n, s, d, dev)
-            },
+        let vb = crate::checkpoint::var_builder(
+            files,
+            crate::checkpoint::same_names(),
+            dtype,
+            crate::checkpoint::Dtypes::Linear,
             dev,
-        )?;
+        );
+        let enc = Self::load(cfg, &vb, dev)?;
         Ok(Arc::new(enc))
     }
 

@@ -14,8 +14,10 @@
 use std::path::Path;
 
 use candle_core::{DType, Device, Tensor};
+use candle_nn::VarBuilder;
 
-use crate::checkpoint::{Shards, Source};
+use crate::checkpoint::TensorSource;
+use crate::checkpoint::{same_names, var_builder, Dtypes, Shards};
 use crate::ModelError;
 
 /// What we read of `vae/config.json` (`AutoencoderKLWan`).
@@ -219,10 +221,11 @@ pub struct WanVae {
     std: Tensor,
 }
 
-/// Where tensors come from: a name and a shape -> the tensor.
-pub type Get<'a> = dyn Fn(&str, &[usize]) -> Result<Tensor, ModelError> + 'a;
-
-fn conv3(get: &Get, p: &str, (inp, out, k): (usize, usize, usize)) -> Result<Conv3, ModelError> {
+fn conv3(
+    get: &TensorSource,
+    p: &str,
+    (inp, out, k): (usize, usize, usize),
+) -> Result<Conv3, ModelError> {
     let w = get(&format!("{p}.weight"), &[out, inp, k, k, k])?;
     Ok(Conv3 {
         taps: (0..k)
@@ -234,7 +237,7 @@ fn conv3(get: &Get, p: &str, (inp, out, k): (usize, usize, usize)) -> Result<Con
 }
 
 /// The time convolution of a temporal upsampler: `3 x 1 x 1`, `c -> 2c`.
-fn time_conv(get: &Get, p: &str, c: usize) -> Result<Conv3, ModelError> {
+fn time_conv(get: &TensorSource, p: &str, c: usize) -> Result<Conv3, ModelError> {
     let w = get(&format!("{p}.weight"), &[2 * c, c, 3, 1, 1])?;
     Ok(Conv3 {
         taps: (0..3)
@@ -245,7 +248,7 @@ fn time_conv(get: &Get, p: &str, c: usize) -> Result<Conv3, ModelError> {
     })
 }
 
-fn norm(get: &Get, p: &str, c: usize, images: bool) -> Result<Norm, ModelError> {
+fn norm(get: &TensorSource, p: &str, c: usize, images: bool) -> Result<Norm, ModelError> {
     let shape: Vec<usize> = if images {
         vec![c, 1, 1]
     } else {
@@ -256,7 +259,7 @@ fn norm(get: &Get, p: &str, c: usize, images: bool) -> Result<Norm, ModelError> 
     })
 }
 
-fn residual(get: &Get, p: &str, inp: usize, out: usize) -> Result<Residual, ModelError> {
+fn residual(get: &TensorSource, p: &str, inp: usize, out: usize) -> Result<Residual, ModelError> {
     Ok(Residual {
         norm1: norm(get, &format!("{p}.norm1"), inp, false)?,
         conv1: conv3(get, &format!("{p}.conv1"), (inp, out, 3))?,
@@ -272,7 +275,8 @@ fn residual(get: &Get, p: &str, inp: usize, out: usize) -> Result<Residual, Mode
 
 impl WanVae {
     /// The decoder from tensors under diffusers' names (`decoder.*`, `post_quant_conv.*`).
-    pub fn load(cfg: WanVaeConfig, get: &Get) -> Result<Self, ModelError> {
+    pub fn load(cfg: WanVaeConfig, vb: &VarBuilder) -> Result<Self, ModelError> {
+        let get = &crate::checkpoint::getter(vb);
         let n = cfg.dim_mult.len();
         let z = cfg.z_dim;
         if cfg.is_residual || cfg.patch_size.is_some_and(|p| p > 1) {
@@ -382,10 +386,9 @@ impl WanVae {
             return Ok(None);
         }
         let cfg: WanVaeConfig = super::text::config(&vae)?;
-        let files = Shards::open(&vae)?;
-        Ok(Some(Self::load(cfg, &|n, s| {
-            files.tensor_in(&Source::One(n.into()), n, s, DType::F32, dev)
-        })?))
+        let files = std::sync::Arc::new(Shards::open(&vae)?);
+        let vb = var_builder(files, same_names(), DType::F32, Dtypes::All, dev);
+        Ok(Some(Self::load(cfg, &vb)?))
     }
 
     /// The architecture.

@@ -2,9 +2,10 @@
 //! like `models/tinydit/model.py`; the hot ops are `flashdiff_kernels::ops`.
 
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use candle_core::{DType, Device, Tensor};
-use candle_nn::LayerNorm;
+use candle_nn::{LayerNorm, VarBuilder};
 use flashdiff_kernels::ops::{self, AttnWants};
 
 mod decode;
@@ -13,6 +14,7 @@ mod text;
 pub use decode::{synthesize, unpatchify};
 pub(crate) use text::{TextNames, TextSizes, TextTower};
 
+use crate::checkpoint::{read_error, same_names, var_builder, Dtypes, Shards};
 use crate::joint_denoiser::Schedule;
 use crate::scene;
 use crate::weights::{Weights, WeightsError};
@@ -228,16 +230,16 @@ impl std::fmt::Debug for TinyDit {
     }
 }
 
+/// Reads the layers of a built-in model from its `VarBuilder`.
 struct Loader<'a> {
-    w: &'a Weights,
-    device: &'a Device,
+    vb: &'a VarBuilder<'a>,
 }
 
 impl Loader<'_> {
-    fn t(&self, name: &str, shape: &[usize]) -> Result<Tensor, WeightsError> {
-        self.w.tensor(name, shape, self.device)
+    fn t(&self, name: &str, shape: &[usize]) -> Result<Tensor, ModelError> {
+        self.vb.get(shape, name).map_err(read_error)
     }
-    fn lin(&self, name: &str, out: usize, inp: usize) -> Result<Lin, WeightsError> {
+    fn lin(&self, name: &str, out: usize, inp: usize) -> Result<Lin, ModelError> {
         Ok(Lin {
             w: self.t(&format!("{name}.weight"), &[out, inp])?,
             b: self.t(&format!("{name}.bias"), &[out])?,
@@ -251,7 +253,7 @@ impl Loader<'_> {
         inp: usize,
         at: usize,
         out: usize,
-    ) -> Result<Lin, WeightsError> {
+    ) -> Result<Lin, ModelError> {
         let bad = |e: candle_core::Error| WeightsError::Metadata(format!("{name}: {e}"));
         let w = self.t(&format!("{name}.weight"), &[rows, inp])?;
         let b = self.t(&format!("{name}.bias"), &[rows])?;
@@ -264,7 +266,7 @@ impl Loader<'_> {
                 .map_err(bad)?,
         })
     }
-    fn ln(&self, name: &str, d: usize) -> Result<LayerNorm, WeightsError> {
+    fn ln(&self, name: &str, d: usize) -> Result<LayerNorm, ModelError> {
         Ok(LayerNorm::new(
             self.t(&format!("{name}.weight"), &[d])?,
             self.t(&format!("{name}.bias"), &[d])?,
@@ -351,11 +353,17 @@ impl TinyDit {
             Kind::Audio => Some(parse_audio(&w, cfg.channels)?),
             _ => None,
         };
-        let l = Loader { w: &w, device };
+        let vb = var_builder(
+            Arc::new(Shards::one(w)),
+            same_names(),
+            DType::F32,
+            Dtypes::All,
+            device,
+        );
+        let l = Loader { vb: &vb };
         let (d, h) = (cfg.d, cfg.d * cfg.mlp_ratio);
         let text = TextTower::load(
-            &w,
-            device,
+            &vb,
             TextNames {
                 tok_emb: "tok_emb.weight",
                 pos: "txt_pos",

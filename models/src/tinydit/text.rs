@@ -1,12 +1,11 @@
 //! The built-in models' text encoder (`TextLayer` of `models/tinydit/model.py`), shared by
 //! TinyDiT and TinyFLUX.
 
-use candle_core::{Device, Module, Tensor};
-use candle_nn::LayerNorm;
+use candle_core::{Module, Tensor};
+use candle_nn::{LayerNorm, VarBuilder};
 use flashdiff_kernels::ops::{self, AttnWants};
 
 use super::{Lin, Loader};
-use crate::weights::{Weights, WeightsError};
 use crate::ModelError;
 
 #[derive(Debug)]
@@ -56,14 +55,14 @@ pub(crate) struct TextSizes {
 }
 
 impl TextTower {
-    /// Reads the tower named `n` from `w`; a missing or mis-shaped tensor is an error naming it.
+    /// Reads the tower named `n` from `vb`; a missing or mis-shaped tensor is an error naming
+    /// it.
     pub(crate) fn load(
-        w: &Weights,
-        device: &Device,
+        vb: &VarBuilder,
         n: TextNames<'_>,
         s: TextSizes,
-    ) -> Result<Self, WeightsError> {
-        let l = Loader { w, device };
+    ) -> Result<Self, ModelError> {
+        let l = Loader { vb };
         let (d, h) = (s.d, s.mlp);
         let mut layers = Vec::new();
         for i in 0..s.layers {
