@@ -3,7 +3,6 @@
 
 use std::path::PathBuf;
 
-use crate::serve::*;
 use clap::{Args, Parser, Subcommand};
 use flashdiff_runtime::engine::{
     LayoutKind, Mode, RequestConfig, Reuse, BUILTIN_MODELS, DEFAULT_CACHE_THRESHOLD, DEFAULT_STEPS,
@@ -384,6 +383,11 @@ pub(crate) fn parse_patches(v: &str) -> Result<Patches, String> {
     flashdiff_runtime::schema::parse_patches(&Count::Word(v.into()))
         .map(Patches)
         .map_err(|e| e.to_string())
+}
+
+/// `extrapolate`, `extrapolate2` or `stale` (the `--reuse` flag).
+pub(crate) fn parse_reuse(v: &str) -> Result<Reuse, String> {
+    flashdiff_runtime::schema::parse_reuse(v).map_err(|e| e.to_string())
 }
 
 pub(crate) fn parse_mode(v: &str) -> Result<Mode, String> {

@@ -377,9 +377,3 @@ pub(crate) fn parse_request(
     let warmup = f.warmup.map(|w| w.min(u32::MAX as u64) as u32);
     Ok((f.id.unwrap_or(fallback_id), prompt, cfg, model, warmup))
 }
-
-/// `extrapolate`, `extrapolate2` or `stale` (the `--reuse` flag and the `reuse` request
-/// field).
-pub(crate) fn parse_reuse(v: &str) -> Result<flashdiff_runtime::engine::Reuse, String> {
-    flashdiff_runtime::schema::parse_reuse(v).map_err(|e| e.to_string())
-}
