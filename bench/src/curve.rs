@@ -37,7 +37,7 @@ struct Setting {
 /// What each method is and how it reuses what it does not compute.
 const METHODS: [(&str, &str); 14] = [
     ("flashdiff", "saliency patches, each accumulating block 0's input change; a step runs whole once any patch reaches ε or K skips, else every token is forecast; knob: ε, then K at ε 1, each at first and at second order (\"order 2\": skipped velocities along the parabola through their last three computations)"),
-    ("flashdiff-budget", "FlashDiff under a work budget F: floor(F x steps) computed steps, the warm-up and final step among them, paced by the same accumulated change (latency known at admission); knob: F"),
+    ("flashdiff-budget", "FlashDiff under a work budget F: floor(F x steps) computed steps, the warm-up and final step among them, paced by the same accumulated change (latency known at admission); knob: F, at first and second order"),
     ("flashdiff-order1", "ablation: FlashDiff's first-order settings alone (read from its rows without \"order 2\")"),
     ("flashdiff-uniform", "ablation: FlashDiff on a uniform grid of patches instead of the saliency cut; same knob"),
     ("per-patch", "ablation: a computed step runs only the patches at their budget, the others stand in with forecast K/V and velocity; same knob"),
@@ -122,17 +122,20 @@ fn settings(base: &RequestConfig, workers: u32) -> Vec<Setting> {
         }
     }
     // A work budget F: the pace computes floor(F x steps) steps, spent where the change is.
-    for f in [0.2f32, 0.25, 0.3, 0.35, 0.4, 0.45, 0.5, 0.6, 0.7] {
-        if computes_for(f, base.steps) >= base.warmup + FINAL_FULL_STEPS {
-            v.push(Setting {
-                method: "flashdiff-budget",
-                label: format!("F {f}"),
-                cfg: RequestConfig {
-                    mode: Mode::FlashDiff,
-                    budget: Some(f),
-                    ..base.clone()
-                },
-            });
+    for &(reuse, order) in &orders {
+        for f in [0.2f32, 0.25, 0.3, 0.35, 0.4, 0.45, 0.5, 0.6, 0.7] {
+            if computes_for(f, base.steps) >= base.warmup + FINAL_FULL_STEPS {
+                v.push(Setting {
+                    method: "flashdiff-budget",
+                    label: format!("F {f}{order}"),
+                    cfg: RequestConfig {
+                        mode: Mode::FlashDiff,
+                        budget: Some(f),
+                        reuse,
+                        ..base.clone()
+                    },
+                });
+            }
         }
     }
     let gate_knob = [
