@@ -123,7 +123,7 @@ fn settings(base: &RequestConfig, workers: u32) -> Vec<Setting> {
     }
     // A work budget F: the pace computes floor(F x steps) steps, spent where the change is.
     for &(reuse, order) in &orders {
-        for f in [0.2f32, 0.25, 0.3, 0.35, 0.4, 0.45, 0.5, 0.6, 0.7] {
+        for f in [0.2f32, 0.25, 0.3, 0.33, 0.35, 0.4, 0.45, 0.5, 0.6, 0.7] {
             if computes_for(f, base.steps) >= base.warmup + FINAL_FULL_STEPS {
                 v.push(Setting {
                     method: "flashdiff-budget",
@@ -311,12 +311,31 @@ impl Acc {
 pub fn run(
     engine: &mut Engine,
     cfg: &BenchConfig,
+    only: Option<&[String]>,
     out: &Path,
     progress: &mut dyn FnMut(&str),
 ) -> Result<String, EngineError> {
-    let base = prepare(cfg, out)?;
+    let base = RequestConfig {
+        steps: cfg.steps,
+        patches: Some(cfg.patches),
+        ..cfg.base.clone()
+    };
+    let mut list = settings(&base, engine.workers());
+    if let Some(only) = only {
+        if let Some(bad) = only
+            .iter()
+            .find(|m| !list.iter().any(|s| s.method == m.as_str()))
+        {
+            let names: Vec<&str> = METHODS.iter().map(|(m, _)| *m).collect();
+            return Err(EngineError::Invalid {
+                field: "methods",
+                reason: format!("{bad:?}: the study's methods are {}", names.join(", ")),
+            });
+        }
+        list.retain(|s| s.method == "full" || only.iter().any(|m| m == s.method));
+    }
+    prepare(cfg, out)?;
     let kind = engine.model().kind();
-    let list = settings(&base, engine.workers());
     let mut acc: Vec<Acc> = list.iter().map(|_| Acc::default()).collect();
     let mut prompts = Vec::new();
     for i in 0..cfg.prompts as u64 {
@@ -411,6 +430,11 @@ fn of_method<'a>(points: &'a [Value], method: &'a str) -> impl Iterator<Item = &
     })
 }
 
+/// Whether the study ran `method` (a study may run some methods only).
+fn ran(points: &[Value], method: &str) -> bool {
+    of_method(points, method).next().is_some()
+}
+
 /// A method's curve for `key` ("db" or "worst_db") from a study's points.
 fn curve(points: &[Value], method: &str, key: &str) -> Curve {
     let settings: Vec<(String, f64, f64)> = of_method(points, method)
@@ -487,7 +511,7 @@ fn report(kind: Kind, cfg: &Header, points: &[Value]) -> String {
         "# FlashDiff bench: quality against work ({kind:?} model)\n\n{} held-out prompts (seeds from {}), {} steps, {} patches for the patch methods, {workers} worker(s). Work: the share of full computation's model work, warm-up included. {unit} against full computation from the same seed (capped at 99 dB); worst: the worst prompt; agreement: the built-in checker gives the same verdict as on full computation.\n\n| method | what it is |\n| --- | --- |\n",
         cfg.prompts, cfg.seed, cfg.steps, cfg.patches
     );
-    for (m, what) in METHODS {
+    for (m, what) in METHODS.iter().filter(|(m, _)| ran(points, m)) {
         md.push_str(&format!("| {m} | {what} |\n"));
     }
     md.push_str(&format!(
@@ -522,7 +546,10 @@ fn report(kind: Kind, cfg: &Header, points: &[Value]) -> String {
         levels.map(|w| format!(" work {w} |")).concat(),
         " --- |".repeat(levels.len())
     ));
-    for (m, _) in METHODS.iter().filter(|(m, _)| *m != "full") {
+    for (m, _) in METHODS
+        .iter()
+        .filter(|(m, _)| *m != "full" && ran(points, m))
+    {
         let (mean, worst) = (curve(points, m, "db"), curve(points, m, "worst_db"));
         let cells: String = levels
             .map(|w| match (mean.at(w), worst.at(w)) {
@@ -572,7 +599,7 @@ fn verdict_table(points: &[Value], md: &mut String) -> bool {
     let mut all_ahead = true;
     for (m, _) in METHODS
         .iter()
-        .filter(|(m, _)| *m != "flashdiff" && *m != "full")
+        .filter(|(m, _)| *m != "flashdiff" && *m != "full" && ran(points, m))
     {
         let margin = |key: &str| {
             worst_margin(
@@ -630,7 +657,11 @@ fn plot(out: &Path, kind: Kind, points: &[Value]) -> PlotResult {
         .y_desc(format!("{unit} dB"))
         .draw()?;
     let colours = crate::colours();
-    for (i, (m, _)) in METHODS.iter().filter(|(m, _)| *m != "full").enumerate() {
+    for (i, (m, _)) in METHODS
+        .iter()
+        .filter(|(m, _)| *m != "full" && ran(points, m))
+        .enumerate()
+    {
         let c = colours[i % colours.len()];
         // Each curve sampled every 1/400 of the work from its least work.
         let sample = |key: &str| -> Vec<(f64, f64)> {

@@ -128,6 +128,10 @@ pub(crate) struct BenchArgs {
     /// 64, 8 with --quick).
     #[arg(long, value_parser = ["curve"])]
     pub(crate) study: Option<String>,
+    /// With --study curve: run only these methods (comma-separated names of the study's
+    /// rows, e.g. flashdiff,teacache); full computation always runs as the reference.
+    #[arg(long, requires = "study", value_delimiter = ',')]
+    pub(crate) methods: Vec<String>,
     /// Held-out prompts.
     #[arg(long, value_parser = clap::value_parser!(u32).range(1..=10_000))]
     pub(crate) prompts: Option<u32>,

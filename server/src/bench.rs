@@ -55,7 +55,8 @@ pub(crate) fn bench(a: BenchArgs) -> Result<(), String> {
                 (None, false, _) => 64,
             };
             let cfg = flashdiff_bench::BenchConfig { prompts, ..cfg };
-            flashdiff_bench::curve::run(&mut engine, &cfg, &out, &mut progress)
+            let only = (!a.methods.is_empty()).then_some(&a.methods[..]);
+            flashdiff_bench::curve::run(&mut engine, &cfg, only, &out, &mut progress)
         }
         Kind::Image if a.only.is_some() => {
             flashdiff_bench::wall_time(&engine, &cfg, &out, &mut progress)

@@ -728,6 +728,62 @@ fn bench_only_wall_time_runs_that_study_alone() {
     assert!(err.contains("image models only"), "{err}");
 }
 
+/// `bench --study curve --methods` runs the named methods beside full computation and no
+/// others (each forecasting method at both orders); an unknown name is refused with the
+/// study's names, and `--methods` needs `--study`.
+#[test]
+fn the_curve_study_runs_only_the_methods_asked_for() {
+    let dir = std::env::temp_dir().join(format!("flashdiff-curve-only-{}", std::process::id()));
+    let study = |methods: &str| {
+        let mut c = flashdiff();
+        c.args(["bench", "--study", "curve", "--methods", methods])
+            .args([
+                "--prompts",
+                "1",
+                "--steps",
+                "6",
+                "--warmup",
+                "2",
+                "--out-dir",
+            ])
+            .arg(&dir);
+        c
+    };
+    succeeds_with(&mut study("teacache"), &["| teacache |"]);
+    let doc: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("curve.json")).unwrap()).unwrap();
+    let points = doc["points"].as_array().unwrap();
+    let methods: std::collections::BTreeSet<&str> = points
+        .iter()
+        .map(|p| p["method"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        methods.into_iter().collect::<Vec<_>>(),
+        ["full", "teacache"]
+    );
+    let second = points
+        .iter()
+        .filter(|p| p["setting"].as_str().unwrap().ends_with("order 2"))
+        .count();
+    assert!(second > 0 && second < points.len() - 1, "{points:?}");
+    let report = std::fs::read_to_string(dir.join("report.md")).unwrap();
+    assert!(!report.contains("| ras |"), "{report}");
+    std::fs::remove_dir_all(&dir).ok();
+    let out = study("teacache,bogus").output().unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("\"bogus\"") && err.contains("flashdiff-budget"),
+        "{err}"
+    );
+    let out = flashdiff()
+        .args(["bench", "--methods", "teacache"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--study"));
+}
+
 /// `serve` streams: a request starts when its line arrives and its result is written when
 /// it finishes, while the input is still open.
 #[test]
