@@ -56,7 +56,69 @@ pub(crate) struct Shards {
 }
 
 /// Where a layout keeps each of a model's tensors ([`Source`] of the model's name).
-pub(crate) type Mapping = Box<dyn Fn(&str) -> Source + Send + Sync>;
+pub(crate) type Mapping = Arc<dyn Fn(&str) -> Source + Send + Sync>;
+
+/// A checkpoint's tensors under a model's own names: its files and where its layout keeps
+/// each tensor (one tensor, several concatenated, a part of a fused one, halves swapped, a
+/// vector kept as a matrix). What the transformer checkpoints (`FluxCheckpoint`,
+/// `MmditCheckpoint`, `WanCheckpoint`, `SaoCheckpoint`) read their sizes and weights from.
+#[derive(Clone)]
+pub struct MappedWeights {
+    files: Arc<Shards>,
+    map: Mapping,
+}
+
+impl std::fmt::Debug for MappedWeights {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MappedWeights")
+            .field("files", &self.files)
+            .finish_non_exhaustive()
+    }
+}
+
+impl MappedWeights {
+    pub(crate) fn new(files: Shards, map: impl Fn(&str) -> Source + Send + Sync + 'static) -> Self {
+        Self {
+            files: Arc::new(files),
+            map: Arc::new(map),
+        }
+    }
+
+    /// Shape of the model's tensor `name`, if the checkpoint has it.
+    pub fn shape(&self, name: &str) -> Option<Vec<usize>> {
+        self.files.shape(&(self.map)(name))
+    }
+
+    /// The shape of the model's tensor `name`, which must have `rank` dimensions (reading a
+    /// model's sizes); `what` names the checkpoint and layout in the error.
+    pub(crate) fn need(
+        &self,
+        name: &str,
+        rank: usize,
+        what: &str,
+    ) -> Result<Vec<usize>, ModelError> {
+        self.files.need(&(self.map)(name), name, rank, what)
+    }
+
+    /// The checkpoint as candle's `VarBuilder` under the model's own names, the layout's
+    /// mapping applied; linear layers' weights in `compute` (F32, BF16 or F16, read in that
+    /// dtype where the file stores it so), every other tensor f32.
+    pub fn var_builder(&self, compute: DType, dev: &Device) -> VarBuilder<'static> {
+        var_builder(
+            self.files.clone(),
+            self.map.clone(),
+            compute,
+            Dtypes::Linear,
+            dev,
+        )
+    }
+
+    /// The model's tensor `name` checked against `shape`, in f32, on `dev`. A missing or
+    /// mis-shaped tensor is an error that names the checkpoint's key and both shapes.
+    pub fn tensor(&self, name: &str, shape: &[usize], dev: &Device) -> Result<Tensor, ModelError> {
+        getter(&self.var_builder(DType::F32, dev))(name, shape)
+    }
+}
 
 /// How a [`VarBuilder`] over a checkpoint hands out dtypes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -161,9 +223,14 @@ pub fn var_builder_from<'a>(
     VarBuilder::from_backend(Box::new(Made(get)), DType::F32, dev.clone())
 }
 
+/// `files` as an f32 `VarBuilder` under the names they hold.
+pub(crate) fn f32_builder(files: Arc<Shards>, dev: &Device) -> VarBuilder<'static> {
+    var_builder(files, same_names(), DType::F32, Dtypes::All, dev)
+}
+
 /// A layout that keeps every tensor under the model's own name.
 pub(crate) fn same_names() -> Mapping {
-    Box::new(|n: &str| Source::One(n.into()))
+    Arc::new(|n: &str| Source::One(n.into()))
 }
 
 /// Where the weights come from inside a model's loader: tensor `name` of `shape` from the

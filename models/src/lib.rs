@@ -38,7 +38,7 @@ pub mod tinyflux;
 pub mod wan;
 mod weights;
 
-pub use checkpoint::var_builder_from;
+pub use checkpoint::{var_builder_from, MappedWeights};
 pub use tinydit::{synthesize, unpatchify, AudioSpec, Config, TinyDit};
 pub use weights::{Weights, WeightsError};
 

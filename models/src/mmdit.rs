@@ -18,9 +18,7 @@
 use candle_core::{IndexOp, Tensor};
 use candle_nn::VarBuilder;
 
-use std::sync::Arc;
-
-use crate::checkpoint::{Mapping, Shards, Source};
+use crate::checkpoint::{MappedWeights, Shards, Source};
 use crate::joint::TensorSource;
 use crate::joint::{
     affine, check_rows, check_text_cache, layer_norm, lin, rms, text_context, Attention, Embedder,
@@ -599,7 +597,7 @@ pub enum MmditLayout {
 /// One or more safetensors files holding an SD3 / SD3.5 transformer.
 #[derive(Debug)]
 pub struct MmditCheckpoint {
-    files: Arc<Shards>,
+    weights: MappedWeights,
     layout: MmditLayout,
     /// Joint blocks (the last block's text modulation is stored differently).
     depth: usize,
@@ -618,19 +616,20 @@ impl MmditCheckpoint {
             None => MmditLayout::Diffusers,
             Some(prefix) => MmditLayout::Stability { prefix },
         };
-        let mut ck = Self {
-            files: Arc::new(files),
-            layout,
-            depth: 0,
-        };
-        ck.depth = (0..)
+        // Counted before the mapping is known: a block's first norm is named alike in every
+        // block of either layout.
+        let depth = (0..)
             .take_while(|i| {
-                ck.files
-                    .shape(&ck.source(&format!("transformer_blocks.{i}.norm1.linear.weight")))
-                    .is_some()
+                let name = format!("transformer_blocks.{i}.norm1.linear.weight");
+                files.shape(&layout_source(&layout, 0, &name)).is_some()
             })
             .count();
-        Ok(ck)
+        let named = layout.clone();
+        Ok(Self {
+            weights: MappedWeights::new(files, move |name| layout_source(&named, depth, name)),
+            layout,
+            depth,
+        })
     }
 
     /// The layout found.
@@ -638,45 +637,10 @@ impl MmditCheckpoint {
         &self.layout
     }
 
-    fn source(&self, name: &str) -> Source {
-        layout_source(&self.layout, self.depth, name)
-    }
-
-    /// Where this checkpoint keeps each of the transformer's tensors.
-    fn mapping(&self) -> Mapping {
-        let (layout, depth) = (self.layout.clone(), self.depth);
-        Box::new(move |name| layout_source(&layout, depth, name))
-    }
-
-    fn shape(&self, name: &str) -> Option<Vec<usize>> {
-        self.files.shape(&self.source(name))
-    }
-
-    /// The checkpoint as candle's `VarBuilder` under the model's own names (diffusers'), this
-    /// layout's mapping applied (tensors concatenated, split or reordered as the layout keeps
-    /// them); linear layers' weights in `compute` (F32, BF16 or F16), every other tensor f32.
-    pub fn var_builder(
-        &self,
-        compute: candle_core::DType,
-        dev: &candle_core::Device,
-    ) -> candle_nn::VarBuilder<'static> {
-        crate::checkpoint::var_builder(
-            self.files.clone(),
-            self.mapping(),
-            compute,
-            crate::checkpoint::Dtypes::Linear,
-            dev,
-        )
-    }
-
-    /// Tensor `name` (diffusers' name) checked against `shape`, on `dev`.
-    pub fn tensor(
-        &self,
-        name: &str,
-        shape: &[usize],
-        dev: &candle_core::Device,
-    ) -> Result<Tensor, ModelError> {
-        crate::checkpoint::getter(&self.var_builder(candle_core::DType::F32, dev))(name, shape)
+    /// The checkpoint's tensors under the transformer's own names (diffusers'):
+    /// [`MappedWeights::var_builder`] is candle's `VarBuilder` over them.
+    pub fn weights(&self) -> &MappedWeights {
+        &self.weights
     }
 
     /// The architecture, from the tensors' shapes. The head count comes from the Q/K norms'
@@ -684,7 +648,7 @@ impl MmditCheckpoint {
     /// released SD3.
     pub fn config(&self, heads: Option<usize>) -> Result<MmditConfig, ModelError> {
         let what = format!("SD3 checkpoint, {:?} layout", self.layout);
-        let need = |n: &str, rank: usize| self.files.need(&self.source(n), n, rank, &what);
+        let need = |n: &str, rank: usize| self.weights.need(n, rank, &what);
         let proj = need("pos_embed.proj.weight", 4)?;
         let (hidden, in_channels, patch) = (proj[0], proj[1], proj[2]);
         let cells = need("pos_embed.pos_embed", 3)?[1];
@@ -694,7 +658,9 @@ impl MmditCheckpoint {
                 "SD3 checkpoint: {cells} learned positions are not a square grid"
             )));
         }
-        let qk = self.shape("transformer_blocks.0.attn.norm_q.weight");
+        let qk = self
+            .weights
+            .shape("transformer_blocks.0.attn.norm_q.weight");
         let head_dim = match (&qk, heads) {
             (Some(s), _) => s[0],
             (None, Some(h)) if h > 0 => hidden / h,
@@ -718,7 +684,8 @@ impl MmditCheckpoint {
             qk_norm: qk.is_some(),
             dual: (0..self.depth)
                 .filter(|i| {
-                    self.shape(&format!("transformer_blocks.{i}.attn2.to_q.weight"))
+                    self.weights
+                        .shape(&format!("transformer_blocks.{i}.attn2.to_q.weight"))
                         .is_some()
                 })
                 .collect(),
@@ -747,7 +714,7 @@ impl MmditCheckpoint {
         dev: &candle_core::Device,
     ) -> Result<Mmdit, ModelError> {
         crate::checkpoint::dtype_for("", &[], compute)?;
-        let vb = self.var_builder(compute, dev);
+        let vb = self.weights.var_builder(compute, dev);
         Mmdit::load(self.config(heads)?, &vb)
     }
 }

@@ -423,7 +423,7 @@ pub enum SaoLayout {
 /// The DiT of a Stable Audio checkpoint, in either layout.
 #[derive(Debug)]
 pub struct SaoCheckpoint {
-    files: std::sync::Arc<crate::checkpoint::Shards>,
+    weights: crate::MappedWeights,
     layout: SaoLayout,
 }
 
@@ -446,8 +446,9 @@ impl SaoCheckpoint {
                 path.display()
             )));
         };
+        let named = layout.clone();
         Ok(Self {
-            files: std::sync::Arc::new(files),
+            weights: crate::MappedWeights::new(files, move |name| layout_source(&named, name)),
             layout,
         })
     }
@@ -457,38 +458,17 @@ impl SaoCheckpoint {
         &self.layout
     }
 
-    fn source(&self, name: &str) -> crate::checkpoint::Source {
-        layout_source(&self.layout, name)
-    }
-
-    /// Where this checkpoint keeps each of the DiT's tensors.
-    fn mapping(&self) -> crate::checkpoint::Mapping {
-        let layout = self.layout.clone();
-        Box::new(move |name| layout_source(&layout, name))
-    }
-
-    /// The checkpoint as candle's `VarBuilder` under the model's own names (diffusers'), this
-    /// layout's mapping applied (tensors concatenated, split or reordered as the layout keeps
-    /// them); linear layers' weights in `compute` (F32, BF16 or F16), every other tensor f32.
-    pub fn var_builder(
-        &self,
-        compute: candle_core::DType,
-        dev: &candle_core::Device,
-    ) -> candle_nn::VarBuilder<'static> {
-        crate::checkpoint::var_builder(
-            self.files.clone(),
-            self.mapping(),
-            compute,
-            crate::checkpoint::Dtypes::Linear,
-            dev,
-        )
+    /// The checkpoint's tensors under the transformer's own names (diffusers'):
+    /// [`MappedWeights::var_builder`] is candle's `VarBuilder` over them.
+    pub fn weights(&self) -> &crate::MappedWeights {
+        &self.weights
     }
 
     /// The architecture, from the tensors' shapes; heads of `head_dim` (the released model:
     /// [`SAO_HEAD_DIM`]).
     pub fn config(&self, head_dim: usize) -> Result<SaoConfig, ModelError> {
         let what = format!("Stable Audio DiT, {:?} layout", self.layout);
-        let need = |n: &str, rank: usize| self.files.need(&self.source(n), n, rank, &what);
+        let need = |n: &str, rank: usize| self.weights.need(n, rank, &what);
         let c = need("preprocess_conv.weight", 3)?[0];
         let proj_in = need("proj_in.weight", 2)?;
         let h = proj_in[0];
@@ -496,8 +476,8 @@ impl SaoCheckpoint {
         let cross = need("cross_attention_proj.0.weight", 2)?;
         let depth = (0..)
             .take_while(|i| {
-                self.files
-                    .shape(&self.source(&format!("transformer_blocks.{i}.norm1.weight")))
+                self.weights
+                    .shape(&format!("transformer_blocks.{i}.norm1.weight"))
                     .is_some()
             })
             .count();
@@ -534,7 +514,7 @@ impl SaoCheckpoint {
         dev: &candle_core::Device,
     ) -> Result<Sao, ModelError> {
         crate::checkpoint::dtype_for("", &[], compute)?;
-        let vb = self.var_builder(compute, dev);
+        let vb = self.weights.var_builder(compute, dev);
         Sao::load(self.config(head_dim)?, &vb)
     }
 }

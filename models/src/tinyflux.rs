@@ -16,7 +16,7 @@ use std::sync::Arc;
 use candle_core::{DType, Device, Tensor};
 use serde::Deserialize;
 
-use crate::checkpoint::{same_names, var_builder, Dtypes, Shards};
+use crate::checkpoint::{f32_builder, Shards};
 use crate::flux::{FluxCheckpoint, FluxDenoiser};
 use crate::joint_denoiser::{EncodedPrompt, JointDenoiser, LatentDecoder, PromptEncoder};
 use crate::scene;
@@ -96,13 +96,7 @@ impl TinyFluxText {
             ))
             .into());
         }
-        let vb = var_builder(
-            Arc::new(Shards::one(w)),
-            same_names(),
-            DType::F32,
-            Dtypes::All,
-            device,
-        );
+        let vb = f32_builder(Arc::new(Shards::one(w)), device);
         let tower = TextTower::load(
             &vb,
             TextNames {

@@ -13,7 +13,7 @@
 use candle_core::{IndexOp, Tensor};
 use candle_nn::VarBuilder;
 
-use crate::checkpoint::{Shards, Source};
+use crate::checkpoint::{MappedWeights, Shards, Source};
 use crate::joint::{affine, check_rows, layer_norm, lin, rope, rope_table, Attention, Lin, Pass};
 pub use crate::joint::{JointOutput, Rows};
 use crate::joint_denoiser::{JointDenoiser, JointModel, PixelIndex};
@@ -392,7 +392,7 @@ pub enum WanLayout {
 /// One or more safetensors files holding a Wan2.1 transformer.
 #[derive(Debug)]
 pub struct WanCheckpoint {
-    files: std::sync::Arc<Shards>,
+    weights: MappedWeights,
     layout: WanLayout,
 }
 
@@ -409,8 +409,9 @@ impl WanCheckpoint {
             None => WanLayout::Diffusers,
             Some(prefix) => WanLayout::Official { prefix },
         };
+        let named = layout.clone();
         Ok(Self {
-            files: std::sync::Arc::new(files),
+            weights: MappedWeights::new(files, move |name| layout_source(&named, name)),
             layout,
         })
     }
@@ -420,52 +421,17 @@ impl WanCheckpoint {
         &self.layout
     }
 
-    fn source(&self, name: &str) -> Source {
-        layout_source(&self.layout, name)
-    }
-
-    /// Where this checkpoint keeps each of the transformer's tensors.
-    fn mapping(&self) -> crate::checkpoint::Mapping {
-        let layout = self.layout.clone();
-        Box::new(move |name| layout_source(&layout, name))
-    }
-
-    fn shape(&self, name: &str) -> Option<Vec<usize>> {
-        self.files.shape(&self.source(name))
-    }
-
-    /// The checkpoint as candle's `VarBuilder` under the model's own names (diffusers'), this
-    /// layout's mapping applied (tensors concatenated, split or reordered as the layout keeps
-    /// them); linear layers' weights in `compute` (F32, BF16 or F16), every other tensor f32.
-    pub fn var_builder(
-        &self,
-        compute: candle_core::DType,
-        dev: &candle_core::Device,
-    ) -> candle_nn::VarBuilder<'static> {
-        crate::checkpoint::var_builder(
-            self.files.clone(),
-            self.mapping(),
-            compute,
-            crate::checkpoint::Dtypes::Linear,
-            dev,
-        )
-    }
-
-    /// Tensor `name` (diffusers' name) checked against `shape`, on `dev`.
-    pub fn tensor(
-        &self,
-        name: &str,
-        shape: &[usize],
-        dev: &candle_core::Device,
-    ) -> Result<Tensor, ModelError> {
-        crate::checkpoint::getter(&self.var_builder(candle_core::DType::F32, dev))(name, shape)
+    /// The checkpoint's tensors under the transformer's own names (diffusers'):
+    /// [`MappedWeights::var_builder`] is candle's `VarBuilder` over them.
+    pub fn weights(&self) -> &MappedWeights {
+        &self.weights
     }
 
     /// The architecture, from the tensors' shapes; the head count cannot be read from them
     /// (Q/K norms span every head): `heads`, or heads of 128 as in every released Wan2.1.
     pub fn config(&self, heads: Option<usize>) -> Result<WanConfig, ModelError> {
         let what = format!("Wan checkpoint, {:?} layout", self.layout);
-        let need = |n: &str, rank: usize| self.files.need(&self.source(n), n, rank, &what);
+        let need = |n: &str, rank: usize| self.weights.need(n, rank, &what);
         let conv = need("patch_embedding.weight", 5)?;
         let (hidden, in_channels, patch) = (conv[0], conv[1], [conv[2], conv[3], conv[4]]);
         let heads = heads.unwrap_or(hidden / 128).max(1);
@@ -476,7 +442,8 @@ impl WanCheckpoint {
         }
         let depth = (0..)
             .take_while(|i| {
-                self.shape(&format!("blocks.{i}.attn1.to_q.weight"))
+                self.weights
+                    .shape(&format!("blocks.{i}.attn1.to_q.weight"))
                     .is_some()
             })
             .count();
@@ -490,7 +457,7 @@ impl WanCheckpoint {
             ffn_dim: need("blocks.0.ffn.net.0.proj.weight", 2)?[0],
             text_dim: need("condition_embedder.text_embedder.linear_1.weight", 2)?[1],
             freq_dim: need("condition_embedder.time_embedder.linear_1.weight", 2)?[1],
-            cross_attn_norm: self.shape("blocks.0.norm2.weight").is_some(),
+            cross_attn_norm: self.weights.shape("blocks.0.norm2.weight").is_some(),
         };
         cfg.validate()?;
         Ok(cfg)
@@ -510,7 +477,7 @@ impl WanCheckpoint {
         dev: &candle_core::Device,
     ) -> Result<Wan, ModelError> {
         crate::checkpoint::dtype_for("", &[], compute)?;
-        let vb = self.var_builder(compute, dev);
+        let vb = self.weights.var_builder(compute, dev);
         Wan::load(self.config(heads)?, &vb)
     }
 }

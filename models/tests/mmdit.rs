@@ -6,7 +6,6 @@ use std::path::Path;
 
 use candle_core::{Device, Tensor};
 use flashdiff_models::mmdit::{Mmdit, MmditConfig, Rows};
-use flashdiff_models::var_builder_from;
 use flashdiff_models::{ModelError, Weights};
 
 mod common;
@@ -31,13 +30,7 @@ fn config(sd35: bool) -> MmditConfig {
 }
 
 fn load(w: &Weights, cfg: MmditConfig) -> Result<Mmdit, ModelError> {
-    Mmdit::load(
-        cfg,
-        &var_builder_from(
-            |n: &str, s: &[usize]| Ok(w.tensor(n, s, &Device::Cpu)?),
-            &Device::Cpu,
-        ),
-    )
+    Mmdit::load(cfg, &common::vb(w))
 }
 
 struct Ready {

@@ -103,15 +103,7 @@ fn bad_latents_and_configs_are_errors() {
         channel_multiples: vec![1, 2],
         ..config()
     };
-    let e = Oobleck::load(
-        bad,
-        &var_builder_from(
-            |n: &str, s: &[usize]| Ok(g.tensor(n, s, &Device::Cpu)?),
-            &Device::Cpu,
-        ),
-    )
-    .unwrap_err()
-    .to_string();
+    let e = Oobleck::load(bad, &common::vb(&g)).unwrap_err().to_string();
     assert!(e.contains("as many strides"), "{e}");
     // A missing tensor names itself.
     let e = Oobleck::load(

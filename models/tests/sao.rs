@@ -29,14 +29,7 @@ fn config() -> SaoConfig {
 #[test]
 fn full_forward_equals_diffusers_and_the_subset_forward_equals_its_rows() {
     let w = common::golden("sao_golden");
-    let m = Sao::load(
-        config(),
-        &var_builder_from(
-            |n: &str, s: &[usize]| Ok(w.tensor(n, s, &Device::Cpu)?),
-            &Device::Cpu,
-        ),
-    )
-    .unwrap();
+    let m = Sao::load(config(), &common::vb(&w)).unwrap();
     let ctx = m
         .context(&t(&w, "golden.enc"), &t(&w, "golden.global"))
         .unwrap();

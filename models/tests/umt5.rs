@@ -27,15 +27,7 @@ fn encoder_equals_transformers_umt5() {
         (cfg.num_layers, cfg.relative_attention_num_buckets),
         (3, 16)
     );
-    let m = Umt5Encoder::load(
-        cfg,
-        &var_builder_from(
-            |n: &str, s: &[usize]| Ok(g.tensor(n, s, &Device::Cpu)?),
-            &Device::Cpu,
-        ),
-        &Device::Cpu,
-    )
-    .unwrap();
+    let m = Umt5Encoder::load(cfg, &common::vb(&g), &Device::Cpu).unwrap();
     let ids: Vec<u32> = g
         .get_i64("golden.ids")
         .unwrap()

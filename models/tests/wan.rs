@@ -32,14 +32,7 @@ fn config() -> WanConfig {
 #[test]
 fn full_forward_equals_diffusers_and_the_subset_forward_equals_its_rows() {
     let w = common::golden("wan_golden");
-    let m = Wan::load(
-        config(),
-        &var_builder_from(
-            |n: &str, s: &[usize]| Ok(w.tensor(n, s, &Device::Cpu)?),
-            &Device::Cpu,
-        ),
-    )
-    .unwrap();
+    let m = Wan::load(config(), &common::vb(&w)).unwrap();
     assert_eq!(m.config().axes_dim(), [4, 4, 4]);
     let ctx = m.context(&t(&w, "golden.txt")).unwrap();
     let time = t(&w, "golden.t").to_vec1::<f32>().unwrap()[0];

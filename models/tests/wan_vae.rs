@@ -6,7 +6,6 @@ mod common;
 
 use candle_core::Device;
 use flashdiff_models::pipeline::wan_vae::{WanVae, WanVaeConfig};
-use flashdiff_models::var_builder_from;
 
 use common::{max_diff, t};
 
@@ -23,14 +22,7 @@ fn config() -> WanVaeConfig {
 #[test]
 fn decoder_equals_diffusers_wan_vae() {
     let g = common::golden("wan_vae_golden");
-    let m = WanVae::load(
-        config(),
-        &var_builder_from(
-            |n: &str, s: &[usize]| Ok(g.tensor(n, s, &Device::Cpu)?),
-            &Device::Cpu,
-        ),
-    )
-    .unwrap();
+    let m = WanVae::load(config(), &common::vb(&g)).unwrap();
     let want = t(&g, "golden.video");
     assert_eq!(
         want.dims(),
@@ -48,14 +40,6 @@ fn decoder_equals_diffusers_wan_vae() {
         latents_std: vec![1.0; 3],
         ..config()
     };
-    let e = WanVae::load(
-        bad,
-        &var_builder_from(
-            |n: &str, s: &[usize]| Ok(g.tensor(n, s, &Device::Cpu)?),
-            &Device::Cpu,
-        ),
-    )
-    .unwrap_err()
-    .to_string();
+    let e = WanVae::load(bad, &common::vb(&g)).unwrap_err().to_string();
     assert!(e.contains("one value per latent channel"), "{e}");
 }

@@ -7,12 +7,11 @@
 //! final layer's modulation is stored as (scale, shift) there and (shift, scale) here).
 
 use std::path::Path;
-use std::sync::Arc;
 
-use candle_core::{DType, Device, Tensor};
+use candle_core::{DType, Device};
 
 use super::{Flux, FluxConfig};
-use crate::checkpoint::{dtype_for, Mapping, Shards, Source};
+use crate::checkpoint::{dtype_for, MappedWeights, Shards, Source};
 use crate::ModelError;
 
 /// How a checkpoint names its tensors.
@@ -30,7 +29,7 @@ pub enum FluxLayout {
 /// One or more safetensors files holding a FLUX transformer.
 #[derive(Debug)]
 pub struct FluxCheckpoint {
-    files: Arc<Shards>,
+    weights: MappedWeights,
     layout: FluxLayout,
 }
 
@@ -48,8 +47,9 @@ impl FluxCheckpoint {
             None => FluxLayout::Diffusers,
             Some(prefix) => FluxLayout::Bfl { prefix },
         };
+        let named = layout.clone();
         Ok(Self {
-            files: Arc::new(files),
+            weights: MappedWeights::new(files, move |name| layout_source(&named, name)),
             layout,
         })
     }
@@ -59,55 +59,25 @@ impl FluxCheckpoint {
         &self.layout
     }
 
-    fn source(&self, name: &str) -> Source {
-        layout_source(&self.layout, name)
-    }
-
-    /// Where this checkpoint keeps each of the transformer's tensors.
-    fn mapping(&self) -> Mapping {
-        let layout = self.layout.clone();
-        Box::new(move |name| layout_source(&layout, name))
-    }
-
-    /// Shape of a tensor under its Black Forest Labs name, if present.
-    fn shape(&self, name: &str) -> Option<Vec<usize>> {
-        self.files.shape(&self.source(name))
-    }
-
-    /// The checkpoint as candle's `VarBuilder` under the model's own names (Black Forest Labs'), this
-    /// layout's mapping applied (tensors concatenated, split or reordered as the layout keeps
-    /// them); linear layers' weights in `compute` (F32, BF16 or F16), every other tensor f32.
-    pub fn var_builder(
-        &self,
-        compute: candle_core::DType,
-        dev: &candle_core::Device,
-    ) -> candle_nn::VarBuilder<'static> {
-        crate::checkpoint::var_builder(
-            self.files.clone(),
-            self.mapping(),
-            compute,
-            crate::checkpoint::Dtypes::Linear,
-            dev,
-        )
-    }
-
-    /// Tensor `name` (Black Forest Labs' name) checked against `shape`, on `dev`. A missing
-    /// or mis-shaped tensor is an error that names the checkpoint's key and both shapes.
-    pub fn tensor(&self, name: &str, shape: &[usize], dev: &Device) -> Result<Tensor, ModelError> {
-        crate::checkpoint::getter(&self.var_builder(candle_core::DType::F32, dev))(name, shape)
+    /// The checkpoint's tensors under the transformer's own names (Black Forest Labs'):
+    /// [`MappedWeights::var_builder`] is candle's `VarBuilder` over them.
+    pub fn weights(&self) -> &MappedWeights {
+        &self.weights
     }
 
     /// The architecture, from the tensors' shapes. `axes_dim` sets the RoPE split of a head
     /// (default: FLUX.1's 16/56/56, which needs heads of 128).
     pub fn config(&self, axes_dim: Option<[usize; 3]>) -> Result<FluxConfig, ModelError> {
         let what = format!("FLUX checkpoint, {:?} layout", self.layout);
-        let need = |n: &str, rank: usize| self.files.need(&self.source(n), n, rank, &what);
+        let need = |n: &str, rank: usize| self.weights.need(n, rank, &what);
         let img_in = need("img_in.weight", 2)?;
         let (hidden, in_channels) = (img_in[0], img_in[1]);
         let head_dim = need("double_blocks.0.img_attn.norm.query_norm.scale", 1)?[0];
         let mlp = need("double_blocks.0.img_mlp.0.weight", 2)?[0];
         let count = |f: &dyn Fn(usize) -> String| {
-            (0..).take_while(|&i| self.shape(&f(i)).is_some()).count()
+            (0..)
+                .take_while(|&i| self.weights.shape(&f(i)).is_some())
+                .count()
         };
         let depth = count(&|i| format!("double_blocks.{i}.img_mod.lin.weight"));
         let depth_single = count(&|i| format!("single_blocks.{i}.modulation.lin.weight"));
@@ -137,8 +107,11 @@ impl FluxCheckpoint {
             depth_single,
             axes_dim,
             theta: 10_000.0,
-            qkv_bias: self.shape("double_blocks.0.img_attn.qkv.bias").is_some(),
-            guidance_embed: self.shape("guidance_in.in_layer.weight").is_some(),
+            qkv_bias: self
+                .weights
+                .shape("double_blocks.0.img_attn.qkv.bias")
+                .is_some(),
+            guidance_embed: self.weights.shape("guidance_in.in_layer.weight").is_some(),
         };
         cfg.validate()?;
         Ok(cfg)
@@ -161,7 +134,7 @@ impl FluxCheckpoint {
     ) -> Result<Flux, ModelError> {
         dtype_for("", &[], compute)?;
         let cfg = self.config(axes_dim)?;
-        let vb = self.var_builder(compute, dev);
+        let vb = self.weights.var_builder(compute, dev);
         Flux::load(cfg, &vb)
     }
 }

@@ -29,7 +29,7 @@ use candle_core::{DType, Device, Tensor};
 
 use super::oobleck::Oobleck;
 use super::text::{config, T5Text};
-use crate::checkpoint::{getter, same_names, var_builder, Dtypes, Shards, Source};
+use crate::checkpoint::{f32_builder, getter, Shards, Source};
 use crate::joint::{lin, Lin};
 use crate::joint_denoiser::{EncodedPrompt, PromptEncoder, Schedule};
 use crate::sao::SaoCheckpoint;
@@ -113,7 +113,7 @@ impl SaoText {
             )));
         }
         let files = Arc::new(Shards::open(&pdir)?);
-        let vb = var_builder(files.clone(), same_names(), DType::F32, Dtypes::All, dev);
+        let vb = f32_builder(files.clone(), dev);
         let get = getter(&vb);
         let number = |p: &str| -> Result<NumberEmbedder, ModelError> {
             let e = format!("{p}.time_positional_embedding");
@@ -167,7 +167,7 @@ impl SaoText {
         dev: &Device,
     ) -> Result<Self, ModelError> {
         let files = Arc::new(Shards::open(&r.file)?);
-        let vb = var_builder(files.clone(), same_names(), DType::F32, Dtypes::All, dev);
+        let vb = f32_builder(files.clone(), dev);
         let get = getter(&vb);
         let number = |id: &str| -> Result<NumberEmbedder, ModelError> {
             let e = format!("conditioner.conditioners.{id}.embedder.embedding");

@@ -14,7 +14,7 @@ use candle_core::{DType, Device, Tensor};
 use candle_nn::VarBuilder;
 
 use crate::checkpoint::TensorSource;
-use crate::checkpoint::{same_names, var_builder, Dtypes, Shards, Source};
+use crate::checkpoint::{f32_builder, var_builder, Dtypes, Shards, Source};
 use crate::ModelError;
 
 /// What we read of diffusers' `vae/config.json` (`AutoencoderOobleck`).
@@ -265,7 +265,7 @@ impl Oobleck {
         };
         if vae.is_dir() && !official.is_file() {
             let files = Arc::new(Shards::open(&vae)?);
-            let vb = var_builder(files, same_names(), DType::F32, Dtypes::All, dev);
+            let vb = f32_builder(files, dev);
             return Self::load(cfg, &vb);
         }
         if !official.is_file() {
@@ -286,7 +286,7 @@ impl Oobleck {
                 Source::One(key)
             }
         };
-        let vb = var_builder(files, Box::new(map), DType::F32, Dtypes::All, dev);
+        let vb = var_builder(files, Arc::new(map), DType::F32, Dtypes::All, dev);
         Self::load(cfg, &vb)
     }
 

@@ -13,11 +13,11 @@
 
 use std::path::Path;
 
-use candle_core::{DType, Device, Tensor};
+use candle_core::{Device, Tensor};
 use candle_nn::VarBuilder;
 
 use crate::checkpoint::TensorSource;
-use crate::checkpoint::{same_names, var_builder, Dtypes, Shards};
+use crate::checkpoint::{f32_builder, Shards};
 use crate::ModelError;
 
 /// What we read of `vae/config.json` (`AutoencoderKLWan`).
@@ -387,7 +387,7 @@ impl WanVae {
         }
         let cfg: WanVaeConfig = super::text::config(&vae)?;
         let files = std::sync::Arc::new(Shards::open(&vae)?);
-        let vb = var_builder(files, same_names(), DType::F32, Dtypes::All, dev);
+        let vb = f32_builder(files, dev);
         Ok(Some(Self::load(cfg, &vb)?))
     }
 

@@ -14,7 +14,7 @@ mod text;
 pub use decode::{synthesize, unpatchify};
 pub(crate) use text::{TextNames, TextSizes, TextTower};
 
-use crate::checkpoint::{read_error, same_names, var_builder, Dtypes, Shards};
+use crate::checkpoint::{f32_builder, read_error, Shards};
 use crate::joint_denoiser::Schedule;
 use crate::scene;
 use crate::weights::{Weights, WeightsError};
@@ -353,13 +353,7 @@ impl TinyDit {
             Kind::Audio => Some(parse_audio(&w, cfg.channels)?),
             _ => None,
         };
-        let vb = var_builder(
-            Arc::new(Shards::one(w)),
-            same_names(),
-            DType::F32,
-            Dtypes::All,
-            device,
-        );
+        let vb = f32_builder(Arc::new(Shards::one(w)), device);
         let l = Loader { vb: &vb };
         let (d, h) = (cfg.d, cfg.d * cfg.mlp_ratio);
         let text = TextTower::load(

@@ -17,6 +17,14 @@ pub fn golden(name: &str) -> Weights {
     Weights::open(&reference(name)).unwrap()
 }
 
+/// A golden file's tensors under their own names, as the models' loaders take them.
+pub fn vb(w: &Weights) -> candle_nn::VarBuilder<'_> {
+    flashdiff_models::var_builder_from(
+        |n: &str, s: &[usize]| Ok(w.tensor(n, s, &Device::Cpu)?),
+        &Device::Cpu,
+    )
+}
+
 /// Tensor `n` of a golden file, on the CPU.
 pub fn t(w: &Weights, n: &str) -> Tensor {
     let (s, v) = w.get_any(n).unwrap();
