@@ -26,15 +26,16 @@ pub fn knob_lines(label: &str) -> Vec<String> {
 
 /// A method's curve: its settings, and the knob lines through them. At a work level it
 /// reads the better of its best setting at or below that work (what one setting reaches;
-/// above its most work, its best) and the straight line between the two settings of one
-/// knob line on either side (the quality of the knob values between them, interpolated).
-/// No line joins settings of different knob lines, so adding a knob line, or a setting on
-/// a new one, never lowers the curve, and the curve is never below a measured setting.
+/// above its most work, its best) and the straight line between the two neighbouring
+/// settings of one knob line on either side (the quality of the knob values between them,
+/// interpolated; never across a setting measured between them). No line joins settings of
+/// different knob lines, so adding a knob line, or a setting on a new one, never lowers the
+/// curve, and the curve is never below a measured setting.
 #[derive(Debug, Clone, Default)]
 pub struct Curve {
     /// Every setting nothing cheaper beats ([`frontier`]), by work.
     pub points: Vec<(f64, f64)>,
-    /// Each knob line's settings nothing cheaper on it beats, by work.
+    /// Each knob line's settings, by work (the better one where two share a work).
     pub lines: Vec<Vec<(f64, f64)>>,
 }
 
@@ -51,7 +52,7 @@ impl Curve {
         let lines = names
             .iter()
             .map(|n| {
-                frontier(
+                by_work(
                     ok.iter()
                         .filter(|s| knob_lines(&s.0).contains(n))
                         .map(|s| (s.1, s.2))
@@ -100,6 +101,13 @@ pub fn frontier(mut c: Vec<(f64, f64)>) -> Vec<(f64, f64)> {
         best = best.max(p.1);
         keep
     });
+    c
+}
+
+/// Points by work, one per work (the better).
+fn by_work(mut c: Vec<(f64, f64)>) -> Vec<(f64, f64)> {
+    c.sort_by(|a, b| a.0.total_cmp(&b.0).then(b.1.total_cmp(&a.1)));
+    c.dedup_by(|later, kept| (later.0 - kept.0).abs() < 1e-12);
     c
 }
 
@@ -230,6 +238,25 @@ mod tests {
             ("ε 0.1 K 3", 0.6, 50.0),
         ]);
         assert!((dip.at(0.4).unwrap() - 45.0).abs() < 1e-9);
+        // A knob line is straight between neighbouring settings only: settings measured
+        // worse in between are not skipped over on the way to a far one (a line from the
+        // cheap setting to full computation's capped 99 dB would read 71 dB at work 0.6).
+        let sag = c(&[
+            ("ε 0.3 K 3", 0.34, 53.5),
+            ("ε 0.2 K 3", 0.40, 31.0),
+            ("ε 0.05 K 3", 0.64, 47.0),
+            ("ε 0.02 K 3", 1.0, 99.0),
+        ]);
+        assert!(
+            (sag.at(0.6).unwrap() - 53.5).abs() < 1e-9,
+            "{:?}",
+            sag.at(0.6)
+        );
+        assert!(
+            (sag.at(0.82).unwrap() - 73.0).abs() < 1e-9,
+            "{:?}",
+            sag.at(0.82)
+        );
     }
 
     #[test]
