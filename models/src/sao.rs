@@ -459,7 +459,7 @@ impl SaoCheckpoint {
     }
 
     /// The checkpoint's tensors under the transformer's own names (diffusers'):
-    /// [`MappedWeights::var_builder`] is candle's `VarBuilder` over them.
+    /// [`crate::MappedWeights::var_builder`] is candle's `VarBuilder` over them.
     pub fn weights(&self) -> &crate::MappedWeights {
         &self.weights
     }

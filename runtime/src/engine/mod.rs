@@ -17,13 +17,14 @@
 //!    their cached velocity. When the step's last monotask completes, velocities and K/V are
 //!    committed, the gate is fed each active patch's refinement importance, and
 //!    `x <- x - h v` for the whole latent. Each step is reported as a [`StepEvent`].
-//! 4. Reused values ([`RequestConfig::extrapolate`]). The paper reuses them as last
+//! 4. Reused values ([`RequestConfig::reuse`]). The paper reuses them as last
 //!    computed: other patches' K/V one step stale (more for skipped patches), a skipped
 //!    patch's cached velocity. By default they are forecast along their per-step slope:
 //!    every token's K/V to the coming step (`last + (next - computed_at) * slope`, the raw
 //!    slope with one monotask per step, else averaged over its computations,
 //!    [`KV_SLOPE_SMOOTHING`]) and a skipped patch's velocity to the current step (slope of
-//!    its last two computations).
+//!    its last two computations; with [`Reuse::Extrapolate2`], the parabola through its last
+//!    three).
 //!
 //! Because every monotask reads only start-of-step state, its patches are a function of the
 //! method's decisions and the request's monotask count alone, and the coordinator computes

@@ -39,7 +39,7 @@ pub(super) struct Request {
     pub(super) budget: Option<Budget>,
     /// RAS: cached velocities before the last commit.
     pub(super) ras_prev: Option<Vec<f32>>,
-    /// Extrapolation state ([`RequestConfig::extrapolate`]), from the first commit on.
+    /// Extrapolation state ([`RequestConfig::reuse`]), from the first commit on.
     pub(super) track: Option<Track>,
     /// When its last checkpoint was written.
     pub(super) checkpointed: Option<Instant>,
