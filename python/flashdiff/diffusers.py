@@ -221,20 +221,43 @@ class _Adapter:
         return mask
 
 
-def _forecast(last: Any, slope: Any, last_step: Any, n: int, extrapolate: bool) -> Any:
+def _forecast(last: Any, slope: Any, last_step: Any, n: int, extrapolate: bool,
+              curve: Any = None, gap: Any = None) -> Any:
+    """Rows forecast to step `n` from their last computation: along the slope, plus, with a
+    second-order store's `curve` and `gap`, the parabola through the last three."""
     if not extrapolate:
         return last.clone()
-    gap = (n - last_step).to(last.dtype)
-    return last + gap.view(-1, *([1] * (last.dim() - 1))) * slope
+    shape = (-1, *([1] * (last.dim() - 1)))
+    ahead = (n - last_step).to(last.dtype)
+    out = last + ahead.view(shape) * slope
+    if curve is not None:
+        out = out + (ahead * (ahead + gap.to(last.dtype))).view(shape) * curve
+    return out
 
 
 def _refresh(store: List[Any], pos: Any, fresh: Any, n: int) -> None:
-    """Writes fresh rows at `pos` of a [last, slope, last_step] store, updating slopes."""
-    last, slope, last_step = store
+    """Writes fresh rows at `pos` of a [last, slope, last_step] store, updating slopes; a
+    second-order store ([..., curve, gap]) also keeps the second divided difference (Newton's
+    form, so uneven gaps stay exact for a parabola) and the gap behind the slope."""
+    torch = _torch()
+    last, slope, last_step = store[:3]
+    shape = (-1, *([1] * (fresh.dim() - 1)))
     gap = (n - last_step[pos]).to(fresh.dtype).clamp(min=1)
-    slope[pos] = (fresh - last[pos]) / gap.view(-1, *([1] * (fresh.dim() - 1)))
+    measured = (fresh - last[pos]) / gap.view(shape)
+    if len(store) == 5:
+        curve, before = store[3], store[4]
+        b = before[pos].to(fresh.dtype)
+        to_curve = torch.where(b > 0, 1.0 / (gap + b), torch.zeros_like(b))
+        curve[pos] = (measured - slope[pos]) * to_curve.view(shape)
+        before[pos] = gap.to(before.dtype)
+    slope[pos] = measured
     last[pos] = fresh
     last_step[pos] = n
+
+
+def _vel_forecast(a: "_Adapter", row: "_Row", n: int) -> Any:
+    """Every token's velocity forecast to step `n` at the adapter's `reuse`."""
+    return _forecast(*row.vel[:3], n, a.s["reuse"] != "stale", *row.vel[3:])
 
 
 class _Processor:
@@ -284,7 +307,7 @@ class _Processor:
 
     def keys_values(self, ctx: _Ctx, q: Any, k: Any, v: Any) -> Any:
         torch = _torch()
-        row, n, extrap = ctx.row, ctx.step, self.a.s["reuse"] == "extrapolate"
+        row, n, extrap = ctx.row, ctx.step, self.a.s["reuse"] != "stale"
         k0, v0 = k[0].detach(), v[0].detach()
         if ctx.mode == "record":
             store = row.kv.get(self.name)
@@ -377,7 +400,7 @@ def _forward(self: Any, hidden_states: Any, encoder_hidden_states: Any = None, p
                 a.ctx = ctx
                 o = orig(hidden_states[sl], args[0], args[1], args[2], img_ids, args[3])
                 a.ctx = None
-                _record_velocity(row, o[0].detach(), n)
+                _record_velocity(a, row, o[0].detach(), n)
                 if ctx.want_saliency:
                     h = int(img_ids[:, 1].max().item()) + 1
                     w = int(img_ids[:, 2].max().item()) + 1
@@ -391,10 +414,12 @@ def _forward(self: Any, hidden_states: Any, encoder_hidden_states: Any = None, p
     return _output(out, return_dict)
 
 
-def _record_velocity(row: _Row, v: Any, n: int) -> None:
+def _record_velocity(a: "_Adapter", row: _Row, v: Any, n: int) -> None:
     torch = _torch()
     if row.vel is None:
         row.vel = [v.clone(), torch.zeros_like(v), torch.full((v.shape[0],), n, dtype=torch.long, device=v.device)]
+        if a.s["reuse"] == "extrapolate2":
+            row.vel += [torch.zeros_like(v), torch.zeros((v.shape[0],), dtype=torch.long, device=v.device)]
     else:
         _refresh(row.vel, torch.arange(v.shape[0], device=v.device), v, n)
 
@@ -476,7 +501,6 @@ def _observe(row: _Row, ctx: _Ctx, active: Any, last: bool) -> None:
 
 def _partial(a: _Adapter, call: _Call, row: _Row, hs: Any, img_ids: Any, args: Any, text: int, orig: Any) -> Any:
     n = call.step
-    extrap = a.s["reuse"] == "extrapolate"
     if row.budget is not None:
         _budget_observe(row, _flux_signal(a.transformer, hs, args))
     active, idx, last = _choose(call, row)
@@ -485,7 +509,7 @@ def _partial(a: _Adapter, call: _Call, row: _Row, hs: Any, img_ids: Any, args: A
     if idx is None:
         # Nothing at its budget: every token advances on its forecast velocity.
         row.computed.append(0)
-        vel = _forecast(row.vel[0], row.vel[1], row.vel[2], n, extrap)
+        vel = _vel_forecast(a, row, n)
         return vel.unsqueeze(0).to(hs.dtype)
     ctx = _Ctx(row, "partial", n, text)
     ctx.active_tokens = idx
@@ -495,7 +519,7 @@ def _partial(a: _Adapter, call: _Call, row: _Row, hs: Any, img_ids: Any, args: A
     finally:
         a.ctx = None
     fresh = o[0].detach()
-    vel = _forecast(row.vel[0], row.vel[1], row.vel[2], n, extrap)
+    vel = _vel_forecast(a, row, n)
     vel[idx] = fresh
     _refresh(row.vel, idx, fresh, n)
     row.computed.append(int(idx.numel()))
@@ -572,9 +596,9 @@ def _scatter_tokens(a: _Adapter) -> Any:
         row, n = ctx.row, ctx.step
         fresh = out[0].detach()
         if ctx.mode == "record":
-            _record_velocity(row, fresh, n)
+            _record_velocity(a, row, fresh, n)
             return out
-        vel = _forecast(row.vel[0], row.vel[1], row.vel[2], n, a.s["reuse"] == "extrapolate")
+        vel = _vel_forecast(a, row, n)
         idx = ctx.active_tokens
         vel[idx] = fresh
         _refresh(row.vel, idx, fresh, n)
@@ -665,7 +689,7 @@ def _hooked_row(a: _Adapter, call: _Call, row: _Row, b: int, batch: int, text: i
     if idx is None:
         # Nothing at its budget: every token advances on its forecast velocity.
         row.computed.append(0)
-        vel = _forecast(row.vel[0], row.vel[1], row.vel[2], n, a.s["reuse"] == "extrapolate")
+        vel = _vel_forecast(a, row, n)
         return unpatchify(vel.unsqueeze(0))
     ctx = _Ctx(row, "partial", n, text)
     ctx.active_tokens = idx
@@ -845,8 +869,9 @@ def enable(target: Any, epsilon: float = 0.1, patches: int = 16, max_skip: int =
     (FlashDiff's change budget, the engine's rule) or ``"gate"`` (the paper's gate);
     ``epsilon`` is the budget a patch may use up between runs, or the gate's threshold (0
     never skips); ``patches`` the patch count, ``max_skip`` the longest run of skips,
-    ``warmup`` the full steps before partitioning, ``reuse`` ``"extrapolate"`` or
-    ``"stale"``."""
+    ``warmup`` the full steps before partitioning, ``reuse`` ``"extrapolate"``,
+    ``"extrapolate2"`` (skipped velocities along the parabola through their last three
+    computations; K/V as ``"extrapolate"``) or ``"stale"``."""
     pipe, transformer, sched = _parts(target)
     sched = scheduler or sched
     name = type(transformer).__name__
@@ -859,8 +884,8 @@ def enable(target: Any, epsilon: float = 0.1, patches: int = 16, max_skip: int =
         raise Error(f"epsilon {epsilon}: must be in [0, 1]")
     if patches < 1 or max_skip < 0 or warmup < 1:
         raise Error(f"patches {patches}, max_skip {max_skip}, warmup {warmup}: need patches >= 1, max_skip >= 0, warmup >= 1")
-    if reuse not in ("extrapolate", "stale"):
-        raise Error(f"reuse {reuse!r}: expected extrapolate or stale")
+    if reuse not in ("extrapolate", "extrapolate2", "stale"):
+        raise Error(f"reuse {reuse!r}: expected extrapolate, extrapolate2 or stale")
     if rule not in ("budget", "gate"):
         raise Error(f"rule {rule!r}: expected budget or gate")
     if getattr(transformer, _ATTR, None) is not None:

@@ -204,6 +204,44 @@ def test_budget_runs_whole_steps_or_none_and_never_skips_more_than_k(model):
     assert rel < model[2].tolerance, rel
 
 
+def test_second_order_forecasts_follow_a_parabola_through_uneven_gaps():
+    # Rows computed at steps 0, 2 and 3 of value(step) = 1 - 0.3 s + 0.05 s^2 (per row
+    # scaled): forecasts at steps 5 and 8 are exact at second order, not at first.
+    rows = torch.tensor([1.0, 2.0])
+
+    def value(step):
+        return rows * (1 - 0.3 * step + 0.05 * step * step)
+
+    for second in (True, False):
+        store = [value(0), torch.zeros(2), torch.zeros(2, dtype=torch.long)]
+        if second:
+            store += [torch.zeros(2), torch.zeros(2, dtype=torch.long)]
+        pos = torch.arange(2)
+        for n in (2, 3):
+            fdd._refresh(store, pos, value(n), n)
+        for n in (5, 8):
+            got = fdd._forecast(*store[:3], n, True, *store[3:])
+            off = (got - value(n)).abs().max().item()
+            assert (off < 1e-5) == second, (second, n, off)
+
+
+def test_second_order_reuse_reaches_every_pipelines_skipped_steps(model):
+    # Every pipeline's velocity store carries the second-order terms: the skipped steps'
+    # stand-ins change, and the result stays a forecast of the reference (random weights
+    # move too fast for either order to be the better one, so the bound is loose).
+    x, e, p = inputs(model, 1, 1)
+    ref = euler(model, 20, x, e, p)
+    outs = []
+    for reuse in ("extrapolate", "extrapolate2"):
+        fdd.enable(model[0], epsilon=1.0, patches=8, max_skip=3, reuse=reuse, scheduler=model[1])
+        outs.append(euler(model, 20, x, e, p))
+        per_step = fdd.report(model[0])["samples"][0]["computed_per_step"]
+        assert per_step.count(0) > 0, per_step
+        rel = ((outs[-1] - ref).pow(2).mean().sqrt() / ref.std()).item()
+        assert rel < 2 * model[2].tolerance, (reuse, rel)
+    assert not torch.equal(outs[0], outs[1])
+
+
 def test_a_smaller_budget_runs_more_steps(model):
     x, e, p = inputs(model, 1, 1)
     runs = []
