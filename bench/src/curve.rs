@@ -326,10 +326,15 @@ pub fn run(
             .iter()
             .find(|m| !list.iter().any(|s| s.method == m.as_str()))
         {
-            let names: Vec<&str> = METHODS.iter().map(|(m, _)| *m).collect();
+            let mut names: Vec<&str> = list.iter().map(|s| s.method).collect();
+            names.dedup();
             return Err(EngineError::Invalid {
                 field: "methods",
-                reason: format!("{bad:?}: the study's methods are {}", names.join(", ")),
+                reason: format!(
+                    "{bad:?}: the study runs {} (the ablation flashdiff-order1 is read from \
+                     flashdiff's settings)",
+                    names.join(", ")
+                ),
             });
         }
         list.retain(|s| s.method == "full" || only.iter().any(|m| m == s.method));
