@@ -499,17 +499,26 @@ def _observe(row: _Row, ctx: _Ctx, active: Any, last: bool) -> None:
         row.gate.observe(np.where(active, imp, 0.0).astype(np.float32))
 
 
-def _partial(a: _Adapter, call: _Call, row: _Row, hs: Any, img_ids: Any, args: Any, text: int, orig: Any) -> Any:
-    n = call.step
+def _decide(a: _Adapter, call: _Call, row: _Row, signal: Any) -> Any:
+    """A step's decision after the warm-up: the budget reads `signal()` (the first block's
+    modulated input of every token), the rule chooses the active patches, and when none runs
+    every token advances on its forecast velocity. Returns (active, token ids or None, last
+    step, the forecast velocities when nothing runs)."""
     if row.budget is not None:
-        _budget_observe(row, _flux_signal(a.transformer, hs, args))
+        _budget_observe(row, signal())
     active, idx, last = _choose(call, row)
     if row.budget is not None:
         row.budget.ran(active)
-    if idx is None:
-        # Nothing at its budget: every token advances on its forecast velocity.
-        row.computed.append(0)
-        vel = _vel_forecast(a, row, n)
+    if idx is not None:
+        return active, idx, last, None
+    row.computed.append(0)
+    return active, idx, last, _vel_forecast(a, row, call.step)
+
+
+def _partial(a: _Adapter, call: _Call, row: _Row, hs: Any, img_ids: Any, args: Any, text: int, orig: Any) -> Any:
+    n = call.step
+    active, idx, last, vel = _decide(a, call, row, lambda: _flux_signal(a.transformer, hs, args))
+    if vel is not None:
         return vel.unsqueeze(0).to(hs.dtype)
     ctx = _Ctx(row, "partial", n, text)
     ctx.active_tokens = idx
@@ -681,15 +690,8 @@ def _hooked_row(a: _Adapter, call: _Call, row: _Row, b: int, batch: int, text: i
             if row.budget is not None:
                 row.signal = signal()
         return o
-    if row.budget is not None:
-        _budget_observe(row, signal())
-    active, idx, last = _choose(call, row)
-    if row.budget is not None:
-        row.budget.ran(active)
-    if idx is None:
-        # Nothing at its budget: every token advances on its forecast velocity.
-        row.computed.append(0)
-        vel = _vel_forecast(a, row, n)
+    active, idx, last, vel = _decide(a, call, row, signal)
+    if vel is not None:
         return unpatchify(vel.unsqueeze(0))
     ctx = _Ctx(row, "partial", n, text)
     ctx.active_tokens = idx
