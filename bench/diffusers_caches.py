@@ -158,8 +158,10 @@ def calibrate_mag(model, clock, cases, inputs, steps):
 
 
 def frontier(rows, key):
-    """A method's curve as the engine's curve study reads it: the upper envelope of its
-    settings (a setting another beats with no more work is dropped), as (work, value)."""
+    """A method's curve as the upper envelope of its settings (a setting another beats with no
+    more work is dropped), as (work, value), read linearly between them: more lenient than
+    the engine study's knob lines, which never join settings of different knobs nor pass
+    over a setting measured between two."""
     pts = sorted(((r["work"], r[key]) for r in rows), key=lambda p: (p[0], -p[1]))
     out, best = [], -math.inf
     for w, v in pts:
