@@ -182,7 +182,22 @@ int main(int argc, char **argv) {
     FAIL("budget 0.3: %llu of %llu patch-steps computed, expected 12 of 68\n",
          (unsigned long long)rep.computed, (unsigned long long)rep.patch_steps);
   check(fd_engine_release(engine, 300), "release 300");
+  /* Second-order forecasts, which fd_request_config's reuse (0 or 1) does not name: whole-step
+     caching with skipped steps along the parabola through their last three computations
+     ends like any request, and skips steps. */
+  static const char second[] =
+      "{\"prompt\": \"a red circle left on a white background\", \"steps\": 20, "
+      "\"warmup\": 3, \"mode\": \"teacache\", \"cache_threshold\": 0.3, "
+      "\"reuse\": \"extrapolate2\"}";
+  check(fd_engine_submit_json(engine, 303, second, strlen(second)), "submit_json 303");
+  check(fd_engine_run(engine), "run 303");
+  check(fd_engine_result(engine, 303, NULL, 0, &rep), "result 303");
+  if (rep.computed >= rep.patch_steps)
+    FAIL("extrapolate2: %llu of %llu patch-steps computed, expected skipped steps\n",
+         (unsigned long long)rep.computed, (unsigned long long)rep.patch_steps);
+  check(fd_engine_release(engine, 303), "release 303");
   static const char *refused[][2] = {
+      {"{\"prompt\": \"a red circle\", \"reuse\": \"extrapolate3\"}", "reuse"},
       {"{\"prompt\": \"a red circle\", \"budget\": 2}", "budget"},
       {"{\"prompt\": \"a red circle\", \"budget\": 0.5, \"mode\": \"teacache\"}", "budget"},
       {"{\"budget\": 0.5}", "prompt"},
