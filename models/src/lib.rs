@@ -303,6 +303,31 @@ pub trait Denoiser: Send + Sync + fmt::Debug {
     /// The first layer's modulated input for the whole latent: the cheap signal whole-step
     /// caching (TeaCache / first-block cache) watches, `tokens x width`.
     fn first_block_input(&self, x: &Tensor, step: StepInput<'_>) -> Result<Tensor, ModelError>;
+    /// Blocks of the transformer stack that [`Denoiser::front`] and [`Denoiser::rest`] run
+    /// apart (DBCache's split forward); 0, the default: the model runs its forward whole only.
+    fn depth(&self) -> usize {
+        0
+    }
+    /// The whole latent `x` (`tokens x channels`) through the embedding and the first
+    /// `blocks` blocks alone: hidden rows, `tokens x width` (`blocks` 0: the embedded tokens).
+    fn front(
+        &self,
+        _x: &Tensor,
+        _step: StepInput<'_>,
+        _blocks: usize,
+    ) -> Result<Tensor, ModelError> {
+        Err(unsplit(self.name()))
+    }
+    /// Hidden rows after the first `from` blocks ([`Denoiser::front`]) through the remaining
+    /// blocks: the hidden rows after the last block.
+    fn rest(&self, _h: &Tensor, _step: StepInput<'_>, _from: usize) -> Result<Tensor, ModelError> {
+        Err(unsplit(self.name()))
+    }
+    /// The output layer: the velocity (`tokens x channels`) of hidden rows after the last
+    /// block. `output(rest(front(x, n), n))` is [`Denoiser::full_forward`]'s velocity.
+    fn output(&self, _h: &Tensor, _step: StepInput<'_>) -> Result<Tensor, ModelError> {
+        Err(unsplit(self.name()))
+    }
     /// Decodes a final latent (`tokens x channels`, flat) into a sample.
     fn decode(&self, latent: &[f32]) -> Result<Sample, ModelError>;
     /// Warm-up steps this model needs before its layout is settled enough to partition and
@@ -316,6 +341,14 @@ pub trait Denoiser: Send + Sync + fmt::Debug {
     fn image_size(&self) -> Option<(usize, usize)> {
         None
     }
+}
+
+/// The error of a split forward asked of a model that runs its forward whole only.
+fn unsplit(model: &str) -> ModelError {
+    ModelError::Input(format!(
+        "{model} runs its blocks only all together; a method that runs the first blocks alone \
+         (dbcache) needs one of the built-in models TinyDiT, TinyVideo or TinyAudio"
+    ))
 }
 
 /// Why a model call failed.

@@ -425,3 +425,38 @@ fn the_sampling_schedule_is_the_weights_shift() {
     }
     std::fs::remove_dir_all(half_path.parent().unwrap()).ok();
 }
+
+/// The split forward DBCache runs: the first n blocks, the rest, the output layer, at every
+/// split point, give the full forward's velocity bit for bit; a split outside the stack or
+/// hidden rows of the wrong shape are refused with what was wrong.
+#[test]
+fn the_split_forward_is_the_full_forward() {
+    let (m, g) = (model(), Golden::open());
+    let cfg = m.config().clone();
+    let context = m.encode_ids(&g.i("ids")).unwrap();
+    let context = t(&context, &[context.len()]);
+    let cond = m.step_cond(&context, g.f("t")[0]).unwrap();
+    let step = StepInput {
+        context: &context,
+        cond: &cond,
+    };
+    let x = t(&g.f("x"), &[cfg.tokens(), cfg.patch_dim()]);
+    let want = flat(&m.full_forward(&x, step, false).unwrap().velocity);
+    assert_eq!(m.depth(), cfg.depth);
+    for n in 0..=cfg.depth {
+        let front = m.front(&x, step, n).unwrap();
+        assert_eq!(front.dims(), [cfg.tokens(), cfg.d]);
+        let hidden = m.rest(&front, step, n).unwrap();
+        let got = flat(&m.output(&hidden, step).unwrap());
+        assert!(
+            got == want,
+            "split after {n} blocks differs from the full forward"
+        );
+    }
+    let err = m.front(&x, step, cfg.depth + 1).unwrap_err().to_string();
+    assert!(err.contains("blocks"), "{err}");
+    let err = m.rest(&x, step, 1).unwrap_err().to_string();
+    assert!(err.contains("hidden rows"), "{err}");
+    let front = m.front(&x, step, 1).unwrap();
+    assert!(m.rest(&front, step, cfg.depth + 1).is_err());
+}

@@ -6,12 +6,14 @@ use std::sync::Arc;
 
 use candle_core::{DType, Device, Tensor};
 use candle_nn::{LayerNorm, VarBuilder};
-use flashdiff_kernels::ops::{self, AttnWants};
+use flashdiff_kernels::ops;
 
 mod decode;
+mod forward;
 mod text;
 
 pub use decode::{synthesize, unpatchify};
+use forward::{Attending, Keys};
 pub(crate) use text::{TextNames, TextSizes, TextTower};
 
 use crate::checkpoint::{f32_builder, read_error, Shards};
@@ -474,6 +476,18 @@ impl TinyDit {
         Ok(())
     }
 
+    fn check_hidden(&self, h: &Tensor) -> Result<(), ModelError> {
+        let want = [self.cfg.tokens(), self.cfg.d];
+        if h.dims() != want || h.dtype() != DType::F32 {
+            return Err(ModelError::Input(format!(
+                "hidden rows are {:?} {:?}, expected f32 {want:?}",
+                h.dtype(),
+                h.dims()
+            )));
+        }
+        Ok(())
+    }
+
     fn check_rows(&self, x: &Tensor, n: usize, what: &str) -> Result<(), ModelError> {
         if x.dims() != [n, self.dims.channels] || x.dtype() != DType::F32 {
             return Err(ModelError::Input(format!(
@@ -485,123 +499,6 @@ impl TinyDit {
         }
         Ok(())
     }
-
-    /// The forward of the tokens `active` (ascending): the body of both forwards.
-    fn forward_rows(
-        &self,
-        x_active: &Tensor,
-        active: &[u32],
-        step: StepInput<'_>,
-        keys: Keys<'_>,
-        mass_groups: Option<Patches<'_>>,
-        saliency: bool,
-    ) -> Result<Rows, ModelError> {
-        let cfg = &self.cfg;
-        let (d, n, heads) = (cfg.d, active.len(), cfg.heads);
-        let m = |li: usize, j: usize| step.cond.narrow(0, (li * 6 + j) * d, d);
-        let mut x = self.x_embed.forward(x_active)?;
-        let pos = if n == cfg.tokens() {
-            self.pos.clone()
-        } else {
-            let ids = Tensor::from_slice(active, n, &self.device)?;
-            self.pos.index_select(&ids, 0)?
-        };
-        x = (x + pos)?;
-        // Isolated: keys are the active tokens only, grouped as the caller grouped them.
-        let own_groups: Option<Vec<u32>> = match (&keys, mass_groups) {
-            (Keys::Own, Some(p)) => Some(active.iter().map(|&t| p.of_token[t as usize]).collect()),
-            _ => None,
-        };
-        let key_groups =
-            mass_groups.map(|p| (own_groups.as_deref().unwrap_or(p.of_token), p.patches));
-        let (mut fk, mut fv) = (Vec::new(), Vec::new());
-        let mut mass: Option<Tensor> = None;
-        let mut cross: Option<Tensor> = None;
-        for (li, b) in self.blocks.iter().enumerate() {
-            let a = ops::norm_modulate(&x, &m(li, 0)?, &m(li, 1)?, EPS)?;
-            let (q, k, v) = (b.q.forward(&a)?, b.k.forward(&a)?, b.v.forward(&a)?);
-            let (kk, vv) = match keys {
-                Keys::Own => (k.clone(), v.clone()),
-                Keys::Cached(c) => (
-                    ops::scatter_rows(&c.k.get(li)?, &k, active)?,
-                    ops::scatter_rows(&c.v.get(li)?, &v, active)?,
-                ),
-            };
-            let att = ops::attention(
-                &q,
-                &kk,
-                &vv,
-                heads,
-                AttnWants {
-                    probs: false,
-                    key_groups,
-                },
-            )?;
-            if let Some(g) = att.group_mass {
-                mass = Some(match mass {
-                    None => g,
-                    Some(acc) => (acc + g)?,
-                });
-            }
-            x = (x + b.proj.forward(&att.out)?.broadcast_mul(&m(li, 2)?)?)?;
-            fk.push(k);
-            fv.push(v);
-            let a = ops::norm_modulate(&x, &self.zeros, &self.zeros, EPS)?;
-            let want = saliency && self.saliency_layers.contains(&li);
-            let att = ops::attention(
-                &b.cq.forward(&a)?,
-                &self.context_part(step.context, li)?,
-                &self.context_part(step.context, cfg.depth + li)?,
-                heads,
-                AttnWants {
-                    probs: want,
-                    key_groups: None,
-                },
-            )?;
-            if let Some(p) = att.probs {
-                cross = Some(match cross {
-                    None => p,
-                    Some(acc) => (acc + p)?,
-                });
-            }
-            x = (x + b.cproj.forward(&att.out)?)?;
-            let a = ops::norm_modulate(&x, &m(li, 3)?, &m(li, 4)?, EPS)?;
-            let hdn = ops::gelu_tanh_inplace(b.fc1.forward(&a)?)?;
-            x = (x + b.fc2.forward(&hdn)?.broadcast_mul(&m(li, 5)?)?)?;
-        }
-        let fm = |j: usize| step.cond.narrow(0, (cfg.depth * 6 + j) * d, d);
-        let x = ops::norm_modulate(&x, &fm(0)?, &fm(1)?, EPS)?;
-        Ok(Rows {
-            velocity: self.final_.forward(&x)?,
-            k: Tensor::stack(&fk, 0)?,
-            v: Tensor::stack(&fv, 0)?,
-            mass: match mass {
-                Some(m) => Some((m / cfg.depth as f64)?),
-                None => None,
-            },
-            cross: match cross {
-                Some(c) => Some((c / self.saliency_layers.len() as f64)?),
-                None => None,
-            },
-        })
-    }
-}
-
-/// Where a forward's keys and values come from.
-#[derive(Clone, Copy)]
-enum Keys<'a> {
-    /// The active tokens' own only.
-    Own,
-    /// Every token: the active tokens' fresh rows over the cache.
-    Cached(KvCache<'a>),
-}
-
-struct Rows {
-    velocity: Tensor,
-    k: Tensor,
-    v: Tensor,
-    mass: Option<Tensor>,
-    cross: Option<Tensor>,
 }
 
 impl Denoiser for TinyDit {
@@ -760,6 +657,47 @@ impl Denoiser for TinyDit {
             &step.cond.narrow(0, d, d)?,
             EPS,
         )?)
+    }
+
+    fn depth(&self) -> usize {
+        self.cfg.depth
+    }
+
+    fn front(&self, x: &Tensor, step: StepInput<'_>, blocks: usize) -> Result<Tensor, ModelError> {
+        self.check_step(step)?;
+        let tokens = self.cfg.tokens();
+        self.check_rows(x, tokens, "x")?;
+        if blocks > self.cfg.depth {
+            return Err(ModelError::Input(format!(
+                "the first {blocks} blocks of a model of {}",
+                self.cfg.depth
+            )));
+        }
+        let all: Vec<u32> = (0..tokens as u32).collect();
+        let h = self.embed(x, &all)?;
+        let mut got = Default::default();
+        self.run_blocks(h, 0..blocks, &all, step, Attending::PLAIN, &mut got)
+    }
+
+    fn rest(&self, h: &Tensor, step: StepInput<'_>, from: usize) -> Result<Tensor, ModelError> {
+        self.check_step(step)?;
+        self.check_hidden(h)?;
+        if from > self.cfg.depth {
+            return Err(ModelError::Input(format!(
+                "blocks from {from} of a model of {}",
+                self.cfg.depth
+            )));
+        }
+        let all: Vec<u32> = (0..self.cfg.tokens() as u32).collect();
+        let mut got = Default::default();
+        let blocks = from..self.cfg.depth;
+        self.run_blocks(h.clone(), blocks, &all, step, Attending::PLAIN, &mut got)
+    }
+
+    fn output(&self, h: &Tensor, step: StepInput<'_>) -> Result<Tensor, ModelError> {
+        self.check_step(step)?;
+        self.check_hidden(h)?;
+        self.output_layer(h, step)
     }
 
     fn kind(&self) -> Kind {
