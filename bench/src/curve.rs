@@ -21,7 +21,8 @@ use flashdiff_gate::pace::computes_for;
 use flashdiff_models::scene::{self, IMAGE};
 use flashdiff_models::{Kind, Sample};
 use flashdiff_runtime::engine::{
-    Engine, EngineError, LayoutKind, Mode, Output, RequestConfig, Reuse, FINAL_FULL_STEPS,
+    Engine, EngineError, LayoutKind, Mode, Output, RequestConfig, Reuse, DBCACHE_FRONT_BLOCKS,
+    FINAL_FULL_STEPS,
 };
 
 /// The work range the verdict is judged over.
@@ -35,7 +36,7 @@ struct Setting {
 }
 
 /// What each method is and how it reuses what it does not compute.
-const METHODS: [(&str, &str); 14] = [
+const METHODS: [(&str, &str); 15] = [
     ("flashdiff", "saliency patches, each accumulating block 0's input change; a step runs whole once any patch reaches ε or K skips, else every token is forecast; knob: ε, then K at ε 1, each at first and at second order (\"order 2\": skipped velocities along the parabola through their last three computations)"),
     ("flashdiff-budget", "FlashDiff under a work budget F: floor(F x steps) computed steps, the warm-up and final step among them, paced by the same accumulated change (latency known at admission); knob: F, at first and second order"),
     ("flashdiff-order1", "ablation: FlashDiff's first-order settings alone (read from its rows without \"order 2\")"),
@@ -45,6 +46,7 @@ const METHODS: [(&str, &str); 14] = [
     ("patch-gate", "ablation: the paper's memoryless gate on normalised importance change (at least one patch a step); knob: ε, then K at ε 1"),
     ("teacache", "whole-step caching on block 0's accumulated input change, skipped steps forecast at first order and, as \"order 2\", at second (TaylorSeer's orders 1 and 2); knob: threshold"),
     ("teacache-stale", "whole-step caching as its authors run it: skipped steps reuse the last velocity; knob: threshold"),
+    ("dbcache", "cache-dit's DBCache, F1B0: the first block runs every step and decides on its residual's relative L1 change since the last computed step; the other blocks' residual forecast at first and second order (TaylorSeer) or, as \"stale\", reused; a skipped step costs the first block's work; knob: threshold"),
     ("ras", "RAS: the regions whose velocity changed most, dense reset steps, the others forecast; knob: share recomputed"),
     ("ras-stale", "RAS as its authors run it: the others reuse their velocity and K/V; knob: share recomputed"),
     ("fewer-steps", "full computation with fewer steps; knob: steps"),
@@ -53,7 +55,7 @@ const METHODS: [(&str, &str); 14] = [
 ];
 
 /// Every setting the study runs, full computation first.
-fn settings(base: &RequestConfig, workers: u32) -> Vec<Setting> {
+fn settings(base: &RequestConfig, workers: u32, dbcache: bool) -> Vec<Setting> {
     let mut v = vec![Setting {
         method: "full",
         label: "-".into(),
@@ -173,6 +175,31 @@ fn settings(base: &RequestConfig, workers: u32) -> Vec<Setting> {
                     label: format!("threshold {t}{order}"),
                     cfg: RequestConfig {
                         mode: Mode::TeaCache,
+                        cache_threshold: t,
+                        reuse,
+                        ..base.clone()
+                    },
+                });
+            }
+        }
+    }
+    // DBCache on the watched model's split forward, with every reuse rule on lines of its
+    // own, so its curve is the best of the three.
+    let db_reuses: Vec<(Reuse, &str)> = orders
+        .iter()
+        .copied()
+        .chain((base.reuse != Reuse::Stale).then_some((Reuse::Stale, " stale")))
+        .collect();
+    if dbcache {
+        for &(reuse, order) in &db_reuses {
+            for t in [
+                0.02f32, 0.03, 0.05, 0.07, 0.1, 0.15, 0.2, 0.3, 0.4, 0.6, 0.8, 1.2,
+            ] {
+                v.push(Setting {
+                    method: "dbcache",
+                    label: format!("threshold {t}{order}"),
+                    cfg: RequestConfig {
+                        mode: Mode::DbCache,
                         cache_threshold: t,
                         reuse,
                         ..base.clone()
@@ -320,7 +347,8 @@ pub fn run(
         patches: Some(cfg.patches),
         ..cfg.base.clone()
     };
-    let mut list = settings(&base, engine.workers());
+    let split = engine.model().depth() > DBCACHE_FRONT_BLOCKS;
+    let mut list = settings(&base, engine.workers(), split);
     if let Some(only) = only {
         if let Some(bad) = only
             .iter()

@@ -13,7 +13,7 @@ use std::path::{Path, PathBuf};
 use rkyv::rancor::Error as RkyvError;
 
 const MAGIC: [u8; 4] = *b"FDCK";
-const VERSION: u32 = 4;
+const VERSION: u32 = 5;
 const HEADER: usize = 24;
 /// Largest checkpoint accepted (far above any model's request state today).
 pub const MAX_CHECKPOINT: u64 = 1 << 34;
@@ -66,7 +66,8 @@ mod records {
         pub steps: u64,
     }
 
-    /// Extrapolation state of every token.
+    /// FlashDiff's change budget: its settings and every patch's accumulated change and run
+    /// of skips.
     #[derive(Archive, Serialize, Deserialize, Debug, Clone, PartialEq)]
     pub struct BudgetRecord {
         pub epsilon: f32,
@@ -76,6 +77,19 @@ mod records {
         pub skipped_run: Vec<u32>,
     }
 
+    /// A forecast series (DBCache's residual): last value, first and second divided
+    /// differences (empty below their order), the gap between the last two computations and
+    /// the step of the last.
+    #[derive(Archive, Serialize, Deserialize, Debug, Clone, PartialEq)]
+    pub struct SeriesRecord {
+        pub base: Vec<f32>,
+        pub slope: Vec<f32>,
+        pub curve: Vec<f32>,
+        pub gap: u32,
+        pub last: u32,
+    }
+
+    /// Extrapolation state of every token.
     #[derive(Archive, Serialize, Deserialize, Debug, Clone, PartialEq)]
     pub struct TrackRecord {
         pub kv_weight: f32,
@@ -128,6 +142,8 @@ mod records {
         pub budget: Option<BudgetRecord>,
         pub track: Option<TrackRecord>,
         pub tea: Option<(Vec<f32>, f32)>,
+        /// DBCache's forecast of its skipped blocks' residual.
+        pub series: Option<SeriesRecord>,
         pub ras_prev: Option<Vec<f32>>,
         pub report: ReportRecord,
         /// Committed regions, in [`super::SAVED_REGIONS`] order.
@@ -301,6 +317,13 @@ pub fn sample() -> Checkpoint {
         }),
         track: None,
         tea: None,
+        series: Some(SeriesRecord {
+            base: vec![1.0, 2.0],
+            slope: vec![0.5, 0.0],
+            curve: Vec::new(),
+            gap: 2,
+            last: 5,
+        }),
         ras_prev: Some(vec![1.0, 2.0]),
         report: ReportRecord {
             patches: 4,

@@ -374,3 +374,18 @@ fn the_engine_steps_on_the_models_schedule() {
         .fold(0.0f32, f32::max);
     assert!(moved > 1e-2, "the shift changed nothing ({moved})");
 }
+
+/// DBCache runs the first block alone, which the joint-attention models do not offer: the
+/// request is refused up front with an error that names the mode and the model, and
+/// nothing runs.
+#[test]
+fn dbcache_on_a_model_without_a_split_forward_is_refused() {
+    let mut e = Engine::with_model(model(), 1, None).unwrap();
+    let err = e.validate(&cfg(Mode::DbCache)).unwrap_err().to_string();
+    assert!(err.contains("dbcache") && err.contains("flux"), "{err}");
+    let err = e
+        .generate(PROMPT, cfg(Mode::DbCache), &mut |_| {})
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("dbcache"), "{err}");
+}

@@ -198,7 +198,8 @@ pub(crate) struct Knobs {
     #[arg(long, default_value_t = 0)]
     pub(crate) priority: u8,
     /// flashdiff | no-skip | full | naive-patch | teacache | ras | random-patches |
-    /// per-patch | patch-gate (the last three: ablations of FlashDiff's choice).
+    /// per-patch | patch-gate | dbcache (random-patches, per-patch and patch-gate: ablations
+    /// of FlashDiff's choice; dbcache needs a built-in TinyDiT-family model).
     #[arg(long, default_value = "flashdiff", value_parser = parse_mode)]
     pub(crate) mode: Mode,
     /// saliency | uniform.

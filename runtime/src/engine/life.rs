@@ -157,6 +157,7 @@ impl Engine {
             cfg,
             submitted,
             tea: None,
+            series: None,
             budget: None,
             ras_prev: None,
             track: None,
@@ -325,9 +326,14 @@ impl Engine {
         // for every step that computed anything.
         let row = cfg.grid.tokens() as f64 + self.model.fixed_rows() as f64;
         let stepped = r.report.active_per_step.iter().filter(|&&a| a > 0).count() as f64;
+        // A step a method advanced with part of the model (DBCache's first block) costs
+        // that part of a step.
+        let front = methods::of(r.cfg.mode).front_work(&*self.model);
+        let partial = r.report.active_per_step.len() as f64 - stepped;
         let done = r.cfg.warmup as f64 * row
             + r.report.computed_tokens as f64
-            + stepped * self.model.fixed_rows() as f64;
+            + stepped * self.model.fixed_rows() as f64
+            + partial * front * row;
         r.report.work_skipped = (1.0 - done / (r.cfg.steps as f64 * row)).max(0.0);
         if r.cfg.patches.is_none() && methods::of(r.cfg.mode).adapts_patches() {
             // The request's own time (its queueing belongs to the other requests' load) and

@@ -11,6 +11,7 @@ use flashdiff_partitioner::{Grid, PatchLayout};
 use super::forecast::Track;
 use super::methods;
 use super::request::Request;
+use super::series::Series;
 use super::{
     check_request, create_private_dir, Engine, EngineError, LayoutKind, Report, RequestConfig,
     Reuse, TimeSplit,
@@ -90,6 +91,8 @@ impl Engine {
                 EngineError::Config(m) => bad(m),
                 e => e,
             })?;
+        let series =
+            restore_series(&c, self.model.dims().grid.tokens(), cfg.reuse.order()).map_err(bad)?;
         let cond = self.model.condition(&c.prompt)?;
         let context = Tensor::from_slice(&cond.context, cond.context.len(), self.model.device())
             .map_err(ModelError::from)?;
@@ -129,6 +132,7 @@ impl Engine {
                 cfg,
                 submitted,
                 tea: c.tea,
+                series,
                 budget,
                 ras_prev: c.ras_prev,
                 track,
@@ -285,6 +289,38 @@ fn restore_policies(c: &Checkpoint, dims: &Dims, uses_gate: bool) -> Result<Poli
     Ok((layout, gate, budget, Some(track)))
 }
 
+/// DBCache's residual forecast from a checkpoint (untrusted): its parts of one width, a
+/// whole number of rows per token, the request's order, and a last computation before the
+/// checkpoint's step. Its width against the model's is checked by the model when it runs.
+fn restore_series(c: &Checkpoint, tokens: usize, order: u8) -> Result<Option<Series>, String> {
+    let Some(s) = &c.series else {
+        return Ok(None);
+    };
+    let series = Series {
+        base: s.base.clone(),
+        slope: s.slope.clone(),
+        curve: s.curve.clone(),
+        gap: s.gap,
+        last: s.last,
+    };
+    let n = series.base.len();
+    if !series.well_formed(order)
+        || n == 0
+        || n % tokens != 0
+        || c.tea.as_ref().is_some_and(|(v, _)| v.len() != n)
+        || series.last >= c.step
+    {
+        return Err(format!(
+            "the forecast of the skipped blocks is damaged ({n} values at order {}, for \
+             {tokens} tokens at order {order}, last computed at step {} of {})",
+            series.order(),
+            series.last,
+            c.step
+        ));
+    }
+    Ok(Some(series))
+}
+
 /// Copies a checkpoint's committed regions into a fresh state, refusing wrong sizes.
 fn restore_regions(state: &mut SharedState, regions: &[Vec<f32>]) -> Result<(), String> {
     if regions.len() != checkpoint::SAVED_REGIONS.len() {
@@ -412,6 +448,13 @@ fn to_checkpoint(id: u64, r: &Request) -> Option<Checkpoint> {
             last: t.last.clone(),
         }),
         tea: r.tea.clone(),
+        series: r.series.as_ref().map(|s| checkpoint::SeriesRecord {
+            base: s.base.clone(),
+            slope: s.slope.clone(),
+            curve: s.curve.clone(),
+            gap: s.gap,
+            last: s.last,
+        }),
         ras_prev: r.ras_prev.clone(),
         report: checkpoint::ReportRecord {
             patches: rep.patches,

@@ -9,6 +9,7 @@ use flashdiff_models::Tensor;
 use flashdiff_partitioner::PatchLayout;
 
 use super::forecast::Track;
+use super::series::Series;
 use super::{Report, RequestConfig};
 use crate::state::SharedState;
 
@@ -33,8 +34,11 @@ pub(super) struct Request {
     pub(super) active: Vec<bool>,
     pub(super) report: Report,
     pub(super) submitted: Instant,
-    /// TeaCache: block 0's modulated input at the previous step, and the accumulated change.
+    /// TeaCache: block 0's modulated input at the previous step, and the accumulated change;
+    /// DBCache: its first block's residual at the last computed step.
     pub(super) tea: Option<(Vec<f32>, f32)>,
+    /// DBCache: the forecast of the residual its skipped blocks add.
+    pub(super) series: Option<Series>,
     /// FlashDiff's change budget, from the first step after the partition.
     pub(super) budget: Option<Budget>,
     /// RAS: cached velocities before the last commit.

@@ -133,6 +133,12 @@ pub enum Mode {
     /// accumulated relative L1 change of block 0's modulated input stays under
     /// `cache_threshold`.
     TeaCache,
+    /// DBCache (cache-dit's dual block cache, F1B0): the first block runs every step; while
+    /// the relative L1 change of its residual since the last computed step stays under
+    /// `cache_threshold`, the other blocks are skipped and their residual is forecast
+    /// (reused as last computed with [`Reuse::Stale`]). Needs a model that runs its blocks
+    /// apart ([`flashdiff_models::Denoiser::depth`]).
+    DbCache,
     /// Region-adaptive sampling (RAS-style): each step recomputes the `ras_ratio` share of 2x2
     /// token regions whose velocity changed most, the rest reuse their velocity and K/V
     /// (forecast, or with `extrapolate` off as last computed); dense steps at about 45% and
@@ -152,7 +158,7 @@ pub enum Mode {
 
 impl Mode {
     /// Every mode, in the order the help texts list them.
-    pub const ALL: [Mode; 9] = [
+    pub const ALL: [Mode; 10] = [
         Mode::FlashDiff,
         Mode::NoSkip,
         Mode::Full,
@@ -162,6 +168,7 @@ impl Mode {
         Mode::RandomPatches,
         Mode::PerPatch,
         Mode::PatchGate,
+        Mode::DbCache,
     ];
 
     /// The mode's name on every interface (`--mode`, the `mode` field, checkpoints).
@@ -176,6 +183,7 @@ impl Mode {
             Mode::RandomPatches => "random-patches",
             Mode::PerPatch => "per-patch",
             Mode::PatchGate => "patch-gate",
+            Mode::DbCache => "dbcache",
         }
     }
 }
@@ -236,7 +244,8 @@ pub struct RequestConfig {
     pub priority: u8,
     /// Patch layout (saliency by default; NaivePatch always uses uniform).
     pub layout: LayoutKind,
-    /// Threshold of [`Mode::TeaCache`] on the accumulated relative L1 change.
+    /// Threshold of [`Mode::TeaCache`] on the accumulated relative L1 change, and of
+    /// [`Mode::DbCache`] on the first block's residual change since its last computed step.
     pub cache_threshold: f32,
     /// Share of 2x2 regions [`Mode::Ras`] recomputes each step (RAS's sample ratio, 0.5).
     pub ras_ratio: f32,
@@ -361,6 +370,16 @@ pub fn check_request(model: &dyn Denoiser, cfg: &RequestConfig) -> Result<(), En
         return bad(
             "cache_threshold",
             format!("{}: must be finite and >= 0", cfg.cache_threshold),
+        );
+    }
+    if cfg.mode == Mode::DbCache && model.depth() <= super::methods::FRONT_BLOCKS {
+        return bad(
+            "mode",
+            format!(
+                "dbcache runs the model's first block alone; {} runs its blocks only all \
+                 together",
+                model.name()
+            ),
         );
     }
     if cfg.monotasks == Some(0) {

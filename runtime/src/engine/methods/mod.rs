@@ -4,6 +4,7 @@
 //! commit) and knows no method by name; adding a method is adding a file here and a
 //! [`Mode`].
 
+mod dbcache;
 mod flashdiff;
 mod full;
 mod naive_patch;
@@ -85,11 +86,19 @@ pub(super) trait Method: Sync {
         cfg.monotasks.unwrap_or(workers) as usize
     }
 
+    /// The share of a step's model work a step costs that [`Method::skip_step`] advanced
+    /// without the whole model (DBCache runs its first blocks there); 0 by default.
+    fn front_work(&self, _model: &dyn Denoiser) -> f64 {
+        0.0
+    }
+
     /// Whether a request without a fixed patch count informs the adaptive R controller.
     fn adapts_patches(&self) -> bool {
         true
     }
 }
+
+pub use dbcache::FRONT_BLOCKS;
 
 /// The method that runs a request of `mode`.
 pub(super) fn of(mode: Mode) -> &'static dyn Method {
@@ -101,6 +110,7 @@ pub(super) fn of(mode: Mode) -> &'static dyn Method {
         Mode::Full => &full::Full,
         Mode::NaivePatch => &naive_patch::NaivePatch,
         Mode::TeaCache => &whole_step::WholeStep,
+        Mode::DbCache => &dbcache::DbCache,
         Mode::Ras => &ras::Ras,
         Mode::RandomPatches => &random_patches::RandomPatches,
     }

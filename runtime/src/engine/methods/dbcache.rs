@@ -1,0 +1,136 @@
+//! DBCache (cache-dit's dual block cache, front 1 block and back 0, "F1B0"): every step after
+//! the warm-up runs the first block over the whole latent. When the relative L1 change of
+//! that block's residual (its output minus its input) since the last computed step is under
+//! the request's `cache_threshold`, the remaining blocks are skipped: the residual they add is
+//! forecast from the steps they last ran (TaylorSeer's orders 1 and 2; reused as last
+//! computed with `reuse: stale`, DBCache without a forecaster) and the output layer reads the
+//! first block's output plus that residual. Else the remaining blocks run. A skipped step
+//! still costs the first block's share of a step's work ([`Method::front_work`]).
+
+use std::time::Instant;
+
+use flashdiff_models::{Denoiser, ModelError, StepInput, Tensor};
+
+use super::Method;
+use crate::engine::request::Request;
+use crate::engine::series::Series;
+use crate::engine::{EngineError, LayoutKind, RequestConfig, FINAL_FULL_STEPS};
+use crate::state::Region;
+
+/// Blocks [`Mode::DbCache`](crate::engine::Mode::DbCache) runs every step to decide (its
+/// `Fn`); a model needs more than these to run it.
+pub const FRONT_BLOCKS: usize = 1;
+
+pub(super) struct DbCache;
+
+impl Method for DbCache {
+    fn partition(&self, cfg: &RequestConfig, _: u32) -> (u32, bool) {
+        (1, cfg.layout == LayoutKind::Uniform)
+    }
+
+    fn adapts_patches(&self) -> bool {
+        false
+    }
+
+    fn front_work(&self, model: &dyn Denoiser) -> f64 {
+        FRONT_BLOCKS as f64 / model.depth().max(1) as f64
+    }
+
+    /// Runs the step itself, whether it computes the remaining blocks or forecasts them: the
+    /// first block decides, so the step never reaches the patch scheduler.
+    fn skip_step(
+        &self,
+        model: &dyn Denoiser,
+        r: &mut Request,
+        _: f32,
+    ) -> Result<bool, EngineError> {
+        let t0 = Instant::now();
+        let dims = model.dims();
+        let (tokens, channels) = (dims.grid.tokens(), dims.channels);
+        let at = r.step as usize * dims.cond_len;
+        let cond = Tensor::from_slice(
+            &r.conds[at..at + dims.cond_len],
+            dims.cond_len,
+            model.device(),
+        )
+        .map_err(ModelError::from)?;
+        let x = Tensor::from_slice(r.state.get(Region::X), (tokens, channels), model.device())
+            .map_err(ModelError::from)?;
+        let step = StepInput {
+            context: &r.context,
+            cond: &cond,
+        };
+        let embedded = model.front(&x, step, 0)?;
+        let front = model.front(&x, step, FRONT_BLOCKS)?;
+        let residual = flat(&front - &embedded)?;
+        let final_full = r.step + FINAL_FULL_STEPS >= r.cfg.steps;
+        let change = match &r.tea {
+            Some((prev, _)) if prev.len() == residual.len() => {
+                let num: f32 = residual.iter().zip(prev).map(|(a, b)| (a - b).abs()).sum();
+                let den: f32 = prev.iter().map(|b| b.abs()).sum::<f32>().max(1e-12);
+                num / den
+            }
+            _ => f32::INFINITY,
+        };
+        let skip = change < r.cfg.cache_threshold && !final_full && r.series.is_some();
+        r.report.time.gate += t0.elapsed();
+        let t0 = Instant::now();
+        let hidden = if skip {
+            let series = r.series.as_ref().expect("checked above");
+            let mut rest = vec![0.0f32; series.base.len()];
+            series.predict(r.step, &mut rest);
+            Tensor::from_vec(rest, front.dims(), model.device())
+                .and_then(|rest| &front + rest)
+                .map_err(ModelError::from)?
+        } else {
+            let hidden = model.rest(&front, step, FRONT_BLOCKS)?;
+            let rest = flat(&hidden - &front)?;
+            match r.series.as_mut() {
+                Some(s) => {
+                    if r.step > s.last + 1 {
+                        // Resuming after skips: how wrong the forecast residual would be.
+                        let mut predicted = vec![0.0f32; rest.len()];
+                        s.predict(r.step, &mut predicted);
+                        for (&p, &f) in predicted.iter().zip(&rest) {
+                            r.report.reuse_err2 += ((f - p) as f64).powi(2);
+                            r.report.reuse_norm2 += (f as f64).powi(2);
+                        }
+                    }
+                    s.update(&rest, r.step)
+                }
+                None => r.series = Some(Series::start(rest, r.step, r.cfg.reuse.order())),
+            }
+            r.tea = Some((residual, 0.0));
+            hidden
+        };
+        let v = flat(model.output(&hidden, step))?;
+        if v.len() != tokens * channels {
+            return Err(EngineError::Internal(format!(
+                "the output layer gave {} values for a latent of {}",
+                v.len(),
+                tokens * channels
+            )));
+        }
+        r.state.get_mut(Region::Velocity).copy_from_slice(&v);
+        let h = model.time(r.step, r.cfg.steps) - model.time(r.step + 1, r.cfg.steps);
+        let (v, x) = r.state.get_pair(Region::Velocity, Region::X);
+        for (xi, vi) in x.iter_mut().zip(v) {
+            *xi -= h * vi;
+        }
+        r.report.active_per_step.push(u32::from(!skip));
+        r.report.patch_steps += 1;
+        if !skip {
+            r.report.computed += 1;
+            r.report.computed_tokens += tokens as u64;
+        }
+        r.step += 1;
+        r.report.time.compute += t0.elapsed();
+        Ok(true)
+    }
+}
+
+/// A tensor result as its values, row-major.
+fn flat<E: Into<ModelError>>(t: Result<Tensor, E>) -> Result<Vec<f32>, ModelError> {
+    let t = t.map_err(Into::into)?;
+    Ok(t.flatten_all()?.to_vec1()?)
+}

@@ -1,0 +1,161 @@
+//! DBCache on the built-in image model: the split forward it runs is the model's forward, its
+//! skipped steps forecast the skipped blocks' residual and cost the first block's work, and a
+//! request resumes from any checkpoint bit for bit.
+
+use std::time::Duration;
+
+use flashdiff_runtime::checkpoint;
+use flashdiff_runtime::engine::{
+    default_weights, Engine, Mode, Output, RequestConfig, Reuse, DBCACHE_FRONT_BLOCKS,
+};
+
+const PROMPT: &str = "a red circle top left and a blue square bottom right on a white background";
+
+fn cfg(threshold: f32, reuse: Reuse) -> RequestConfig {
+    RequestConfig {
+        steps: 12,
+        warmup: 3,
+        seed: 7,
+        mode: Mode::DbCache,
+        cache_threshold: threshold,
+        reuse,
+        ..Default::default()
+    }
+}
+
+fn run(e: &mut Engine, c: RequestConfig) -> Output {
+    e.generate(PROMPT, c, &mut |_| {}).unwrap()
+}
+
+fn skipped(o: &Output) -> usize {
+    o.report.active_per_step.iter().filter(|&&a| a == 0).count()
+}
+
+/// A threshold of 0 computes every step through the first block, the rest and the output
+/// layer: full computation's latent, bit for bit.
+#[test]
+fn computing_every_step_is_full_computation() {
+    let mut e = Engine::new(&default_weights(), 1).unwrap();
+    let every = run(&mut e, cfg(0.0, Reuse::Extrapolate));
+    assert_eq!(skipped(&every), 0);
+    let full = run(
+        &mut e,
+        RequestConfig {
+            mode: Mode::Full,
+            ..cfg(0.0, Reuse::Extrapolate)
+        },
+    );
+    assert!(every.latent == full.latent, "not full computation's latent");
+    assert_eq!(every.report.work_skipped, 0.0);
+}
+
+/// Work recomputed from the steps: the warm-up and computed steps whole, every skipped step
+/// the first block's share of one.
+#[test]
+fn a_skipped_step_costs_the_first_block_and_is_forecast() {
+    let mut e = Engine::new(&default_weights(), 1).unwrap();
+    let depth = e.model().depth();
+    assert!(depth > DBCACHE_FRONT_BLOCKS);
+    let c = cfg(1e9, Reuse::Extrapolate);
+    let lazy = run(&mut e, c.clone());
+    // The first step after the warm-up has nothing to compare, the last is always computed.
+    let after = (c.steps - c.warmup) as usize;
+    assert_eq!(lazy.report.active_per_step.len(), after);
+    assert_eq!(
+        skipped(&lazy),
+        after - 2,
+        "{:?}",
+        lazy.report.active_per_step
+    );
+    let front = DBCACHE_FRONT_BLOCKS as f64 / depth as f64;
+    let done = c.warmup as f64 + 2.0 + (after - 2) as f64 * front;
+    let want = 1.0 - done / c.steps as f64;
+    assert!(
+        (lazy.report.work_skipped - want).abs() < 1e-9,
+        "work skipped {} against {want} recomputed",
+        lazy.report.work_skipped
+    );
+    assert_eq!(run(&mut e, c).latent, lazy.latent, "the same request twice");
+    // The skipped blocks' residual is forecast at the order asked for (with one computation
+    // after the warm-up every order reuses it; at a threshold that computes a few, they
+    // differ).
+    let c = middle(&mut e, Reuse::Extrapolate2);
+    let outs: Vec<Vec<f32>> = [Reuse::Stale, Reuse::Extrapolate, Reuse::Extrapolate2]
+        .into_iter()
+        .map(|reuse| run(&mut e, RequestConfig { reuse, ..c.clone() }).latent)
+        .collect();
+    assert!(
+        outs[0] != outs[1],
+        "order 1 gave the stale residual's output"
+    );
+    assert!(outs[1] != outs[2], "order 2 gave order 1's output");
+}
+
+/// A threshold between: some steps skipped and some computed after skips, whose forecast
+/// error is measured.
+fn middle(e: &mut Engine, reuse: Reuse) -> RequestConfig {
+    for t in [0.05f32, 0.1, 0.2, 0.3, 0.5] {
+        let c = cfg(t, reuse);
+        let o = run(e, c.clone());
+        let n = skipped(&o);
+        if n > 0 && n + 2 < o.report.active_per_step.len() {
+            if reuse != Reuse::Stale {
+                assert!(o.report.reuse_norm2 > 0.0, "no forecast error measured");
+            }
+            return c;
+        }
+    }
+    panic!("no threshold both skips and computes");
+}
+
+#[test]
+fn a_request_resumes_from_any_checkpoint_bit_identical() {
+    let dir = std::env::temp_dir().join(format!("fd-dbcache-{}", std::process::id()));
+    for reuse in [Reuse::Stale, Reuse::Extrapolate, Reuse::Extrapolate2] {
+        let mut a = Engine::new(&default_weights(), 1).unwrap();
+        let c = middle(&mut a, reuse);
+        a.set_checkpoint_dir(Some(dir.clone()), Duration::ZERO)
+            .unwrap();
+        let file = checkpoint::path(&dir, 3);
+        let mut saved = Vec::new();
+        a.submit(3, PROMPT, c).unwrap();
+        let out = a.run(&mut |ev| {
+            if let Ok(b) = std::fs::read(&file) {
+                saved.push((ev.step, b));
+            }
+        });
+        let want = out[0].as_ref().unwrap();
+        assert!(saved.len() >= 6, "only {} checkpoints", saved.len());
+        for (step, bytes) in &saved {
+            let ck = checkpoint::decode(bytes).unwrap();
+            let mut b = Engine::new(&default_weights(), 1).unwrap();
+            b.resume(ck).unwrap();
+            let got = b.run(&mut |_| {});
+            let got = got[0].as_ref().unwrap();
+            assert!(
+                got.latent == want.latent,
+                "{reuse:?}: resumed before step {step}, the output changed"
+            );
+            assert_eq!(got.report.active_per_step, want.report.active_per_step);
+            assert_eq!(got.report.work_skipped, want.report.work_skipped);
+        }
+        // Damaged forecast state is refused, the real one still resumes.
+        let (_, bytes) = saved.last().unwrap();
+        let ck = checkpoint::decode(bytes).unwrap();
+        let series = ck.series.as_ref().expect("the residual's forecast");
+        assert_eq!(series.slope.is_empty(), reuse == Reuse::Stale);
+        let mut b = Engine::new(&default_weights(), 1).unwrap();
+        let mut wrong = ck.clone();
+        wrong.series.as_mut().unwrap().base.pop();
+        assert!(b.resume(wrong).unwrap_err().to_string().contains("damaged"));
+        let mut wrong = ck.clone();
+        wrong.series.as_mut().unwrap().last = ck.step;
+        assert!(b.resume(wrong).is_err());
+        let mut wrong = ck.clone();
+        wrong.cfg.reuse = (reuse.order() + 1) % 3;
+        assert!(b.resume(wrong).is_err(), "a forecast of another order");
+        b.resume(ck).unwrap();
+        assert!(b.run(&mut |_| {})[0].is_ok());
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
