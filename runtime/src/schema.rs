@@ -65,7 +65,7 @@ pub struct RequestFields {
     pub reuse: Option<String>,
     /// Monotasks per step: a number, `"workers"` or `"per-patch"`.
     pub monotasks: Option<Count>,
-    /// Whole-step caching's threshold.
+    /// The threshold of whole-step caching (`teacache`) and of DBCache (`dbcache`).
     pub cache_threshold: Option<f64>,
     /// Scheduling priority.
     pub priority: Option<u64>,

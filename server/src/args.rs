@@ -217,7 +217,9 @@ pub(crate) struct Knobs {
     /// --workers; workers: one per worker; per-patch: DistriFusion's displaced patches.
     #[arg(long, default_value = "1", value_parser = parse_monotasks)]
     pub(crate) monotasks: Monotasks,
-    /// teacache: skip a step while the accumulated change stays under T (>= 0).
+    /// teacache: skip a step while the accumulated change stays under T (>= 0); dbcache:
+    /// skip the blocks after the first while its residual's change since the last computed
+    /// step stays under T.
     #[arg(long, default_value_t = DEFAULT_CACHE_THRESHOLD)]
     pub(crate) cache_threshold: f32,
 }
