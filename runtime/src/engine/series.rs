@@ -152,4 +152,38 @@ mod tests {
         assert_eq!(at(&s, 10), f(10));
         assert!(s.well_formed(1) && !s.well_formed(2));
     }
+
+    proptest::proptest! {
+        /// For any polynomial of degree at most the order, computed at any increasing steps
+        /// (at least order + 1 of them), the forecast at any later step is the polynomial's
+        /// value; order 0 always gives the last computation.
+        #[test]
+        fn a_polynomial_of_the_order_is_forecast_exactly(
+            order in 0u8..3,
+            coef in proptest::collection::vec(-2.0f64..2.0, 3),
+            gaps in proptest::collection::vec(1u32..5, 3..6),
+            ahead in 1u32..6,
+        ) {
+            let f = |n: u32| {
+                let t = n as f64 / 10.0;
+                let mut v = coef[0];
+                if order >= 1 { v += coef[1] * t; }
+                if order >= 2 { v += coef[2] * t * t; }
+                vec![v as f32]
+            };
+            let mut n = 2u32;
+            let mut s = Series::start(f(n), n, order);
+            for g in &gaps {
+                n += g;
+                s.update(&f(n), n);
+            }
+            proptest::prop_assert!(s.well_formed(order));
+            let got = at(&s, n + ahead)[0];
+            let want = if order == 0 { f(n)[0] } else { f(n + ahead)[0] };
+            proptest::prop_assert!(
+                (got - want).abs() <= 1e-3 * (1.0 + want.abs()),
+                "order {} at {}: {} against {}", order, n + ahead, got, want
+            );
+        }
+    }
 }
