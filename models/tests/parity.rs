@@ -69,6 +69,14 @@ fn t(v: &[f32], shape: &[usize]) -> Tensor {
     Tensor::from_slice(v, shape, &Device::Cpu).unwrap()
 }
 
+/// The golden prompt's context and its step's conditioning.
+fn golden_step(m: &TinyDit, g: &Golden) -> (Tensor, Tensor) {
+    let context = m.encode_ids(&g.i("ids")).unwrap();
+    let context = t(&context, &[context.len()]);
+    let cond = m.step_cond(&context, g.f("t")[0]).unwrap();
+    (context, cond)
+}
+
 fn flat(x: &Tensor) -> Vec<f32> {
     x.flatten_all().unwrap().to_vec1().unwrap()
 }
@@ -80,9 +88,7 @@ fn full_forward_cross_attention_and_importance_match() {
     let (m, g) = (model(), Golden::open());
     let cfg = m.config().clone();
     let tokens = cfg.tokens();
-    let context = m.encode_ids(&g.i("ids")).unwrap();
-    let context = t(&context, &[context.len()]);
-    let cond = m.step_cond(&context, g.f("t")[0]).unwrap();
+    let (context, cond) = golden_step(&m, &g);
     let step = StepInput {
         context: &context,
         cond: &cond,
@@ -433,9 +439,7 @@ fn the_sampling_schedule_is_the_weights_shift() {
 fn the_split_forward_is_the_full_forward() {
     let (m, g) = (model(), Golden::open());
     let cfg = m.config().clone();
-    let context = m.encode_ids(&g.i("ids")).unwrap();
-    let context = t(&context, &[context.len()]);
-    let cond = m.step_cond(&context, g.f("t")[0]).unwrap();
+    let (context, cond) = golden_step(&m, &g);
     let step = StepInput {
         context: &context,
         cond: &cond,

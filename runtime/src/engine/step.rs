@@ -195,11 +195,7 @@ impl Engine {
             r.report.reuse_err2 += e2;
             r.report.reuse_norm2 += n2;
         }
-        let h = self.model.time(r.step, r.cfg.steps) - self.model.time(r.step + 1, r.cfg.steps);
-        let (v, x) = r.state.get_pair(Region::Velocity, Region::X);
-        for (xi, vi) in x.iter_mut().zip(v) {
-            *xi -= h * vi;
-        }
+        methods::euler(&*self.model, r);
         r.step += 1;
         r.report.time.compute += t0.elapsed();
     }

@@ -11,7 +11,7 @@ use std::time::Instant;
 
 use flashdiff_models::{Denoiser, ModelError, StepInput, Tensor};
 
-use super::Method;
+use super::{euler, step_tensors, Method};
 use crate::engine::request::Request;
 use crate::engine::series::Series;
 use crate::engine::{EngineError, LayoutKind, RequestConfig, FINAL_FULL_STEPS};
@@ -47,15 +47,7 @@ impl Method for DbCache {
         let t0 = Instant::now();
         let dims = model.dims();
         let (tokens, channels) = (dims.grid.tokens(), dims.channels);
-        let at = r.step as usize * dims.cond_len;
-        let cond = Tensor::from_slice(
-            &r.conds[at..at + dims.cond_len],
-            dims.cond_len,
-            model.device(),
-        )
-        .map_err(ModelError::from)?;
-        let x = Tensor::from_slice(r.state.get(Region::X), (tokens, channels), model.device())
-            .map_err(ModelError::from)?;
+        let (x, cond) = step_tensors(model, r)?;
         let step = StepInput {
             context: &r.context,
             cond: &cond,
@@ -112,11 +104,7 @@ impl Method for DbCache {
             )));
         }
         r.state.get_mut(Region::Velocity).copy_from_slice(&v);
-        let h = model.time(r.step, r.cfg.steps) - model.time(r.step + 1, r.cfg.steps);
-        let (v, x) = r.state.get_pair(Region::Velocity, Region::X);
-        for (xi, vi) in x.iter_mut().zip(v) {
-            *xi -= h * vi;
-        }
+        euler(model, r);
         r.report.active_per_step.push(u32::from(!skip));
         r.report.patch_steps += 1;
         if !skip {

@@ -143,9 +143,9 @@ fn gate_choose(
     Ok(())
 }
 
-/// Block 0's modulated input for the whole latent at the request's step (`tokens x width`,
-/// flattened): the cheap signal the accumulated-change rules read.
-fn block0_input(model: &dyn Denoiser, r: &Request) -> Result<Vec<f32>, ModelError> {
+/// The request's latent (`tokens x channels`) and its step's conditioning as tensors on the
+/// model's device: what a method that runs part of the model itself passes it.
+fn step_tensors(model: &dyn Denoiser, r: &Request) -> Result<(Tensor, Tensor), ModelError> {
     let dims = model.dims();
     let at = r.step as usize * dims.cond_len;
     let cond = Tensor::from_slice(
@@ -158,6 +158,13 @@ fn block0_input(model: &dyn Denoiser, r: &Request) -> Result<Vec<f32>, ModelErro
         (dims.grid.tokens(), dims.channels),
         model.device(),
     )?;
+    Ok((x, cond))
+}
+
+/// Block 0's modulated input for the whole latent at the request's step (`tokens x width`,
+/// flattened): the cheap signal the accumulated-change rules read.
+fn block0_input(model: &dyn Denoiser, r: &Request) -> Result<Vec<f32>, ModelError> {
+    let (x, cond) = step_tensors(model, r)?;
     let step = StepInput {
         context: &r.context,
         cond: &cond,
@@ -168,18 +175,23 @@ fn block0_input(model: &dyn Denoiser, r: &Request) -> Result<Vec<f32>, ModelErro
         .to_vec1::<f32>()?)
 }
 
-/// Advances the whole latent through the request's step without the model: every token's
-/// velocity forecast from its computed steps (or reused as last computed without a
-/// forecaster), then the Euler update.
-fn forecast_whole_step(model: &dyn Denoiser, r: &mut Request) {
+/// The Euler update of the request's step with the velocities in its state.
+pub(super) fn euler(model: &dyn Denoiser, r: &mut Request) {
     let h = model.time(r.step, r.cfg.steps) - model.time(r.step + 1, r.cfg.steps);
-    if let Some(tr) = r.track.as_ref() {
-        forecast_velocity(&mut r.state, tr, r.step, model.dims().channels);
-    }
     let (v, x) = r.state.get_pair(Region::Velocity, Region::X);
     for (xi, vi) in x.iter_mut().zip(v) {
         *xi -= h * vi;
     }
+}
+
+/// Advances the whole latent through the request's step without the model: every token's
+/// velocity forecast from its computed steps (or reused as last computed without a
+/// forecaster), then the Euler update.
+fn forecast_whole_step(model: &dyn Denoiser, r: &mut Request) {
+    if let Some(tr) = r.track.as_ref() {
+        forecast_velocity(&mut r.state, tr, r.step, model.dims().channels);
+    }
+    euler(model, r);
     r.step += 1;
     r.report.active_per_step.push(0);
     r.report.patch_steps += r.layout.as_ref().map_or(1, |l| l.patches() as u64);
