@@ -1,6 +1,7 @@
 //! The outputs of a fixed set of requests, pinned by hash: every execution mode on every
-//! built-in model, in process, on worker threads and in worker processes, and the FLUX
-//! structure (random weights of a small config) through the engine. A change that is meant
+//! built-in model (DBCache on those whose forward runs in parts), in process, on worker
+//! threads and in worker processes, and the FLUX structure (random weights of a small
+//! config) through the engine. A change that is meant
 //! to move code without changing behaviour must leave every hash as it is.
 //!
 //! A hash covers the final latent, the decoded sample and the count of active patches per
@@ -12,6 +13,7 @@ use std::sync::Arc;
 
 use flashdiff_runtime::engine::{
     builtin_weights, Engine, LayoutKind, Mode, Output, RequestConfig, Reuse, BUILTIN_MODELS,
+    DBCACHE_FRONT_BLOCKS,
 };
 use flashdiff_runtime::models::flux::{EncodedPrompt, FluxCheckpoint, FluxDenoiser, PromptEncoder};
 use flashdiff_runtime::models::{Denoiser, Device, ModelError, Tensor};
@@ -76,6 +78,9 @@ const PINNED: &[(&str, &str, u64)] = &[
     ("tinyaudio", "ras stale", 0x4e3777b5ad3493f9),
     ("tinyaudio", "teacache", 0x959aedead5e14230),
     ("tinyaudio", "teacache stale", 0x80efc1e3b8eabce7),
+    ("tinyaudio", "dbcache", 0xe80e7c72f1ace302),
+    ("tinyaudio", "dbcache order 2", 0x3d0a135e11c7fab0),
+    ("tinyaudio", "dbcache stale", 0x5865eedbc343b2c8),
     ("tinydit", "flashdiff", 0x22813b44a0c6189d),
     ("tinydit", "flashdiff-3-monotasks", 0x0dd196ec27d09863),
     ("tinydit", "flashdiff-adaptive-eps", 0x22813b44a0c6189d),
@@ -94,6 +99,9 @@ const PINNED: &[(&str, &str, u64)] = &[
     ("tinydit", "ras stale", 0x2f5ee5fca7379f35),
     ("tinydit", "teacache", 0x7ab90b533cd44a2a),
     ("tinydit", "teacache stale", 0x5fa1c8c833b21d08),
+    ("tinydit", "dbcache", 0x0908f73ba306a30c),
+    ("tinydit", "dbcache order 2", 0xaa6ac652ddd8a2ba),
+    ("tinydit", "dbcache stale", 0x099a58c9c8418a86),
     ("tinyvideo", "flashdiff", 0xd7d292e6a15fe7db),
     ("tinyvideo", "flashdiff-3-monotasks", 0x9ec2776cd77ff611),
     ("tinyvideo", "flashdiff-adaptive-eps", 0xd7d292e6a15fe7db),
@@ -112,6 +120,9 @@ const PINNED: &[(&str, &str, u64)] = &[
     ("tinyvideo", "ras stale", 0x8ede1d7b85d3e631),
     ("tinyvideo", "teacache", 0x3b5e0a23bd3a1b3c),
     ("tinyvideo", "teacache stale", 0x54fafc775270b125),
+    ("tinyvideo", "dbcache", 0xf9dcd29cc4006d5d),
+    ("tinyvideo", "dbcache order 2", 0x0a01620be72e7369),
+    ("tinyvideo", "dbcache stale", 0x08574dc0870ea5b9),
     ("tinyflux", "flashdiff", 0x7e061806ce753b4b),
     ("tinyflux", "flashdiff-3-monotasks", 0x522161efd1c44e54),
     ("tinyflux", "flashdiff-adaptive-eps", 0x7e061806ce753b4b),
@@ -376,6 +387,22 @@ fn every_mode_of_every_built_in_model_keeps_its_output() {
                 case.to_string(),
                 run(&mut here, model, cfg),
             ));
+        }
+        // DBCache on the models whose forward runs in parts.
+        if here.model().depth() > DBCACHE_FRONT_BLOCKS {
+            for (case, reuse) in [
+                ("dbcache", Reuse::Extrapolate),
+                ("dbcache order 2", Reuse::Extrapolate2),
+                ("dbcache stale", Reuse::Stale),
+            ] {
+                let cfg = RequestConfig {
+                    mode: Mode::DbCache,
+                    cache_threshold: 0.2,
+                    reuse,
+                    ..base()
+                };
+                got.push((model.into(), case.into(), run(&mut here, model, cfg)));
+            }
         }
     }
     check(got);
