@@ -1262,3 +1262,49 @@ fn each_model_gets_its_own_warm_up_unless_one_is_given() {
     );
     std::fs::remove_dir_all(&dir).ok();
 }
+
+/// `--mode dbcache`: the built-in image model runs it (the first block every step, the rest
+/// skipped at a loose threshold, so the work skipped is below the patch-steps skipped: a
+/// skipped step still runs one of six blocks); a model whose forward runs only whole refuses
+/// it before generating, naming the mode.
+#[test]
+fn generate_runs_dbcache_where_the_model_runs_its_blocks_apart() {
+    let dir = std::env::temp_dir().join(format!("flashdiff-cli-dbcache-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    // 20 steps, 3 warm-up, a threshold nothing reaches: the first step after the warm-up
+    // and the last computed, 15 skipped at a sixth of a step each.
+    let (stdout, _) = succeeds_with(
+        flashdiff()
+            .args([
+                "generate",
+                "a red circle top left on a blue background",
+                "--steps",
+                "20",
+                "--warmup",
+                "3",
+                "--mode",
+                "dbcache",
+                "--cache-threshold",
+                "1000",
+                "-o",
+            ])
+            .arg(dir.join("out.png")),
+        &[
+            "patch-steps computed 2 of 17",
+            "model work skipped incl. warm-up 62.5%",
+        ],
+    );
+    assert!(stdout.contains("dbcache"), "{stdout}");
+    each_fails_with(&[(
+        &[
+            "generate",
+            "a red circle",
+            "--model",
+            "tinyflux",
+            "--mode",
+            "dbcache",
+        ],
+        "dbcache runs the model's first block alone",
+    )]);
+    std::fs::remove_dir_all(&dir).ok();
+}
