@@ -154,6 +154,28 @@ fn a_request_resumes_from_any_checkpoint_bit_identical() {
         let mut wrong = ck.clone();
         wrong.cfg.reuse = (reuse.order() + 1) % 3;
         assert!(b.resume(wrong).is_err(), "a forecast of another order");
+        // A forecast of another width (a whole number of rows per token, as a checkpoint of
+        // another model's hidden size would be) is accepted on resume and refused by the
+        // step that reads it, with what was wrong, instead of a panic.
+        let mut other = ck.clone();
+        let s = other.series.as_mut().unwrap();
+        let n = 64 * 3;
+        s.base = vec![0.0; n];
+        s.slope = if s.slope.is_empty() {
+            Vec::new()
+        } else {
+            vec![0.0; n]
+        };
+        s.curve = if s.curve.is_empty() {
+            Vec::new()
+        } else {
+            vec![0.0; n]
+        };
+        other.tea = other.tea.map(|(_, acc)| (vec![0.0; n], acc));
+        b.resume(other).unwrap();
+        let out = b.run(&mut |_| {});
+        let err = out[0].as_ref().unwrap_err().1.to_string();
+        assert!(err.contains("hidden rows"), "{err}");
         b.resume(ck).unwrap();
         assert!(b.run(&mut |_| {})[0].is_ok());
     }

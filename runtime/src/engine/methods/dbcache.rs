@@ -55,6 +55,15 @@ impl Method for DbCache {
         let embedded = model.front(&x, step, 0)?;
         let front = model.front(&x, step, FRONT_BLOCKS)?;
         let residual = flat(&front - &embedded)?;
+        if let Some(s) = r.series.as_ref().filter(|s| s.base.len() != residual.len()) {
+            // Only a damaged or foreign checkpoint gets here: the model's hidden rows are
+            // not what the forecast was made of.
+            return Err(EngineError::Config(format!(
+                "the forecast of the skipped blocks has {} values, the model's hidden rows {}",
+                s.base.len(),
+                residual.len()
+            )));
+        }
         let final_full = r.step + FINAL_FULL_STEPS >= r.cfg.steps;
         let change = match &r.tea {
             Some((prev, _)) if prev.len() == residual.len() => {
@@ -65,8 +74,6 @@ impl Method for DbCache {
             _ => f32::INFINITY,
         };
         let skip = change < r.cfg.cache_threshold && !final_full && r.series.is_some();
-        r.report.time.gate += t0.elapsed();
-        let t0 = Instant::now();
         let hidden = if skip {
             let series = r.series.as_ref().expect("checked above");
             let mut rest = vec![0.0f32; series.base.len()];
