@@ -137,7 +137,9 @@ pub enum Mode {
     /// the relative L1 change of its residual since the last computed step stays under
     /// `cache_threshold`, the other blocks are skipped and their residual is forecast
     /// (reused as last computed with [`Reuse::Stale`]). Needs a model that runs its blocks
-    /// apart ([`flashdiff_models::Denoiser::depth`]).
+    /// apart ([`flashdiff_models::Denoiser::depth`]). Its steps run on the engine's own
+    /// thread, not on the workers: a comparison baseline, which holds the engine for the
+    /// length of its steps when other requests are in flight.
     DbCache,
     /// Region-adaptive sampling (RAS-style): each step recomputes the `ras_ratio` share of 2x2
     /// token regions whose velocity changed most, the rest reuse their velocity and K/V
