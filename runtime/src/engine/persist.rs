@@ -291,7 +291,8 @@ fn restore_policies(c: &Checkpoint, dims: &Dims, uses_gate: bool) -> Result<Poli
 
 /// DBCache's residual forecast from a checkpoint (untrusted): its parts of one width, a
 /// whole number of rows per token, the request's order, and a last computation before the
-/// checkpoint's step. Its width against the model's is checked by the model when it runs.
+/// checkpoint's step. Its width against the model's hidden rows is checked by the step
+/// that reads it.
 fn restore_series(c: &Checkpoint, tokens: usize, order: u8) -> Result<Option<Series>, String> {
     let Some(s) = &c.series else {
         return Ok(None);
