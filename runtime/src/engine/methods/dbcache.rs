@@ -11,7 +11,7 @@ use std::time::Instant;
 
 use flashdiff_models::{Denoiser, ModelError, StepInput, Tensor};
 
-use super::{euler, step_tensors, Method};
+use super::{euler, relative_l1, step_tensors, Method};
 use crate::engine::request::Request;
 use crate::engine::series::Series;
 use crate::engine::{EngineError, LayoutKind, RequestConfig, FINAL_FULL_STEPS};
@@ -66,11 +66,7 @@ impl Method for DbCache {
         }
         let final_full = r.step + FINAL_FULL_STEPS >= r.cfg.steps;
         let change = match &r.tea {
-            Some((prev, _)) if prev.len() == residual.len() => {
-                let num: f32 = residual.iter().zip(prev).map(|(a, b)| (a - b).abs()).sum();
-                let den: f32 = prev.iter().map(|b| b.abs()).sum::<f32>().max(1e-12);
-                num / den
-            }
+            Some((prev, _)) if prev.len() == residual.len() => relative_l1(&residual, prev),
             _ => f32::INFINITY,
         };
         let skip = change < r.cfg.cache_threshold && !final_full && r.series.is_some();

@@ -175,6 +175,14 @@ fn block0_input(model: &dyn Denoiser, r: &Request) -> Result<Vec<f32>, ModelErro
         .to_vec1::<f32>()?)
 }
 
+/// The relative L1 change from `prev` to `now`: `sum |now - prev| / sum |prev|`, the
+/// measure the whole-latent caching rules threshold.
+fn relative_l1(now: &[f32], prev: &[f32]) -> f32 {
+    let num: f32 = now.iter().zip(prev).map(|(a, b)| (a - b).abs()).sum();
+    let den: f32 = prev.iter().map(|b| b.abs()).sum::<f32>().max(1e-12);
+    num / den
+}
+
 /// The Euler update of the request's step with the velocities in its state.
 pub(super) fn euler(model: &dyn Denoiser, r: &mut Request) {
     let h = model.time(r.step, r.cfg.steps) - model.time(r.step + 1, r.cfg.steps);

@@ -8,7 +8,7 @@ use std::time::Instant;
 
 use flashdiff_models::Denoiser;
 
-use super::{block0_input, forecast_whole_step, Method};
+use super::{block0_input, forecast_whole_step, relative_l1, Method};
 use crate::engine::request::Request;
 use crate::engine::{EngineError, LayoutKind, RequestConfig};
 
@@ -35,11 +35,7 @@ impl Method for WholeStep {
         let m = block0_input(model, r)?;
         let final_full = r.step + crate::engine::FINAL_FULL_STEPS >= r.cfg.steps;
         let acc = match &r.tea {
-            Some((prev, acc)) => {
-                let num: f32 = m.iter().zip(prev).map(|(a, b)| (a - b).abs()).sum();
-                let den: f32 = prev.iter().map(|b| b.abs()).sum::<f32>().max(1e-12);
-                acc + num / den
-            }
+            Some((prev, acc)) => acc + relative_l1(&m, prev),
             None => f32::INFINITY,
         };
         let skip = acc < r.cfg.cache_threshold && !final_full;
