@@ -303,8 +303,9 @@ typedef struct fd_request_config {
    */
   uint32_t patches;
   /**
-   * Change budget ε in [0, 1]: a step is computed once any patch has accumulated this
-   * relative change of the model's first-block input since it last ran.
+   * Change budget ε in [0, 1]: a step is computed once the patches' accumulated relative
+   * changes of the model's first-block input since they last ran reach this in root mean
+   * square, or one patch's reaches twice this.
    */
   float epsilon;
   /**

@@ -37,7 +37,7 @@ struct Setting {
 
 /// What each method is and how it reuses what it does not compute.
 const METHODS: [(&str, &str); 15] = [
-    ("flashdiff", "saliency patches, each accumulating block 0's input change; a step runs whole once any patch reaches ε or K skips, else every token is forecast; knob: ε, then K at ε 1, each at first and at second order (\"order 2\": skipped velocities along the parabola through their last three computations)"),
+    ("flashdiff", "saliency patches, each accumulating block 0's input change; a step runs whole once their accumulated changes reach ε in root mean square (or one patch 2ε, or a patch K skips), else every token is forecast; knob: ε, then K at ε 1, each at first and at second order (\"order 2\": skipped velocities along the parabola through their last three computations)"),
     ("flashdiff-budget", "FlashDiff under a work budget F: floor(F x steps) computed steps, the warm-up and final step among them, paced by the same accumulated change (latency known at admission); knob: F, at first and second order"),
     ("flashdiff-order1", "ablation: FlashDiff's first-order settings alone (read from its rows without \"order 2\")"),
     ("flashdiff-uniform", "ablation: FlashDiff on a uniform grid of patches instead of the saliency cut; same knob"),

@@ -3,11 +3,11 @@
 //! A request given a work budget F (its model work as a fraction of full computation's) may
 //! compute `floor(F * steps)` steps; the warm-up and the final steps are always computed, so
 //! a [`Pace`] is given the steps still to decide and how many of them it may compute. It
-//! spends that allowance where the latent moves: a step is computed when the largest
-//! accumulated change of any patch since the last computed step (the change budget's
-//! [`crate::budget::Budget::accumulated`]) reaches the change the remaining steps are
-//! expected to bring per computed step, `rate * steps_left / (computes_left + 1)`, with
-//! `rate` this step's largest one-step change. At a steady rate that computes every
+//! spends that allowance where the latent moves: a step is computed when the level of the
+//! patches' changes accumulated since the last computed step (the change budget's
+//! [`crate::budget::Budget::level`]) reaches the change the remaining steps are expected to
+//! bring per computed step, `rate * steps_left / (computes_left + 1)`, with `rate` the level
+//! of this step's one-step changes ([`crate::budget::level`]). At a steady rate that computes every
 //! `steps_left / (computes_left + 1)` steps; where the change speeds up it computes sooner.
 //! Two bounds make the count exact: a step is computed whenever the allowance covers every
 //! step left, and never once the allowance is spent. So a run computes `min(computes,
@@ -74,14 +74,14 @@ impl Pace {
         self.since
     }
 
-    /// The accumulated change at which a step is computed, given this step's largest
+    /// The accumulated change at which a step is computed, given the level of this step's
     /// one-step change `rate`: `rate * steps_left / (computes_left + 1)`.
     pub fn bar(&self, rate: f32) -> f32 {
         rate * self.steps_left as f32 / (self.computes_left as f32 + 1.0)
     }
 
-    /// Whether this step is computed: `accumulated` is the largest change any patch has
-    /// accumulated since the last computed step, `rate` this step's largest one-step change
+    /// Whether this step is computed: `accumulated` is the level of the changes accumulated
+    /// since the last computed step, `rate` the level of this step's one-step changes
     /// (a NaN or negative value counts as 0; an infinite `accumulated`, a patch that has not
     /// reported yet, is over any bar). The state changes only in [`Pace::stepped`].
     pub fn decide(&self, accumulated: f32, rate: f32) -> bool {

@@ -1,7 +1,7 @@
 //! Property tests of the change budget: the checker accepts every decision on arbitrary
 //! change streams; the rule's promises hold; bad input is refused by name.
 
-use flashdiff_gate::budget::{relative_change, Budget, BudgetConfig};
+use flashdiff_gate::budget::{level, relative_change, Budget, BudgetConfig, LONE_PATCH};
 use flashdiff_gate::checker::BudgetChecker;
 use flashdiff_gate::GateError;
 use proptest::prelude::*;
@@ -68,9 +68,12 @@ proptest! {
                 } else {
                     run[p] += 1;
                     prop_assert!(run[p] <= k, "patch {p} skipped {} > K {k}", run[p]);
-                    let bar = if computed { share * eps } else { eps };
+                    let bar = if computed { share * eps } else { LONE_PATCH * eps };
                     prop_assert!(before[p] < bar, "patch {p} skipped at {} >= {bar}", before[p]);
                 }
+            }
+            if !computed {
+                prop_assert!(level(before) < eps, "step skipped at level {} >= {eps}", level(before));
             }
         }
         // The first decision computes every patch.
@@ -121,17 +124,29 @@ fn a_quiet_step_computes_nothing_and_a_moving_patch_runs_alone() {
         share: 1.0,
         max_skip: 1000,
     };
-    let mut b = Budget::new(3, cfg).unwrap();
-    let mut active = [false; 3];
+    let mut b = Budget::new(8, cfg).unwrap();
+    let mut active = [false; 8];
     assert!(b.decide(&mut active));
     b.ran(&active).unwrap();
-    b.observe(&[0.1, 0.1, 0.1]).unwrap();
+    b.observe(&[0.1; 8]).unwrap();
     assert!(!b.decide(&mut active));
-    assert_eq!(active, [false; 3]);
+    assert_eq!(active, [false; 8]);
     b.ran(&active).unwrap();
-    b.observe(&[0.25, 0.0, 0.1]).unwrap();
+    // Patch 0 alone moves. At 0.35 the level is under ε (root mean square 0.155, half the
+    // largest 0.175)...
+    let lone = [0.25, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0];
+    b.observe(&lone).unwrap();
+    assert!((b.level() - 0.175).abs() < 1e-6, "{}", b.level());
+    assert!(!b.decide(&mut active));
+    b.ran(&active).unwrap();
+    // ...and at 0.6 = 2ε it computes the step on its own although the root mean square (0.23)
+    // is still under ε; it runs alone.
+    b.observe(&lone).unwrap();
     assert!(b.decide(&mut active));
-    assert_eq!(active, [true, false, false]);
+    assert_eq!(
+        active,
+        [true, false, false, false, false, false, false, false]
+    );
     // share 0 computes the whole step instead.
     let mut whole = Budget::from_state(flashdiff_gate::budget::BudgetState {
         cfg: BudgetConfig { share: 0.0, ..cfg },
@@ -139,9 +154,38 @@ fn a_quiet_step_computes_nothing_and_a_moving_patch_runs_alone() {
     })
     .unwrap();
     assert!(whole.decide(&mut active));
-    assert_eq!(active, [true; 3]);
+    assert_eq!(active, [true; 8]);
     whole.ran(&active).unwrap();
-    assert_eq!(whole.accumulated(), &[0.0; 3]);
+    assert_eq!(whole.accumulated(), &[0.0; 8]);
+}
+
+#[test]
+fn a_change_spread_over_the_patches_computes_at_its_root_mean_square() {
+    let cfg = BudgetConfig {
+        epsilon: 0.3,
+        share: 0.0,
+        max_skip: 1000,
+    };
+    let mut b = Budget::new(4, cfg).unwrap();
+    let mut active = [false; 4];
+    b.decide(&mut active);
+    b.ran(&active).unwrap();
+    // Every patch at 0.29, the largest included: under ε.
+    b.observe(&[0.29, 0.29, 0.29, 0.29]).unwrap();
+    assert!(!b.decide(&mut active));
+    b.ran(&active).unwrap();
+    // Two at 0.45, two at 0.05: the largest is over ε, the level (0.32) too.
+    let mut c = Budget::new(4, cfg).unwrap();
+    c.decide(&mut active);
+    c.ran(&active).unwrap();
+    c.observe(&[0.45, 0.05, 0.45, 0.05]).unwrap();
+    assert!(c.decide(&mut active));
+    // One at 0.4, the others at 0.05: the largest is over ε, the level (0.2) is not.
+    let mut d = Budget::new(4, cfg).unwrap();
+    d.decide(&mut active);
+    d.ran(&active).unwrap();
+    d.observe(&[0.4, 0.05, 0.05, 0.05]).unwrap();
+    assert!(!d.decide(&mut active), "level {}", d.level());
 }
 
 #[test]

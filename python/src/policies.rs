@@ -242,7 +242,8 @@ impl Gate {
 }
 
 /// FlashDiff's change budget for one request: each patch accumulates its change since it
-/// last ran; a step is computed once any patch reaches ε (or K skips).
+/// last ran; a step is computed once their accumulated changes reach ε in root mean square
+/// (or one patch's reaches 2ε, or a patch K skips).
 #[pyclass(module = "flashdiff._native")]
 pub struct Budget {
     inner: RBudget,

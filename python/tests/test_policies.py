@@ -154,12 +154,16 @@ def test_budget_skips_quiet_steps_and_runs_the_moving_patch():
     quiet = b.decide()
     assert not quiet.any()  # forecast whole
     b.ran(quiet)
-    b.observe(np.array([0.25, 0.0, 0.1], dtype=np.float32))
-    assert b.decide().tolist() == [True, False, False]
-    np.testing.assert_allclose(b.accumulated(), [0.35, 0.1, 0.2], rtol=1e-6)
+    # root mean square of [0.45, 0.1, 0.35] = 0.33 >= 0.3: computed, the patches at 0.3 run
+    b.observe(np.array([0.35, 0.0, 0.25], dtype=np.float32))
+    assert b.decide().tolist() == [True, False, True]
+    np.testing.assert_allclose(b.accumulated(), [0.45, 0.1, 0.35], rtol=1e-6)
     whole = flashdiff.Budget(3, epsilon=0.3, share=0.0)
     whole.ran(whole.decide())
     whole.observe(np.array([0.4, 0.0, 0.0], dtype=np.float32))
+    assert not whole.decide().any()  # one patch at 0.4: root mean square 0.23, under 2 x 0.3
+    whole.ran(whole.decide())
+    whole.observe(np.array([0.2, 0.2, 0.2], dtype=np.float32))
     assert whole.decide().tolist() == [True, True, True]  # share 0: the step runs whole
 
 

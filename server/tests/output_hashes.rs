@@ -20,7 +20,8 @@ use flashdiff_runtime::models::{Denoiser, Device, ModelError, Tensor};
 
 /// (model, case) -> hash. The patch-gate cases keep the hashes FlashDiff's paper gate gave
 /// at commit 304e0a2 (bit for bit); the change-budget cases (flashdiff, per-patch,
-/// random-patches) were recorded when the budget replaced the gate; TinyFLUX's with its
+/// random-patches) were recorded when the budget replaced the gate (TinyFLUX's per-patch and
+/// random-patches cases with the step decided on the patches' level); TinyFLUX's with its
 /// weights at training step 16000; the others date from commit 62e48ee or the engine that
 /// added them.
 const PINNED: &[(&str, &str, u64)] = &[
@@ -134,9 +135,9 @@ const PINNED: &[(&str, &str, u64)] = &[
     ("tinyflux", "no-skip", 0x4258163c204de815),
     ("tinyflux", "patch-gate", 0xfb73285ce5e32301),
     ("tinyflux", "patch-gate-3-monotasks", 0xf0961fa67400eed2),
-    ("tinyflux", "per-patch", 0x8e5f288c79a59205),
-    ("tinyflux", "per-patch-3-monotasks", 0x60cb7acb968cb2c9),
-    ("tinyflux", "random-patches", 0x4dd375152d762662),
+    ("tinyflux", "per-patch", 0xab9d2f19dac52f0b),
+    ("tinyflux", "per-patch-3-monotasks", 0x1b78ef2e74918ffd),
+    ("tinyflux", "random-patches", 0xfdc4e9f6affb7d21),
     ("tinyflux", "ras stale", 0xcc7657ddd1a4d926),
     ("tinyflux", "ras", 0x40f07c20ddf8ffb0),
     ("tinyflux", "teacache stale", 0x8dd43fca9b6f9a21),

@@ -1,7 +1,8 @@
 //! FlashDiff: saliency patches under a change budget (`flashdiff_gate::budget`). Every step
 //! each patch adds the relative L1 change of block 0's modulated input over its tokens; a
-//! step is computed once any patch has accumulated `epsilon` (or reached K skips) and is
-//! otherwise forecast for every token from the computed steps. `share` says which patches a
+//! step is computed once the patches' accumulated changes reach `epsilon` (their root mean
+//! square, or one patch alone twice that; or a patch reached K skips) and is otherwise
+//! forecast for every token from the computed steps. `share` says which patches a
 //! computed step runs: 0 (FlashDiff) every patch, 1 (the per-patch ablation) only those at
 //! the budget, the others standing in with forecast K/V and velocity. A request with a work
 //! budget F computes `floor(F * steps)` steps: which ones the work target
@@ -9,7 +10,7 @@
 
 use std::time::Instant;
 
-use flashdiff_gate::budget::{relative_change, Budget, BudgetConfig};
+use flashdiff_gate::budget::{level, relative_change, Budget, BudgetConfig};
 use flashdiff_gate::pace::{computes_for, Pace};
 use flashdiff_models::Denoiser;
 
@@ -58,7 +59,7 @@ impl FlashDiff {
                 patches,
             )?;
             budget.observe(&change)?;
-            rate = change.iter().fold(0.0, |m, &c| m.max(c));
+            rate = level(&change);
         }
         if r.cfg.adaptive_epsilon {
             let e = adaptive_epsilon(r.cfg.epsilon).epsilon(load);
@@ -70,9 +71,8 @@ impl FlashDiff {
             r.active.fill(true);
             true
         } else if let Some(fraction) = r.cfg.budget {
-            let most = budget.accumulated().iter().fold(0.0f32, |m, &a| m.max(a));
-            let computed =
-                pace(&r.cfg, fraction, r.step, &r.report.active_per_step)?.decide(most, rate);
+            let computed = pace(&r.cfg, fraction, r.step, &r.report.active_per_step)?
+                .decide(budget.level(), rate);
             r.active.fill(computed);
             computed
         } else {
