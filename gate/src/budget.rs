@@ -45,15 +45,17 @@ use crate::{check_epsilon, GateError, MAX_PATCHES};
 /// its own (see [`level`]).
 pub const LONE_PATCH: f32 = 2.0;
 
-/// The level of per-patch values (accumulated or one-step changes): their root mean square,
-/// or the largest over [`LONE_PATCH`], whichever is higher; 0 for no values, infinite when
-/// any value is. A step is computed when its accumulated level reaches ε.
+/// The level of per-patch values (accumulated or one-step changes, each >= 0): their root
+/// mean square, or the largest over [`LONE_PATCH`], whichever is higher; 0 for no values,
+/// infinite when any value is; a NaN or negative value counts as 0. A step is computed when
+/// its accumulated level reaches ε.
 pub fn level(values: &[f32]) -> f32 {
     if values.is_empty() {
         return 0.0;
     }
     let (mut squares, mut most) = (0.0f64, 0.0f32);
     for &v in values {
+        let v = if v.is_nan() || v < 0.0 { 0.0 } else { v };
         squares += v as f64 * v as f64;
         most = most.max(v);
     }

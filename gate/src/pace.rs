@@ -7,8 +7,9 @@
 //! patches' changes accumulated since the last computed step (the change budget's
 //! [`crate::budget::Budget::level`]) reaches the change the remaining steps are expected to
 //! bring per computed step, `rate * steps_left / (computes_left + 1)`, with `rate` the level
-//! of this step's one-step changes ([`crate::budget::level`]). At a steady rate that computes every
-//! `steps_left / (computes_left + 1)` steps; where the change speeds up it computes sooner.
+//! of this step's one-step changes ([`crate::budget::level`]). At a steady rate that computes
+//! every `steps_left / (computes_left + 1)` steps; where the change speeds up it computes
+//! sooner.
 //! Two bounds make the count exact: a step is computed whenever the allowance covers every
 //! step left, and never once the allowance is spent. So a run computes `min(computes,
 //! steps)` steps, and latency is known when the request is admitted.

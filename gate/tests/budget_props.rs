@@ -101,6 +101,19 @@ proptest! {
     }
 
     #[test]
+    fn the_level_is_the_root_mean_square_or_the_largest_over_lone_patch(
+        values in prop::collection::vec(0.0f32..3.0, 1..40),
+    ) {
+        let n = values.len() as f64;
+        let rms = (values.iter().map(|&v| v as f64 * v as f64).sum::<f64>() / n).sqrt();
+        let most = values.iter().fold(0.0f64, |m, &v| m.max(v as f64));
+        let want = rms.max(most / LONE_PATCH as f64);
+        let got = level(&values) as f64;
+        prop_assert!((got - want).abs() <= 1e-5 * want.max(1e-6), "{got} against {want}");
+        prop_assert!(got <= most * (1.0 + 1e-6), "the level {got} exceeds the largest {most}");
+    }
+
+    #[test]
     fn relative_change_is_each_patchs_l1_ratio(
         before in prop::collection::vec(0.1f32..2.0, 6),
         now in prop::collection::vec(-2.0f32..2.0, 6),
@@ -186,6 +199,15 @@ fn a_change_spread_over_the_patches_computes_at_its_root_mean_square() {
     d.ran(&active).unwrap();
     d.observe(&[0.4, 0.05, 0.05, 0.05]).unwrap();
     assert!(!d.decide(&mut active), "level {}", d.level());
+}
+
+#[test]
+fn the_level_of_nothing_infinity_and_nan() {
+    assert_eq!(level(&[]), 0.0);
+    assert_eq!(level(&[0.1, f32::INFINITY]), f32::INFINITY);
+    // A NaN counts as 0: [0.3, 0] -> root mean square 0.212, half the largest 0.15.
+    assert!((level(&[0.3, f32::NAN]) - 0.045f32.sqrt()).abs() < 1e-6);
+    assert!((level(&[0.3, -1.0]) - 0.045f32.sqrt()).abs() < 1e-6);
 }
 
 #[test]
