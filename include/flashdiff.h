@@ -303,9 +303,9 @@ typedef struct fd_request_config {
    */
   uint32_t patches;
   /**
-   * Change budget ε in [0, 1]: a step is computed once the patches' accumulated relative
-   * changes of the model's first-block input since they last ran reach this in root mean
-   * square, or one patch's reaches twice this.
+   * Change budget ε in [0, 1]: a step is computed once the latent's accumulated relative
+   * change of the model's first-block input since the last computed step (the patches'
+   * changes weighted by their share of it) reaches this, or one patch's reaches twice this.
    */
   float epsilon;
   /**

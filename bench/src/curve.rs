@@ -37,7 +37,7 @@ struct Setting {
 
 /// What each method is and how it reuses what it does not compute.
 const METHODS: [(&str, &str); 15] = [
-    ("flashdiff", "saliency patches, each accumulating block 0's input change; a step runs whole once their accumulated changes reach ε in root mean square (or one patch 2ε, or a patch K skips), else every token is forecast; knob: ε, then K at ε 1, each at first and at second order (\"order 2\": skipped velocities along the parabola through their last three computations)"),
+    ("flashdiff", "saliency patches, each accumulating block 0's input change; a step runs whole once the latent's accumulated change (the patches' weighted by their share of that input) reaches ε (or one patch 2ε, or a patch K skips), else every token is forecast; knob: ε at K 3, K at ε 1, ε with no K bound (K = steps), each at first and at second order (\"order 2\": skipped velocities along the parabola through their last three computations)"),
     ("flashdiff-budget", "FlashDiff under a work budget F: floor(F x steps) computed steps, the warm-up and final step among them, paced by the same accumulated change (latency known at admission); knob: F, at first and second order"),
     ("flashdiff-order1", "ablation: FlashDiff's first-order settings alone (read from its rows without \"order 2\")"),
     ("flashdiff-uniform", "ablation: FlashDiff on a uniform grid of patches instead of the saliency cut; same knob"),
@@ -65,11 +65,11 @@ fn settings(base: &RequestConfig, workers: u32, dbcache: bool) -> Vec<Setting> {
         },
     }];
     // ε at the default K; K at ε 1 (where no patch reaches its budget and K alone spaces
-    // the computed steps); and ε at a loose K, where the budget alone places the computed
-    // steps below a third of the work (as whole-step caching's threshold does).
+    // the computed steps); and ε with no K bound (K = steps), where the budget alone places
+    // the computed steps as whole-step caching's threshold does.
     let k = base.max_skip;
-    let loose = k + 9;
-    let budget_knob = [
+    let unbounded = base.steps;
+    let mut budget_knob = vec![
         (0.02f32, k),
         (0.05, k),
         (0.07, k),
@@ -83,16 +83,11 @@ fn settings(base: &RequestConfig, workers: u32, dbcache: bool) -> Vec<Setting> {
         (1.0, k + 2),
         (1.0, k + 3),
         (1.0, k + 5),
-        (1.0, loose),
-        (0.07, loose),
-        (0.1, loose),
-        (0.15, loose),
-        (0.2, loose),
-        (0.25, loose),
-        (0.3, loose),
-        (0.4, loose),
-        (0.5, loose),
+        (1.0, k + 9),
     ];
+    for e in [0.07f32, 0.1, 0.15, 0.2, 0.25, 0.3, 0.4, 0.5, 0.8, 1.0] {
+        budget_knob.push((e, unbounded));
+    }
     // Every method that forecasts gets both forecasters: its knob at first order and again
     // at second order, on knob lines of their own ("ε 0.1 K 3 order 2").
     let orders: Vec<(Reuse, &str)> = if base.reuse == Reuse::Extrapolate {
@@ -107,7 +102,7 @@ fn settings(base: &RequestConfig, workers: u32, dbcache: bool) -> Vec<Setting> {
         ("random-patches", Mode::RandomPatches, base.layout),
     ] {
         for &(reuse, order) in &orders {
-            for (e, k) in budget_knob {
+            for &(e, k) in &budget_knob {
                 v.push(Setting {
                     method,
                     label: format!("ε {e} K {k}{order}"),

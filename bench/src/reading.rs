@@ -120,6 +120,9 @@ pub fn interpolate(c: &[(f64, f64)], w: f64) -> Option<f64> {
         let span = p[1].0 - p[0].0;
         if span <= 1e-12 {
             p[0].1.max(p[1].1)
+        } else if w == p[1].0 {
+            // Exactly at a setting, its own value (the blend would round it).
+            p[1].1
         } else {
             p[0].1 + (p[1].1 - p[0].1) * (w - p[0].0) / span
         }
@@ -174,6 +177,15 @@ mod tests {
         near(0.3, 15.0);
         near(0.6, 30.0);
         near(0.2, 10.0);
+        // At a setting the line reads its value exactly, not a rounded blend of two.
+        let odd = [
+            (0.2875, 7.862856523183915),
+            (0.30000000000000004, 18.023571282121896),
+        ];
+        assert_eq!(
+            interpolate(&odd, 0.30000000000000004),
+            Some(18.023571282121896)
+        );
         assert_eq!(interpolate(&c, 0.1), None);
         assert_eq!(interpolate(&c, 0.9), None);
     }

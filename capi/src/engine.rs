@@ -44,9 +44,9 @@ pub struct fd_request_config {
     pub warmup: u32,
     /// Patch count; 0 lets the adaptive controller choose.
     pub patches: u32,
-    /// Change budget ε in [0, 1]: a step is computed once the patches' accumulated relative
-    /// changes of the model's first-block input since they last ran reach this in root mean
-    /// square, or one patch's reaches twice this.
+    /// Change budget ε in [0, 1]: a step is computed once the latent's accumulated relative
+    /// change of the model's first-block input since the last computed step (the patches'
+    /// changes weighted by their share of it) reaches this, or one patch's reaches twice this.
     pub epsilon: f32,
     /// Longest run of skips per patch.
     pub max_skip: u32,

@@ -12,7 +12,9 @@ fn from_gate(e: GateError) -> Fail {
         GateError::BadEpsilon(_) | GateError::BadEta(_) | GateError::BadShare(_) => {
             fd_status::FD_ERR_CONFIG
         }
-        GateError::BadImportance { .. } | GateError::BadChange { .. } => fd_status::FD_ERR_VALUE,
+        GateError::BadImportance { .. }
+        | GateError::BadChange { .. }
+        | GateError::BadSignal { .. } => fd_status::FD_ERR_VALUE,
         GateError::BadPatch { .. } => fd_status::FD_ERR_INDEX,
         GateError::NotActive { .. } => fd_status::FD_ERR_NOT_ACTIVE,
         GateError::BadBuffer { .. } => fd_status::FD_ERR_LENGTH,

@@ -131,6 +131,7 @@ impl GateChecker {
 pub struct BudgetChecker {
     cfg: crate::budget::BudgetConfig,
     acc: Vec<Option<f64>>,
+    whole: Option<f64>,
     run: Vec<u32>,
 }
 
@@ -140,6 +141,7 @@ impl BudgetChecker {
         Self {
             cfg,
             acc: vec![None; patches],
+            whole: None,
             run: vec![0; patches],
         }
     }
@@ -149,12 +151,32 @@ impl BudgetChecker {
         self.cfg.epsilon = epsilon;
     }
 
-    /// A step's change per patch was reported (and accepted).
+    /// A step's change per patch was reported (and accepted), every patch weighing the same.
     pub fn observed(&mut self, change: &[f32]) {
+        self.observed_weighted(change, &vec![1.0; change.len()]);
+    }
+
+    /// A step's change per patch was reported (and accepted) with each patch's share of the
+    /// signal; the latent's change is their weighted mean (uniform when the signal sums to 0).
+    pub fn observed_weighted(&mut self, change: &[f32], signal: &[f32]) {
         for (a, &c) in self.acc.iter_mut().zip(change) {
             if let Some(a) = a {
                 *a += c as f64;
             }
+        }
+        let total: f64 = signal.iter().map(|&w| w as f64).sum();
+        let step = if total > 0.0 {
+            change
+                .iter()
+                .zip(signal)
+                .map(|(&c, &w)| c as f64 * w as f64)
+                .sum::<f64>()
+                / total
+        } else {
+            change.iter().map(|&c| c as f64).sum::<f64>() / change.len().max(1) as f64
+        };
+        if let Some(w) = &mut self.whole {
+            *w += step;
         }
     }
 
@@ -180,16 +202,16 @@ impl BudgetChecker {
                 Some(a) => Some(a >= bar),
             }
         };
-        // The step: computed at the K bound, or when the level (root mean square, or the
-        // largest over LONE_PATCH) reaches ε; a patch yet to report makes it infinite.
+        // The step: computed at the K bound, or when the level (the latent's accumulated
+        // change, or the largest patch's over LONE_PATCH) reaches ε; a patch yet to report,
+        // or no computed step yet, makes it infinite.
         let forced = self.run.iter().any(|&r| r >= self.cfg.max_skip);
-        let level = if self.acc.iter().any(Option::is_none) {
-            f64::INFINITY
-        } else {
-            let v: Vec<f64> = self.acc.iter().map(|a| a.unwrap_or(0.0)).collect();
-            let rms = (v.iter().map(|a| a * a).sum::<f64>() / n.max(1) as f64).sqrt();
-            let most = v.iter().fold(0.0f64, |m, &a| m.max(a));
-            rms.max(most / crate::budget::LONE_PATCH as f64)
+        let level = match (self.whole, self.acc.iter().any(Option::is_none)) {
+            (Some(whole), false) => {
+                let most = self.acc.iter().fold(0.0f64, |m, a| m.max(a.unwrap_or(0.0)));
+                whole.max(most / crate::budget::LONE_PATCH as f64)
+            }
+            _ => f64::INFINITY,
         };
         let want = if forced || (n > 0 && level.is_infinite()) {
             Some(true)
@@ -211,8 +233,16 @@ impl BudgetChecker {
         }
         if computed {
             let bar = self.cfg.share as f64 * eps;
+            let dues: Vec<Option<bool>> = (0..n).map(|p| due(p, bar)).collect();
+            // No patch due: the step runs whole; a patch near its bar may go either way.
+            let whole = !dues.contains(&Some(true));
+            if whole && !dues.contains(&None) && active.contains(&false) {
+                return Err(format!(
+                    "the step is computed and no patch reached {bar}, yet not every patch ran"
+                ));
+            }
             for (p, &on) in active.iter().enumerate() {
-                if due(p, bar).is_some_and(|d| d != on) {
+                if !whole && dues[p].is_some_and(|d| d != on) {
                     return Err(format!(
                         "patch {p}: {} with accumulated change {:?} against {bar} (skipped {} in a row)",
                         if on { "ran" } else { "skipped" },
@@ -235,6 +265,9 @@ impl BudgetChecker {
             } else {
                 *run = run.saturating_add(1);
             }
+        }
+        if active.contains(&true) {
+            self.whole = Some(0.0);
         }
     }
 }

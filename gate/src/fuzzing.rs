@@ -58,7 +58,7 @@ pub fn gate(data: &[u8]) {
 
 /// Runs one fuzz case of the change budget. Panics on any violated property.
 pub fn budget(data: &[u8]) {
-    use crate::budget::{relative_change, Budget, BudgetConfig};
+    use crate::budget::{step_change, Budget, BudgetConfig};
     use crate::checker::BudgetChecker;
     if data.len() < 4 {
         return;
@@ -96,13 +96,16 @@ pub fn budget(data: &[u8]) {
                 v => x + (v as f32 - 128.0) / 64.0,
             })
             .collect();
-        let Ok(change) = relative_change(&now, &before, 1, &patch_of, r) else {
+        let Ok(step) = step_change(&now, &before, 1, &patch_of, r) else {
             panic!("sized buffers refused");
         };
-        match b.observe(&change) {
-            Ok(()) => checker.observed(&change),
+        match b.observe_weighted(&step.change, &step.signal) {
+            Ok(()) => checker.observed_weighted(&step.change, &step.signal),
             Err(GateError::BadChange { patch, .. }) => {
-                assert!(!change[patch].is_finite() || change[patch] < 0.0)
+                assert!(!step.change[patch].is_finite() || step.change[patch] < 0.0)
+            }
+            Err(GateError::BadSignal { patch, .. }) => {
+                assert!(!step.signal[patch].is_finite() || step.signal[patch] < 0.0)
             }
             Err(e) => panic!("unexpected {e}"),
         }

@@ -105,6 +105,13 @@ pub enum GateError {
         /// The value given.
         value: f32,
     },
+    /// A patch's share of the signal NaN, infinite or negative.
+    BadSignal {
+        /// Patch index.
+        patch: usize,
+        /// The value given.
+        value: f32,
+    },
     /// Patch index out of range.
     BadPatch {
         /// Index given.
@@ -159,6 +166,10 @@ impl fmt::Display for GateError {
                 "importance of patch {patch} is {value}: must be finite and >= 0"
             ),
             Self::BadShare(s) => write!(f, "share {s} must be a finite number in [0, 1]"),
+            Self::BadSignal { patch, value } => write!(
+                f,
+                "signal of patch {patch} is {value}: must be finite and >= 0"
+            ),
             Self::BadChange { patch, value } => write!(
                 f,
                 "change of patch {patch} is {value}: must be finite and >= 0"

@@ -461,16 +461,16 @@ def _partition(a: _Adapter, row: _Row, grid: Any, dev: Any) -> None:
 
 def _budget_observe(row: _Row, now: Any) -> None:
     """Feeds the budget each patch's relative L1 change of the signal (tokens x width, on the
-    device) since the last step, summed over its tokens on the device: the step's one
-    device-to-host read is the patches' changes."""
+    device) since the last step, and the patch's share of it, summed over its tokens on the
+    device: the step's one device-to-host read is the patches' changes and shares."""
     torch = _torch()
     patches = len(row.tokens)
     num = torch.zeros(patches, dtype=torch.float64, device=now.device)
     den = torch.zeros_like(num)
     num.index_add_(0, row.patch_of_t, (now - row.signal).abs().sum(dim=1, dtype=torch.float64))
     den.index_add_(0, row.patch_of_t, row.signal.abs().sum(dim=1, dtype=torch.float64))
-    change = (num / den.clamp(min=1e-12)).cpu().numpy().astype(np.float32)
-    row.budget.observe(change)
+    both = torch.stack([num / den.clamp(min=1e-12), den]).cpu().numpy().astype(np.float32)
+    row.budget.observe(both[0], both[1])
     row.signal = now
 
 

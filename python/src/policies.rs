@@ -242,8 +242,9 @@ impl Gate {
 }
 
 /// FlashDiff's change budget for one request: each patch accumulates its change since it
-/// last ran; a step is computed once their accumulated changes reach ε in root mean square
-/// (or one patch's reaches 2ε, or a patch K skips).
+/// last ran; a step is computed once the latent's accumulated change (each step's changes
+/// weighted by the patches' share of the signal) reaches ε, or one patch's reaches 2ε, or a
+/// patch K skips.
 #[pyclass(module = "flashdiff._native")]
 pub struct Budget {
     inner: RBudget,
@@ -284,10 +285,29 @@ impl Budget {
         self.inner.set_epsilon(epsilon).map_err(fail)
     }
 
-    /// Adds one step's change per patch (finite, >= 0).
-    fn observe(&mut self, change: PyReadonlyArray1<'_, f32>) -> PyResult<()> {
+    /// Adds one step's change per patch (finite, >= 0), with each patch's share of the signal
+    /// (`signal`: one finite value >= 0 per patch, e.g. `sum |before|` over its tokens; every
+    /// patch weighs the same without it).
+    #[pyo3(signature = (change, signal=None))]
+    fn observe(
+        &mut self,
+        change: PyReadonlyArray1<'_, f32>,
+        signal: Option<PyReadonlyArray1<'_, f32>>,
+    ) -> PyResult<()> {
         let v = contiguous(&change, "change")?;
-        self.inner.observe(v).map_err(fail)
+        match &signal {
+            Some(w) => {
+                let w = contiguous(w, "signal")?;
+                self.inner.observe_weighted(v, w).map_err(fail)
+            }
+            None => self.inner.observe(v).map_err(fail),
+        }
+    }
+
+    /// The level the next decision reads: the latent's accumulated change since the last
+    /// computed step, or the largest patch's over 2; the step is computed at ε.
+    fn level(&self) -> f32 {
+        self.inner.level()
     }
 
     /// The step's decision: a bool per patch, all false when the step is forecast whole.

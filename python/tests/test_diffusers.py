@@ -255,7 +255,7 @@ def test_a_smaller_budget_runs_more_steps(model):
 
 def test_the_budget_reads_each_patchs_relative_change():
     """The change the budget adds up, summed per patch on the device, is the Rust
-    `relative_change` of the same signal."""
+    `relative_change` of the same signal, each patch weighted by its L1 norm."""
     from flashdiff.diffusers import _budget_observe
 
     g = torch.Generator().manual_seed(9)
@@ -270,11 +270,13 @@ def test_the_budget_reads_each_patchs_relative_change():
 
         class budget:
             @staticmethod
-            def observe(change):
-                Row.got = change
+            def observe(change, signal):
+                Row.got = (change, signal)
 
     _budget_observe(Row, now)
-    np.testing.assert_allclose(Row.got, want, rtol=1e-5)
+    np.testing.assert_allclose(Row.got[0], want, rtol=1e-5)
+    norms = [before.numpy()[patch_of == p].__abs__().sum() for p in range(3)]
+    np.testing.assert_allclose(Row.got[1], norms, rtol=1e-5)
     assert Row.signal is now
 
 

@@ -154,14 +154,20 @@ def test_budget_skips_quiet_steps_and_runs_the_moving_patch():
     quiet = b.decide()
     assert not quiet.any()  # forecast whole
     b.ran(quiet)
-    # root mean square of [0.45, 0.1, 0.35] = 0.33 >= 0.3: computed, the patches at 0.3 run
-    b.observe(np.array([0.35, 0.0, 0.25], dtype=np.float32))
+    # the latent's change: mean 0.1 + mean 0.217 = 0.317 >= 0.3: computed, the patches at 0.3 run
+    b.observe(np.array([0.35, 0.05, 0.25], dtype=np.float32))
+    assert b.level() == pytest.approx(0.95 / 3, rel=1e-6)
     assert b.decide().tolist() == [True, False, True]
-    np.testing.assert_allclose(b.accumulated(), [0.45, 0.1, 0.35], rtol=1e-6)
+    np.testing.assert_allclose(b.accumulated(), [0.45, 0.15, 0.35], rtol=1e-6)
+    # weighted by the signal, a quiet patch's large change counts for its share
+    w = flashdiff.Budget(3, epsilon=0.3, share=0.0)
+    w.ran(w.decide())
+    w.observe(np.array([0.5, 0.5, 0.01], dtype=np.float32), np.array([1, 1, 98], dtype=np.float32))
+    assert w.level() == pytest.approx(0.25, rel=1e-6) and not w.decide().any()
     whole = flashdiff.Budget(3, epsilon=0.3, share=0.0)
     whole.ran(whole.decide())
     whole.observe(np.array([0.4, 0.0, 0.0], dtype=np.float32))
-    assert not whole.decide().any()  # one patch at 0.4: root mean square 0.23, under 2 x 0.3
+    assert not whole.decide().any()  # one patch at 0.4: the latent 0.13, under 2 x 0.3
     whole.ran(whole.decide())
     whole.observe(np.array([0.2, 0.2, 0.2], dtype=np.float32))
     assert whole.decide().tolist() == [True, True, True]  # share 0: the step runs whole
@@ -173,6 +179,8 @@ def test_budget_refuses_bad_input_with_the_rust_text():
     b = flashdiff.Budget(2)
     with pytest.raises(flashdiff.Error, match="change of patch 1 is -1"):
         b.observe(np.array([0.1, -1.0], dtype=np.float32))
+    with pytest.raises(flashdiff.Error, match="signal of patch 0 is -2"):
+        b.observe(np.array([0.1, 0.1], dtype=np.float32), np.array([-2.0, 1.0], dtype=np.float32))
     with pytest.raises(flashdiff.Error, match="expected one per patch"):
         b.ran(np.array([True], dtype=np.bool_))
 

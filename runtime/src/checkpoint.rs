@@ -13,7 +13,7 @@ use std::path::{Path, PathBuf};
 use rkyv::rancor::Error as RkyvError;
 
 const MAGIC: [u8; 4] = *b"FDCK";
-const VERSION: u32 = 5;
+const VERSION: u32 = 6;
 const HEADER: usize = 24;
 /// Largest checkpoint accepted (far above any model's request state today).
 pub const MAX_CHECKPOINT: u64 = 1 << 34;
@@ -66,8 +66,8 @@ mod records {
         pub steps: u64,
     }
 
-    /// FlashDiff's change budget: its settings and every patch's accumulated change and run
-    /// of skips.
+    /// FlashDiff's change budget: its settings, every patch's accumulated change and run of
+    /// skips, and the latent's accumulated change.
     #[derive(Archive, Serialize, Deserialize, Debug, Clone, PartialEq)]
     pub struct BudgetRecord {
         pub epsilon: f32,
@@ -75,6 +75,8 @@ mod records {
         pub max_skip: u32,
         pub accumulated: Vec<f32>,
         pub skipped_run: Vec<u32>,
+        /// The latent's accumulated change since the last computed step.
+        pub whole: f32,
     }
 
     /// A forecast series (DBCache's residual): last value, first and second divided
@@ -314,6 +316,7 @@ pub fn sample() -> Checkpoint {
             max_skip: 3,
             accumulated: vec![0.0, 0.05, f32::INFINITY, 0.0],
             skipped_run: vec![0, 1, 0, 0],
+            whole: 0.02,
         }),
         track: None,
         tea: None,

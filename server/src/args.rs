@@ -178,9 +178,9 @@ pub(crate) struct Knobs {
     /// steps - 1 when there are fewer steps.
     #[arg(long)]
     pub(crate) warmup: Option<u32>,
-    /// Change budget ε in [0, 1]: a step is computed once the patches' accumulated changes of
-    /// block 0's input reach it in root mean square, or one patch's reaches twice it
-    /// (patch-gate mode: the gate's weight threshold).
+    /// Change budget ε in [0, 1]: a step is computed once the latent's accumulated relative
+    /// change of block 0's input (the patches' changes weighted by their share of it) reaches
+    /// it, or one patch's reaches twice it (patch-gate mode: the gate's weight threshold).
     #[arg(long, default_value_t = ENGINE_DEFAULT_EPSILON)]
     pub(crate) epsilon: f32,
     /// Let ε follow the load: --epsilon at one request per worker, half of it with slack,

@@ -245,6 +245,7 @@ fn restore_policies(c: &Checkpoint, dims: &Dims, uses_gate: bool) -> Result<Poli
                 },
                 accumulated: b.accumulated.clone(),
                 skipped_run: b.skipped_run.clone(),
+                whole: b.whole,
             })?;
             if budget.patches() != layout.patches() as usize {
                 return Err(bad("budget and layout disagree on the patch count"));
@@ -434,6 +435,7 @@ fn to_checkpoint(id: u64, r: &Request) -> Option<Checkpoint> {
                 max_skip: st.cfg.max_skip,
                 accumulated: st.accumulated.clone(),
                 skipped_run: st.skipped_run.clone(),
+                whole: st.whole,
             }
         }),
         track: r.track.as_ref().map(|t| checkpoint::TrackRecord {

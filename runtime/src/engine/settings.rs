@@ -118,9 +118,10 @@ impl std::str::FromStr for Reuse {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Mode {
     /// Saliency patches under a change budget: each patch accumulates the relative change of
-    /// block 0's input since it last ran; a step runs (every patch) once the patches'
-    /// accumulated changes reach `epsilon` (their root mean square, or one patch alone twice
-    /// that) or a patch K skips, else it is forecast for every token.
+    /// block 0's input since it last ran; a step runs (every patch) once the latent's
+    /// accumulated change (the patches' weighted by their share of that input) reaches
+    /// `epsilon`, or one patch alone twice that, or a patch K skips, else it is forecast for
+    /// every token.
     FlashDiff,
     /// Saliency patches, no skipping, displaced K/V.
     NoSkip,

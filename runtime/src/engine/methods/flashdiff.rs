@@ -1,8 +1,8 @@
 //! FlashDiff: saliency patches under a change budget (`flashdiff_gate::budget`). Every step
 //! each patch adds the relative L1 change of block 0's modulated input over its tokens; a
-//! step is computed once the patches' accumulated changes reach `epsilon` (their root mean
-//! square, or one patch alone twice that; or a patch reached K skips) and is otherwise
-//! forecast for every token from the computed steps. `share` says which patches a
+//! step is computed once the latent's accumulated change (the patches' changes weighted by
+//! their share of that input) reaches `epsilon`, or one patch alone twice that, or a patch
+//! reached K skips, and is otherwise forecast for every token from the computed steps. `share` says which patches a
 //! computed step runs: 0 (FlashDiff) every patch, 1 (the per-patch ablation) only those at
 //! the budget, the others standing in with forecast K/V and velocity. A request with a work
 //! budget F computes `floor(F * steps)` steps: which ones the work target
@@ -10,7 +10,7 @@
 
 use std::time::Instant;
 
-use flashdiff_gate::budget::{level, relative_change, Budget, BudgetConfig};
+use flashdiff_gate::budget::{level, step_change, Budget, BudgetConfig};
 use flashdiff_gate::pace::{computes_for, Pace};
 use flashdiff_models::Denoiser;
 
@@ -51,15 +51,15 @@ impl FlashDiff {
         };
         let mut rate = 0.0f32;
         if let Some((before, _)) = &r.tea {
-            let change = relative_change(
+            let step = step_change(
                 &now,
                 before,
                 now.len() / tokens.max(1),
                 layout.patch_of(),
                 patches,
             )?;
-            budget.observe(&change)?;
-            rate = level(&change);
+            budget.observe_weighted(&step.change, &step.signal)?;
+            rate = level(&step.change, &step.signal);
         }
         if r.cfg.adaptive_epsilon {
             let e = adaptive_epsilon(r.cfg.epsilon).epsilon(load);
