@@ -37,9 +37,9 @@ struct Setting {
 
 /// What each method is and how it reuses what it does not compute.
 const METHODS: [(&str, &str); 15] = [
-    ("flashdiff", "saliency patches, each accumulating block 0's input change; a step runs whole once the latent's accumulated change (the patches' weighted by their share of that input) reaches ε (or one patch 2ε, or a patch K skips), else every token is forecast; knob: ε at K 3, K at ε 1, ε with no K bound (K = steps), each at first and at second order (\"order 2\": skipped velocities along the parabola through their last three computations)"),
+    ("flashdiff", "saliency patches, each accumulating block 0's input change; a step runs whole once the latent's accumulated change (the patches' weighted by their share of that input) reaches ε (or one patch 2ε, or a patch K skips), else every token is forecast; knob: ε at K 3, K at ε 1, ε with no K bound (K = steps), each at first and at second order (\"order 2\": skipped velocities along the parabola through their last three computations), the last also reusing stale velocities (\"reuse stale\")"),
     ("flashdiff-budget", "FlashDiff under a work budget F: floor(F x steps) computed steps, the warm-up and final step among them, paced by the same accumulated change (latency known at admission); knob: F, at first and second order"),
-    ("flashdiff-order1", "ablation: FlashDiff's first-order settings alone (read from its rows without \"order 2\")"),
+    ("flashdiff-order1", "ablation: FlashDiff's first-order settings alone (read from its rows without \"order 2\" or \"stale\")"),
     ("flashdiff-uniform", "ablation: FlashDiff on a uniform grid of patches instead of the saliency cut; same knob"),
     ("per-patch", "ablation: a computed step runs only the patches at their budget, the others stand in with forecast K/V and velocity; same knob"),
     ("random-patches", "ablation: per-patch's number of patches per step, drawn at random; same knob"),
@@ -116,6 +116,23 @@ fn settings(base: &RequestConfig, workers: u32, dbcache: bool) -> Vec<Setting> {
                     },
                 });
             }
+        }
+    }
+    // FlashDiff also reuses stale values where whole-step caching's authors do: its ε line
+    // with no K bound, reusing the last velocity, so it contains stale caching too.
+    if base.reuse != Reuse::Stale {
+        for &(e, k) in budget_knob.iter().filter(|&&(_, k)| k == unbounded) {
+            v.push(Setting {
+                method: "flashdiff",
+                label: format!("ε {e} K {k} reuse stale"),
+                cfg: RequestConfig {
+                    mode: Mode::FlashDiff,
+                    epsilon: e,
+                    max_skip: k,
+                    reuse: Reuse::Stale,
+                    ..base.clone()
+                },
+            });
         }
     }
     // A work budget F: the pace computes floor(F x steps) steps, spent where the change is.
@@ -454,7 +471,10 @@ fn of_method<'a>(points: &'a [Value], method: &'a str) -> impl Iterator<Item = &
     };
     points.iter().filter(move |p| {
         p["method"] == source
-            && !(first_order_only && p["setting"].as_str().unwrap_or("").ends_with("order 2"))
+            && !(first_order_only && {
+                let label = p["setting"].as_str().unwrap_or("");
+                label.ends_with("order 2") || label.ends_with("stale")
+            })
     })
 }
 
