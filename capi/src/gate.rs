@@ -14,7 +14,8 @@ fn from_gate(e: GateError) -> Fail {
         }
         GateError::BadImportance { .. }
         | GateError::BadChange { .. }
-        | GateError::BadSignal { .. } => fd_status::FD_ERR_VALUE,
+        | GateError::BadSignal { .. }
+        | GateError::BadWhole(_) => fd_status::FD_ERR_VALUE,
         GateError::BadPatch { .. } => fd_status::FD_ERR_INDEX,
         GateError::NotActive { .. } => fd_status::FD_ERR_NOT_ACTIVE,
         GateError::BadBuffer { .. } => fd_status::FD_ERR_LENGTH,

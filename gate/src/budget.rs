@@ -161,10 +161,7 @@ impl Budget {
             return Err(GateError::BadChange { patch, value });
         }
         if st.whole.is_nan() || st.whole < 0.0 {
-            return Err(GateError::BadChange {
-                patch: n,
-                value: st.whole,
-            });
+            return Err(GateError::BadWhole(st.whole));
         }
         Ok(Self { st })
     }

@@ -105,6 +105,8 @@ pub enum GateError {
         /// The value given.
         value: f32,
     },
+    /// A budget state's accumulated change of the whole latent NaN or negative.
+    BadWhole(f32),
     /// A patch's share of the signal NaN, infinite or negative.
     BadSignal {
         /// Patch index.
@@ -166,6 +168,10 @@ impl fmt::Display for GateError {
                 "importance of patch {patch} is {value}: must be finite and >= 0"
             ),
             Self::BadShare(s) => write!(f, "share {s} must be a finite number in [0, 1]"),
+            Self::BadWhole(v) => write!(
+                f,
+                "the latent's accumulated change is {v}: must be >= 0 and not NaN"
+            ),
             Self::BadSignal { patch, value } => write!(
                 f,
                 "signal of patch {patch} is {value}: must be finite and >= 0"

@@ -374,6 +374,11 @@ fn bad_input_is_refused_by_name() {
         })
     ));
     assert!(matches!(b.ran(&[true]), Err(GateError::BadBuffer { .. })));
+    let mut restored = b.state().clone();
+    restored.whole = -1.0;
+    let e = Budget::from_state(restored).unwrap_err();
+    assert_eq!(e, GateError::BadWhole(-1.0));
+    assert!(e.to_string().contains("latent's accumulated change is -1"));
     assert_eq!(
         b.observe_weighted(&[0.1, 0.1], &[1.0, f32::NAN])
             .unwrap_err()

@@ -2,9 +2,10 @@
 //! each patch adds the relative L1 change of block 0's modulated input over its tokens; a
 //! step is computed once the latent's accumulated change (the patches' changes weighted by
 //! their share of that input) reaches `epsilon`, or one patch alone twice that, or a patch
-//! reached K skips, and is otherwise forecast for every token from the computed steps. `share` says which patches a
-//! computed step runs: 0 (FlashDiff) every patch, 1 (the per-patch ablation) only those at
-//! the budget, the others standing in with forecast K/V and velocity. A request with a work
+//! reached K skips, and is otherwise forecast for every token from the computed steps.
+//! `share` says which patches a computed step runs: 0 (FlashDiff) every patch, 1 (the
+//! per-patch ablation) only those at the budget, the others standing in with forecast K/V
+//! and velocity. A request with a work
 //! budget F computes `floor(F * steps)` steps: which ones the work target
 //! (`flashdiff_gate::pace`) decides from the same accumulated change.
 
