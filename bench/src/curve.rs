@@ -22,8 +22,12 @@ use flashdiff_models::scene::{self, IMAGE};
 use flashdiff_models::{Kind, Sample};
 use flashdiff_runtime::engine::{
     Engine, EngineError, LayoutKind, Mode, Output, RequestConfig, Reuse, DBCACHE_FRONT_BLOCKS,
-    FINAL_FULL_STEPS,
+    DEFAULT_WARMUP, FINAL_FULL_STEPS,
 };
+
+/// The short warm-up every method also runs at where the model's own is longer than the
+/// paper's ([`DEFAULT_WARMUP`]).
+pub const SHORT_WARMUP: u32 = 3;
 
 /// The work range the verdict is judged over.
 pub const JUDGED: (f64, f64) = (0.25, 0.6);
@@ -37,11 +41,11 @@ struct Setting {
 
 /// What each method is and how it reuses what it does not compute.
 const METHODS: [(&str, &str); 15] = [
-    ("flashdiff", "saliency patches, each accumulating block 0's input change; a step runs whole once the latent's accumulated change (the patches' weighted by their share of that input) reaches ε (or one patch 2ε, or a patch K skips), else every token is forecast; knob: ε at K 3, K at ε 1, ε with no K bound (K = steps), each at first and at second order (\"order 2\": skipped velocities along the parabola through their last three computations), the last also reusing stale velocities (\"reuse stale\")"),
+    ("flashdiff", "saliency patches, each accumulating block 0's input change; a step runs whole once the latent's accumulated change (the patches' weighted by their share of that input) reaches ε (or one patch 2ε, or a patch K skips), else every token is forecast; knob: ε at K 3, K at ε 1, ε with no K bound (K = steps), each at first and at second order (\"order 2\": skipped velocities along the parabola through their last three computations), the last also reusing stale velocities (\"reuse stale\"); its curve also reads per-patch's settings (\"share 1\": a computed step runs only the patches at their budget)"),
     ("flashdiff-budget", "FlashDiff under a work budget F: floor(F x steps) computed steps, the warm-up and final step among them, paced by the same accumulated change (latency known at admission); knob: F, at first and second order"),
     ("flashdiff-order1", "ablation: FlashDiff's first-order settings alone (read from its rows without \"order 2\" or \"stale\")"),
     ("flashdiff-uniform", "ablation: FlashDiff on a uniform grid of patches instead of the saliency cut; same knob"),
-    ("per-patch", "ablation: a computed step runs only the patches at their budget, the others stand in with forecast K/V and velocity; same knob"),
+    ("per-patch", "ablation: FlashDiff at share 1 alone: a computed step runs only the patches at their budget, the others stand in with forecast K/V and velocity; same knob"),
     ("random-patches", "ablation: per-patch's number of patches per step, drawn at random; same knob"),
     ("patch-gate", "ablation: the paper's memoryless gate on normalised importance change (at least one patch a step); knob: ε, then K at ε 1"),
     ("teacache", "whole-step caching on block 0's accumulated input change, skipped steps forecast at first order and, as \"order 2\", at second (TaylorSeer's orders 1 and 2); knob: threshold"),
@@ -85,7 +89,9 @@ fn settings(base: &RequestConfig, workers: u32, dbcache: bool) -> Vec<Setting> {
         (1.0, k + 5),
         (1.0, k + 9),
     ];
-    for e in [0.07f32, 0.1, 0.15, 0.2, 0.25, 0.3, 0.4, 0.5, 0.8, 1.0] {
+    for e in [
+        0.03f32, 0.05, 0.07, 0.1, 0.15, 0.2, 0.25, 0.3, 0.4, 0.5, 0.8, 1.0,
+    ] {
         budget_knob.push((e, unbounded));
     }
     // Every method that forecasts gets both forecasters: its knob at first order and again
@@ -200,7 +206,7 @@ fn settings(base: &RequestConfig, workers: u32, dbcache: bool) -> Vec<Setting> {
     let db_reuses: Vec<(Reuse, &str)> = orders
         .iter()
         .copied()
-        .chain((base.reuse != Reuse::Stale).then_some((Reuse::Stale, " stale")))
+        .chain((base.reuse != Reuse::Stale).then_some((Reuse::Stale, " reuse stale")))
         .collect();
     if dbcache {
         for &(reuse, order) in &db_reuses {
@@ -270,7 +276,32 @@ fn settings(base: &RequestConfig, workers: u32, dbcache: bool) -> Vec<Setting> {
             ..base.clone()
         },
     });
+    // How long to warm up is a setting of every method: where the model's own warm-up is
+    // longer than the paper's, every setting that skips runs again at SHORT_WARMUP, on knob
+    // lines of its own, and each method's curve is the best of both.
+    if base.warmup > DEFAULT_WARMUP {
+        let short: Vec<Setting> = v
+            .iter()
+            .filter(|s| s.cfg.mode != Mode::Full)
+            .map(|s| Setting {
+                method: s.method,
+                label: format!("{} warm-up {SHORT_WARMUP}", s.label),
+                cfg: RequestConfig {
+                    warmup: SHORT_WARMUP,
+                    ..s.cfg.clone()
+                },
+            })
+            .collect();
+        v.extend(short);
+    }
     v
+}
+
+/// Whether a study asked for the methods `only` runs `method`: full computation always (the
+/// reference), per-patch with FlashDiff (whose curve reads its settings as share 1).
+fn runs(only: &[String], method: &str) -> bool {
+    let wanted = |m: &str| only.iter().any(|o| o == m);
+    method == "full" || wanted(method) || (method == "per-patch" && wanted("flashdiff"))
 }
 
 /// A held-out prompt and the checker's per-part verdict on a sample.
@@ -377,7 +408,7 @@ pub fn run(
                 ),
             });
         }
-        list.retain(|s| s.method == "full" || only.iter().any(|m| m == s.method));
+        list.retain(|s| runs(only, s.method));
     }
     prepare(cfg, out)?;
     let kind = engine.model().kind();
@@ -455,28 +486,38 @@ pub fn run(
 /// A method's settings as (work, value) points, sorted by work.
 fn settings_points(points: &[Value], method: &str, key: &str) -> Vec<(f64, f64)> {
     let mut c: Vec<(f64, f64)> = of_method(points, method)
-        .map(|p| (f(p, "work"), f(p, key)))
+        .map(|(p, _)| (f(p, "work"), f(p, key)))
         .filter(|p| p.0.is_finite() && p.1.is_finite())
         .collect();
     c.sort_by(|a, b| a.0.total_cmp(&b.0));
     c
 }
 
-/// The settings a row of the study reads: its own, or for `flashdiff-order1` FlashDiff's
-/// first-order ones.
-fn of_method<'a>(points: &'a [Value], method: &'a str) -> impl Iterator<Item = &'a Value> + 'a {
-    let (source, first_order_only) = match method {
-        "flashdiff-order1" => ("flashdiff", true),
-        m => (m, false),
-    };
-    points.iter().filter(move |p| {
-        p["method"] == source
-            && !(first_order_only && {
-                let label = p["setting"].as_str().unwrap_or("");
-                label.ends_with("order 2") || label.ends_with("stale")
-            })
+/// The settings a row of the study reads, each with what its label gains there: its own;
+/// for `flashdiff` also per-patch's, which are FlashDiff at share 1 (a computed step runs
+/// only the patches at their budget), on knob lines of their own (" share 1"); for
+/// `flashdiff-order1` FlashDiff's first-order ones (both shares, no stale reuse).
+fn of_method<'a>(
+    points: &'a [Value],
+    method: &'a str,
+) -> impl Iterator<Item = (&'a Value, &'static str)> + 'a {
+    let first_order_only = method == "flashdiff-order1";
+    let flashdiff = first_order_only || method == "flashdiff";
+    points.iter().filter_map(move |p| {
+        let label = p["setting"].as_str().unwrap_or("");
+        let suffix = match p["method"].as_str() {
+            Some(m) if m == method && !flashdiff => "",
+            Some("flashdiff") if flashdiff => "",
+            Some("per-patch") if flashdiff => SHARE_1,
+            _ => return None,
+        };
+        let second = label.contains("order 2") || label.contains("stale");
+        (!(first_order_only && second)).then_some((p, suffix))
     })
 }
+
+/// What a per-patch setting's label gains among FlashDiff's.
+const SHARE_1: &str = " share 1";
 
 /// Whether the study ran `method` (a study may run some methods only).
 fn ran(points: &[Value], method: &str) -> bool {
@@ -486,9 +527,9 @@ fn ran(points: &[Value], method: &str) -> bool {
 /// A method's curve for `key` ("db" or "worst_db") from a study's points.
 fn curve(points: &[Value], method: &str, key: &str) -> Curve {
     let settings: Vec<(String, f64, f64)> = of_method(points, method)
-        .map(|p| {
+        .map(|(p, suffix)| {
             (
-                p["setting"].as_str().unwrap_or("").to_string(),
+                format!("{}{suffix}", p["setting"].as_str().unwrap_or("")),
                 f(p, "work"),
                 f(p, key),
             )
@@ -561,6 +602,15 @@ fn report(kind: Kind, cfg: &Header, points: &[Value]) -> String {
     );
     for (m, what) in METHODS.iter().filter(|(m, _)| ran(points, m)) {
         md.push_str(&format!("| {m} | {what} |\n"));
+    }
+    let short = format!("warm-up {SHORT_WARMUP}");
+    if points
+        .iter()
+        .any(|p| p["setting"].as_str().is_some_and(|l| l.ends_with(&short)))
+    {
+        md.push_str(&format!(
+            "\nThe model's warm-up is longer than the paper's {DEFAULT_WARMUP} steps, so every setting that skips also ran at a warm-up of {SHORT_WARMUP} (\"{short}\"); each method's curve is the best of both.\n"
+        ));
     }
     md.push_str(&format!(
         "\n## Every setting\n\n| method | setting | work | {unit} mean dB | {unit} worst dB | SSIM | agreement | patch-steps skipped | latency ms |\n| --- | --- | --- | --- | --- | --- | --- | --- | --- |\n"
@@ -774,5 +824,88 @@ mod tests {
         let e = reread(&dir).unwrap_err();
         assert!(e.contains("model_kind") && e.contains("curve.json"), "{e}");
         let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn flashdiff_reads_its_per_patch_settings_on_lines_of_their_own() {
+        let point = |m: &str, label: &str, w: f64, db: f64| json!({"method": m, "setting": label, "work": w, "db": db, "worst_db": db});
+        let points = [
+            point("flashdiff", "ε 0.1 K 3", 0.3, 40.0),
+            point("flashdiff", "ε 0.1 K 3 order 2 warm-up 3", 0.3, 45.0),
+            point("per-patch", "ε 0.1 K 3", 0.2, 38.0),
+            point("per-patch", "ε 0.2 K 3", 0.1, 20.0),
+            point("teacache", "threshold 0.1", 0.1, 30.0),
+        ];
+        let labels = |m| -> Vec<String> {
+            of_method(&points, m)
+                .map(|(p, s)| format!("{}{s}", p["setting"].as_str().unwrap()))
+                .collect()
+        };
+        assert_eq!(
+            labels("flashdiff"),
+            [
+                "ε 0.1 K 3",
+                "ε 0.1 K 3 order 2 warm-up 3",
+                "ε 0.1 K 3 share 1",
+                "ε 0.2 K 3 share 1"
+            ]
+        );
+        // A second-order label is one whatever follows it.
+        assert_eq!(
+            labels("flashdiff-order1"),
+            ["ε 0.1 K 3", "ε 0.1 K 3 share 1", "ε 0.2 K 3 share 1"]
+        );
+        assert_eq!(labels("per-patch"), ["ε 0.1 K 3", "ε 0.2 K 3"]);
+        // FlashDiff's curve reaches per-patch's cheaper settings, and the line between
+        // them is per-patch's own, not one through FlashDiff's setting of the same label.
+        let c = curve(&points, "flashdiff", "db");
+        assert_eq!(c.at(0.1), Some(20.0));
+        assert_eq!(c.at(0.15), Some(29.0));
+        assert_eq!(c.at(0.25), Some(38.0));
+    }
+
+    #[test]
+    fn every_setting_that_skips_also_runs_at_the_short_warm_up_where_the_model_warms_longer() {
+        let base = |warmup| RequestConfig {
+            warmup,
+            patches: Some(16),
+            ..RequestConfig::default()
+        };
+        let long = settings(&base(12), 2, true);
+        let own = settings(&base(DEFAULT_WARMUP), 2, true);
+        let short: Vec<&Setting> = long
+            .iter()
+            .filter(|s| s.cfg.warmup == SHORT_WARMUP)
+            .collect();
+        let skipping = |v: &[Setting]| v.iter().filter(|s| s.cfg.mode != Mode::Full).count();
+        assert!(!short.is_empty());
+        assert_eq!(short.len() * 2, skipping(&long));
+        for s in &short {
+            let twin = long
+                .iter()
+                .find(|t| {
+                    t.method == s.method && format!("{} warm-up {SHORT_WARMUP}", t.label) == s.label
+                })
+                .expect("a setting at the model's warm-up");
+            assert_eq!(twin.cfg.warmup, 12);
+            assert!(knob_lines(&s.label)
+                .iter()
+                .all(|l| !knob_lines(&twin.label).contains(l)));
+        }
+        assert!(own.iter().all(|s| !s.label.contains("warm-up")));
+        // Full computation's warm-up is a full step like any other: nothing to vary.
+        assert!(long
+            .iter()
+            .all(|s| s.cfg.mode != Mode::Full || !s.label.contains("warm-up")));
+    }
+
+    #[test]
+    fn per_patch_runs_with_flashdiff_and_full_computation_always() {
+        let only = |m: &[&str]| -> Vec<String> { m.iter().map(|s| s.to_string()).collect() };
+        let fd = only(&["flashdiff"]);
+        assert!(runs(&fd, "flashdiff") && runs(&fd, "per-patch") && runs(&fd, "full"));
+        assert!(!runs(&fd, "random-patches") && !runs(&fd, "teacache"));
+        let tc = only(&["teacache"]);
+        assert!(runs(&tc, "teacache") && runs(&tc, "full") && !runs(&tc, "per-patch"));
     }
 }

@@ -129,7 +129,8 @@ pub(crate) struct BenchArgs {
     #[arg(long, value_parser = ["curve"])]
     pub(crate) study: Option<String>,
     /// With --study curve: run only these methods (comma-separated names of the study's
-    /// rows, e.g. flashdiff,teacache); full computation always runs as the reference.
+    /// rows, e.g. flashdiff,teacache); full computation always runs as the reference, and
+    /// per-patch runs with flashdiff (FlashDiff's curve reads its settings as share 1).
     #[arg(long, requires = "study", value_delimiter = ',')]
     pub(crate) methods: Vec<String>,
     /// Held-out prompts.
