@@ -113,3 +113,10 @@ fn per_patch_runs_with_flashdiff_and_full_computation_always() {
     let tc = only(&["teacache"]);
     assert!(runs(&tc, "teacache") && runs(&tc, "full") && !runs(&tc, "per-patch"));
 }
+
+#[test]
+fn a_study_of_per_patch_alone_did_not_run_flashdiff() {
+    let points = [json!({"method": "per-patch", "setting": "ε 0.1 K 3", "work": 0.3, "db": 40.0})];
+    assert!(ran(&points, "per-patch"));
+    assert!(!ran(&points, "flashdiff") && !ran(&points, "flashdiff-order1"));
+}
