@@ -41,7 +41,7 @@ struct Setting {
 
 /// What each method is and how it reuses what it does not compute.
 const METHODS: [(&str, &str); 15] = [
-    ("flashdiff", "saliency patches, each accumulating block 0's input change; a step runs whole once the latent's accumulated change (the patches' weighted by their share of that input) reaches ε (or one patch 2ε, or a patch K skips), else every token is forecast; knob: ε at K 3, K at ε 1, ε with no K bound (K = steps), each at first and at second order (\"order 2\": skipped velocities along the parabola through their last three computations), the last also reusing stale velocities (\"reuse stale\"); its curve also reads per-patch's settings (\"share 1\": a computed step runs only the patches at their budget)"),
+    ("flashdiff", "saliency patches, each accumulating block 0's input change; a step runs whole once the latent's accumulated change (the patches' weighted by their share of that input) reaches ε (or one patch 2ε, or a patch K skips), else every token is forecast; knob: ε at K 3, K 1-12 at ε 1 (a computed step every K + 1), ε with no K bound (K = steps), each at first and at second order (\"order 2\": skipped velocities along the parabola through their last three computations), the last also reusing stale velocities (\"reuse stale\"); its curve also reads per-patch's settings (\"share 1\": a computed step runs only the patches at their budget)"),
     ("flashdiff-budget", "FlashDiff under a work budget F: floor(F x steps) computed steps, the warm-up and final step among them, paced by the same accumulated change (latency known at admission); knob: F, at first and second order"),
     ("flashdiff-order1", "ablation: FlashDiff's first-order settings alone, both shares (read from its rows without \"order 2\" or \"stale\")"),
     ("flashdiff-uniform", "ablation: FlashDiff on a uniform grid of patches instead of the saliency cut; same knob"),
@@ -89,6 +89,11 @@ fn settings(base: &RequestConfig, workers: u32, dbcache: bool) -> Vec<Setting> {
         (1.0, k + 5),
         (1.0, k + 9),
     ];
+    // K below the default on the ε-1 line: a computed step every second or third step
+    // (work about 0.4-0.55 at 50 steps), where the line would otherwise stop at K's default.
+    for below in (1..k).rev().take(2) {
+        budget_knob.push((1.0, below));
+    }
     for e in [
         0.03f32, 0.05, 0.07, 0.1, 0.15, 0.2, 0.25, 0.3, 0.4, 0.5, 0.8, 1.0,
     ] {

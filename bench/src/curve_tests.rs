@@ -1,5 +1,5 @@
 //! The curve study's tests: reading a study again, FlashDiff's share-1 settings, the short
-//! warm-up and the methods a study runs.
+//! warm-up, the knob lines and the methods a study runs.
 
 use super::*;
 
@@ -119,4 +119,39 @@ fn a_study_of_per_patch_alone_did_not_run_flashdiff() {
     let points = [json!({"method": "per-patch", "setting": "ε 0.1 K 3", "work": 0.3, "db": 40.0})];
     assert!(ran(&points, "per-patch"));
     assert!(!ran(&points, "flashdiff") && !ran(&points, "flashdiff-order1"));
+}
+
+#[test]
+fn the_k_line_reaches_below_the_default_k() {
+    let base = RequestConfig {
+        patches: Some(16),
+        ..RequestConfig::default()
+    };
+    let k = base.max_skip;
+    assert!(k >= 3, "the default K leaves room for two values below it");
+    let all = settings(&base, 2, true);
+    for method in [
+        "flashdiff",
+        "per-patch",
+        "random-patches",
+        "flashdiff-uniform",
+    ] {
+        let on_line: Vec<u32> = all
+            .iter()
+            .filter(|s| s.method == method && s.cfg.epsilon == 1.0 && s.cfg.reuse == base.reuse)
+            .map(|s| s.cfg.max_skip)
+            .filter(|&m| m < base.steps)
+            .collect();
+        for below in [k - 2, k - 1] {
+            assert!(
+                on_line.contains(&below),
+                "{method}: no ε 1 K {below} in {on_line:?}"
+            );
+        }
+        // Each K once per order: one knob line, no repeated setting.
+        let mut sorted = on_line.clone();
+        sorted.sort_unstable();
+        sorted.dedup();
+        assert_eq!(sorted.len(), on_line.len(), "{method}: {on_line:?}");
+    }
 }
