@@ -282,6 +282,7 @@ pub struct PaceChecker {
     computes: u32,
     decided: u32,
     computed: u32,
+    since: u32,
 }
 
 impl PaceChecker {
@@ -292,6 +293,7 @@ impl PaceChecker {
             computes,
             decided: 0,
             computed: 0,
+            since: 0,
         }
     }
 
@@ -304,7 +306,9 @@ impl PaceChecker {
         let computes_left = (self.computes - self.computed) as f64;
         let clean = |v: f32| if v.is_nan() || v < 0.0 { 0.0 } else { v as f64 };
         let (acc, rate) = (clean(accumulated), clean(rate));
-        let bar = rate * steps_left / (computes_left + 1.0);
+        // An equal share of the span from the last computed step to the final one.
+        let span = self.since as f64 + steps_left + 1.0;
+        let bar = rate * span / (computes_left + 1.0);
         let want = if computes_left == 0.0 {
             Some(false)
         } else if computes_left >= steps_left {
@@ -324,6 +328,7 @@ impl PaceChecker {
         }
         self.decided += 1;
         self.computed += computed as u32;
+        self.since = if computed { 0 } else { self.since + 1 };
         Ok(())
     }
 

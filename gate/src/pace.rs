@@ -5,11 +5,15 @@
 //! a [`Pace`] is given the steps still to decide and how many of them it may compute. It
 //! spends that allowance where the latent moves: a step is computed when the level of the
 //! patches' changes accumulated since the last computed step (the change budget's
-//! [`crate::budget::Budget::level`]) reaches the change the remaining steps are expected to
-//! bring per computed step, `rate * steps_left / (computes_left + 1)`, with `rate` the level
-//! of this step's one-step changes ([`crate::budget::level`]). At a steady rate that computes
-//! every `steps_left / (computes_left + 1)` steps; where the change speeds up it computes
-//! sooner.
+//! [`crate::budget::Budget::level`]) reaches the change of an equal share of the span from
+//! the last computed step to the final one (computed after the decided steps),
+//! `rate * (since + steps_left + 1) / (computes_left + 1)`, with `rate` the level of this
+//! step's one-step changes ([`crate::budget::level`]) and `since` the steps skipped since the
+//! last computed one. At a steady rate that cuts the span into `computes_left + 1` equal runs
+//! (the remainder going first); where the change speeds up it computes sooner. Counting the
+//! span from the last computed step, not from this one, matters: a bar of
+//! `rate * steps_left / (computes_left + 1)` shrinks while a run grows and so spends the
+//! allowance early, leaving the run before the final step the longest.
 //! Two bounds make the count exact: a step is computed whenever the allowance covers every
 //! step left, and never once the allowance is spent. So a run computes `min(computes,
 //! steps)` steps, and latency is known when the request is admitted.
@@ -76,9 +80,11 @@ impl Pace {
     }
 
     /// The accumulated change at which a step is computed, given the level of this step's
-    /// one-step change `rate`: `rate * steps_left / (computes_left + 1)`.
+    /// one-step change `rate`: `rate * (since + steps_left + 1) / (computes_left + 1)`, the
+    /// change of an equal share of the steps from the last computed one to the final one.
     pub fn bar(&self, rate: f32) -> f32 {
-        rate * self.steps_left as f32 / (self.computes_left as f32 + 1.0)
+        let span = self.since as f32 + self.steps_left as f32 + 1.0;
+        rate * span / (self.computes_left as f32 + 1.0)
     }
 
     /// Whether this step is computed: `accumulated` is the level of the changes accumulated
@@ -160,8 +166,10 @@ mod tests {
                 at.push(s);
             }
         }
-        // Three computed steps cut the twelve (and the step before them) into equal runs.
-        assert_eq!(at, vec![2, 5, 8]);
+        // Three computed steps cut the span from the step before the twelve to the final
+        // computed step after them (13 steps) into four runs of 4, 3, 3, 3: the remainder
+        // goes first, and the run before the final step is no longer than the others.
+        assert_eq!(at, vec![3, 6, 9]);
     }
 
     #[test]

@@ -1,6 +1,7 @@
 //! Property tests of work targets: the checker accepts every decision on arbitrary change
-//! streams; a run computes exactly its allowance; more change computes no later; a checker
-//! catches a pace that breaks the rule.
+//! streams; a run computes exactly its allowance; a steady change is computed evenly, the
+//! run before the final step no longer than the others; more change computes no later; a
+//! checker catches a pace that breaks the rule.
 
 use flashdiff_gate::checker::PaceChecker;
 use flashdiff_gate::pace::{computes_for, Pace};
@@ -56,6 +57,26 @@ proptest! {
     ) {
         let p = Pace::new(steps, computes.min(steps)).unwrap();
         prop_assert!(!p.decide(a, rate) || p.decide(a + extra, rate));
+    }
+
+    #[test]
+    fn a_steady_change_cuts_the_span_into_runs_that_never_grow(
+        steps in 0u32..80,
+        frac in 0.0f32..=1.0,
+        rate in prop::sample::select(vec![0.125f32, 0.25, 0.5, 1.0]),
+    ) {
+        // Runs from the step before the decided ones (-1) to each computed step and on to the
+        // final computed step after them (`steps`). A power-of-two rate keeps the sums exact.
+        let computes = computes_for(frac, steps);
+        let at = drive(steps, computes, &[rate], |p, a, r| p.decide(a, r))
+            .map_err(TestCaseError::fail)?;
+        let mut ends: Vec<i64> = vec![-1];
+        ends.extend(at.iter().map(|&s| s as i64));
+        ends.push(steps as i64);
+        let runs: Vec<i64> = ends.windows(2).map(|w| w[1] - w[0]).collect();
+        prop_assert!(runs.windows(2).all(|w| w[1] <= w[0]), "runs {:?}", runs);
+        let (lo, hi) = (runs.iter().min().unwrap(), runs.iter().max().unwrap());
+        prop_assert!(hi - lo <= 1, "runs {:?}", runs);
     }
 
     #[test]
