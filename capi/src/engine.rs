@@ -64,7 +64,8 @@ pub struct fd_request_config {
     /// Reused values in modes 0, 1 and 4 (other patches' K/V, skipped patches' and skipped
     /// steps' velocity): 0 = extrapolated along their slope (default), 1 = as last computed
     /// (the paper's rule; whole-step caching as TeaCache runs it). Second-order forecasting
-    /// is the JSON field `"reuse": "extrapolate2"` of `fd_engine_submit_json`.
+    /// is the JSON field `"reuse": "extrapolate2"` of `fd_engine_submit_json`, the resume
+    /// correction `"corrected"` / `"corrected2"`.
     pub reuse: u32,
     /// Monotasks per step: a step's active patches run packed into at most this many
     /// forwards; patches of one forward see each other's fresh K/V. Default 1 (the output

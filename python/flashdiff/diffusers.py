@@ -887,7 +887,8 @@ def enable(target: Any, epsilon: float = 0.1, patches: int = 16, max_skip: int =
     if patches < 1 or max_skip < 0 or warmup < 1:
         raise Error(f"patches {patches}, max_skip {max_skip}, warmup {warmup}: need patches >= 1, max_skip >= 0, warmup >= 1")
     if reuse not in ("extrapolate", "extrapolate2", "stale"):
-        raise Error(f"reuse {reuse!r}: expected extrapolate, extrapolate2 or stale")
+        raise Error(f"reuse {reuse!r}: expected extrapolate, extrapolate2 or stale (the resume correction, "
+                    "corrected / corrected2, runs in the engine only)")
     if rule not in ("budget", "gate"):
         raise Error(f"rule {rule!r}: expected budget or gate")
     if getattr(transformer, _ATTR, None) is not None:

@@ -44,8 +44,9 @@ mod records {
         pub layout: u8,
         pub cache_threshold: f32,
         pub ras_ratio: f32,
-        /// [`crate::engine::Reuse::order`]: 0 stale, 1 extrapolated, 2 second order (one
-        /// byte, so records written when this was a bool read the same).
+        /// [`crate::engine::Reuse::code`]: 0 stale, 1 extrapolated, 2 second order, 3 and 4
+        /// corrected first and second order (one byte, so records written when this was a
+        /// bool read the same).
         pub reuse: u8,
         pub monotasks: Option<u32>,
         pub deadline_ns: Option<u64>,

@@ -61,7 +61,7 @@ pub struct RequestFields {
     pub mode: Option<String>,
     /// Patch layout: `saliency` or `uniform`.
     pub layout: Option<String>,
-    /// Reused values: `extrapolate`, `extrapolate2` or `stale`.
+    /// Reused values: `extrapolate`, `extrapolate2`, `corrected`, `corrected2` or `stale`.
     pub reuse: Option<String>,
     /// Monotasks per step: a number, `"workers"` or `"per-patch"`.
     pub monotasks: Option<Count>,
@@ -253,7 +253,7 @@ pub fn parse_monotasks(v: &Count) -> Result<Option<u32>, EngineError> {
     }
 }
 
-/// `reuse`: `extrapolate`, `extrapolate2` or `stale`.
+/// `reuse`: `extrapolate`, `extrapolate2`, `corrected`, `corrected2` or `stale`.
 pub fn parse_reuse(v: &str) -> Result<Reuse, EngineError> {
     v.parse()
         .map_err(|e| invalid("reuse", format!("{v:?}: {e}")))

@@ -648,9 +648,20 @@ fn a_request_resumed_from_any_checkpoint_ends_bit_identical() {
             reuse: Reuse::Extrapolate2,
             ..cfg(mode)
         };
+        // The resume correction needs no state of its own: the gaps and the schedule.
+        let corrected = |reuse| RequestConfig {
+            reuse,
+            budget: Some(0.4).filter(|_| mode == Mode::FlashDiff),
+            ..cfg(mode)
+        };
         let extra = match mode {
-            Mode::FlashDiff => vec![budgeted, second],
-            Mode::TeaCache => vec![second],
+            Mode::FlashDiff => vec![
+                budgeted,
+                second,
+                corrected(Reuse::Corrected),
+                corrected(Reuse::Corrected2),
+            ],
+            Mode::TeaCache => vec![second, corrected(Reuse::Corrected2)],
             _ => Vec::new(),
         };
         for c in std::iter::once(c).chain(extra) {
@@ -701,6 +712,35 @@ fn a_request_resumed_from_any_checkpoint_ends_bit_identical() {
         }
     }
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// The resume correction moves the latent of a request that asks for it and of no other:
+/// under one work budget (6 of 12 steps computed) the corrected runs end elsewhere than the uncorrected ones, and
+/// two runs of each are identical.
+#[test]
+fn the_resume_correction_changes_the_output_of_requests_that_ask_for_it() {
+    let mut e = Engine::new(&default_weights(), 1).unwrap();
+    let mut latent = |reuse| {
+        let c = RequestConfig {
+            reuse,
+            budget: Some(0.5),
+            ..cfg(Mode::FlashDiff)
+        };
+        e.submit(1, PROMPT, c).unwrap();
+        let out = e.run(&mut |_| {});
+        let out = out[0].as_ref().unwrap();
+        assert!(out.latent.iter().all(|v| v.is_finite()), "{reuse:?}");
+        out.latent.clone()
+    };
+    for (plain, corrected) in [
+        (Reuse::Extrapolate, Reuse::Corrected),
+        (Reuse::Extrapolate2, Reuse::Corrected2),
+    ] {
+        let (a, b) = (latent(plain), latent(corrected));
+        assert_ne!(a, b, "{corrected:?} changed nothing");
+        assert_eq!(a, latent(plain));
+        assert_eq!(b, latent(corrected));
+    }
 }
 
 #[test]

@@ -207,10 +207,13 @@ pub(crate) struct Knobs {
     /// saliency | uniform.
     #[arg(long, default_value = "saliency", value_parser = ["saliency", "uniform"])]
     pub(crate) layout: String,
-    /// extrapolate | extrapolate2 | stale: reused K/V and skipped tokens' velocity (every
-    /// method that skips) extrapolated along their slope, skipped velocities along the
-    /// parabola through their last three computations (second order, TaylorSeer's), or
-    /// reused as last computed (the paper's rule; TeaCache's and RAS's authors').
+    /// extrapolate | extrapolate2 | corrected | corrected2 | stale: reused K/V and skipped
+    /// tokens' velocity (every method that skips) extrapolated along their slope, skipped
+    /// velocities along the parabola through their last three computations (second order,
+    /// TaylorSeer's), either of those with the resume correction (a token computed again
+    /// after skipped steps has its latent moved half-way to where velocities interpolated
+    /// through its computations would have taken it), or reused as last computed (the
+    /// paper's rule; TeaCache's and RAS's authors').
     #[arg(long, default_value = "extrapolate", value_parser = parse_reuse)]
     pub(crate) reuse: Reuse,
     /// N | workers | per-patch: a step's active patches run packed into at most N forwards
@@ -394,7 +397,7 @@ pub(crate) fn parse_patches(v: &str) -> Result<Patches, String> {
         .map_err(|e| e.to_string())
 }
 
-/// `extrapolate`, `extrapolate2` or `stale` (the `--reuse` flag).
+/// `extrapolate`, `extrapolate2`, `corrected`, `corrected2` or `stale` (the `--reuse` flag).
 pub(crate) fn parse_reuse(v: &str) -> Result<Reuse, String> {
     flashdiff_runtime::schema::parse_reuse(v).map_err(|e| e.to_string())
 }

@@ -472,7 +472,7 @@ fn bad_arguments_name_the_problem() {
                 "--reuse",
                 "fresh",
             ],
-            "for '--reuse <REUSE>': \"reuse\" \"fresh\": expected extrapolate, extrapolate2 or stale",
+            "for '--reuse <REUSE>': \"reuse\" \"fresh\": expected extrapolate, extrapolate2, corrected, corrected2 or stale",
         ),
         (
             &[
@@ -547,10 +547,9 @@ fn serve_answers_every_line() {
         .as_str()
         .unwrap()
         .contains("unknown field `colour`"));
-    assert!(by_id(6)["error"]
-        .as_str()
-        .unwrap()
-        .contains("\"reuse\" \"fresh\": expected extrapolate, extrapolate2 or stale"));
+    assert!(by_id(6)["error"].as_str().unwrap().contains(
+        "\"reuse\" \"fresh\": expected extrapolate, extrapolate2, corrected, corrected2 or stale"
+    ));
     assert_eq!(by_id(7)["ok"], true);
     assert!(by_id(10)["error"]
         .as_str()

@@ -122,6 +122,12 @@ const PINNED: &[(&str, &str, u64)] = &[
     ("tinyvideo", "dbcache", 0xf9dcd29cc4006d5d),
     ("tinyvideo", "dbcache order 2", 0x0a01620be72e7369),
     ("tinyvideo", "dbcache stale", 0x08574dc0870ea5b9),
+    ("tinydit", "budget corrected", 0xa08efa085d8eeb94),
+    ("tinydit", "budget corrected2", 0x2e946ffeeb1c2a0e),
+    ("tinyvideo", "budget corrected", 0x934e2af398099b8a),
+    ("tinyvideo", "budget corrected2", 0xf743e0528bb6a082),
+    ("tinyaudio", "budget corrected", 0xb154e7ab9bd1e699),
+    ("tinyaudio", "budget corrected2", 0xce3b3538d2001c0c),
 ];
 
 /// TinyFLUX's outputs, case -> hash, one set per kind of CPU: every TinyFLUX case moved in
@@ -454,6 +460,22 @@ fn every_mode_of_every_built_in_model_keeps_its_output() {
                 case.to_string(),
                 run(&mut here, model, cfg),
             ));
+        }
+        // The resume correction under a work budget (6 of 12 steps computed). Not on
+        // TinyFLUX, whose hashes are pinned per kind of CPU in sets recorded elsewhere.
+        if model != "tinyflux" {
+            for (case, reuse) in [
+                ("budget corrected", Reuse::Corrected),
+                ("budget corrected2", Reuse::Corrected2),
+            ] {
+                let cfg = RequestConfig {
+                    budget: Some(0.5),
+                    epsilon: 0.3,
+                    reuse,
+                    ..base()
+                };
+                got.push((model.into(), case.into(), run(&mut here, model, cfg)));
+            }
         }
         // DBCache on the models whose forward runs in parts.
         if here.model().depth() > DBCACHE_FRONT_BLOCKS {

@@ -26,6 +26,8 @@ pub(super) struct Track {
     /// Second divided differences of the velocities ([`super::Reuse::Extrapolate2`]; empty
     /// at first order).
     pub(super) v_curve: Vec<f32>,
+    /// Share of the resume correction applied ([`super::Reuse::correction`]; 0: none).
+    pub(super) correction: f32,
     /// Steps between each token's last two computations (0: one computation so far).
     pub(super) gap: Vec<u32>,
     pub(super) last: Vec<u32>,
@@ -33,13 +35,15 @@ pub(super) struct Track {
 
 impl Track {
     /// Starts tracking from the state the warm-up left: every token computed at `at`.
-    /// Velocities are forecast to `order` 1 or 2.
+    /// Velocities are forecast to `order` 1 or 2; a resumed token's latent is corrected by
+    /// `correction` of the difference interpolation makes ([`extrapolate`]).
     pub(super) fn start(
         state: &SharedState,
         at: u32,
         cfg: &Dims,
         kv_weight: f32,
         order: u8,
+        correction: f32,
     ) -> Self {
         let kv = cfg.kv_layers * cfg.grid.tokens() * cfg.kv_dim;
         let vel = cfg.grid.tokens() * cfg.channels;
@@ -57,6 +61,7 @@ impl Track {
             } else {
                 Vec::new()
             },
+            correction,
             gap: vec![0; cfg.grid.tokens()],
             last: vec![at; cfg.grid.tokens()],
         }
@@ -77,7 +82,11 @@ pub(super) fn extrapolate(
     active: &[bool],
     n: u32,
     cfg: &Dims,
+    hs: &[f32],
 ) -> (f64, f64) {
+    if tr.correction > 0.0 {
+        correct_resumed(state, tr, layout, active, n, cfg.channels, hs);
+    }
     let (mut err2, mut norm2) = (0.0f64, 0.0f64);
     let (tokens, d, depth, pd) = (cfg.grid.tokens(), cfg.kv_dim, cfg.kv_layers, cfg.channels);
     let fresh = [state.get(Region::FreshKeys), state.get(Region::FreshValues)];
@@ -150,6 +159,68 @@ pub(super) fn extrapolate(
     }
     forecast_velocity(state, tr, n, pd);
     (err2, norm2)
+}
+
+/// The resume correction ([`super::Reuse::Corrected`]), before [`extrapolate`] updates the
+/// forecast: for every token computed at step `n` after skipped steps, the skipped steps'
+/// Euler updates (`x -= h_s v_s`, `hs[s]` the step's time decrease) used the forecast
+/// `v_s = base + a slope (+ a (a + before) curve)`, `a = s - last`; the polynomial through the
+/// computations that interpolates the new one differs from it by `a (measured - slope)` at
+/// first order (`measured` the slope from the base to the new velocity) and by
+/// `a (a + before) (curve' - curve)` at second order (`curve'` the second divided difference
+/// through the new one; with no computation before the base, the line's difference less the
+/// forecast's curve term). The latent moves by `correction` of `-sum_s h_s (difference)`.
+fn correct_resumed(
+    state: &mut SharedState,
+    tr: &Track,
+    layout: &PatchLayout,
+    active: &[bool],
+    n: u32,
+    pd: usize,
+    hs: &[f32],
+) {
+    let (fresh, x) = state.get_pair(Region::FreshVelocity, Region::X);
+    for p in (0..layout.patches()).filter(|&p| active[p as usize]) {
+        for &t in layout.patch_tokens(p) {
+            let t = t as usize;
+            let (last, gap) = (tr.last[t], n.saturating_sub(tr.last[t]));
+            if gap < 2 {
+                continue;
+            }
+            let before = tr.gap[t] as f32;
+            let (mut w1, mut w2) = (0.0f32, 0.0f32);
+            for a in 1..gap {
+                let h = hs.get((last + a) as usize).copied().unwrap_or(0.0);
+                let a = a as f32;
+                w1 += h * a;
+                w2 += h * a * (a + before);
+            }
+            let (w1, w2) = (w1 * tr.correction, w2 * tr.correction);
+            let inv_gap = 1.0 / gap as f32;
+            let r = t * pd..(t + 1) * pd;
+            let (f, b, sl) = (
+                &fresh[r.clone()],
+                &tr.v_base[r.clone()],
+                &tr.v_slope[r.clone()],
+            );
+            if tr.v_curve.is_empty() {
+                for (((xi, &f), &b), &sl) in x[r.clone()].iter_mut().zip(f).zip(b).zip(sl) {
+                    *xi -= w1 * ((f - b) * inv_gap - sl);
+                }
+            } else {
+                let c = &tr.v_curve[r.clone()];
+                let to_curve = 1.0 / (gap as f32 + before);
+                for ((((xi, &f), &b), &sl), &c) in x[r].iter_mut().zip(f).zip(b).zip(sl).zip(c) {
+                    let line = (f - b) * inv_gap - sl;
+                    *xi -= if before > 0.0 {
+                        w2 * (line * to_curve - c)
+                    } else {
+                        w1 * line - w2 * c
+                    };
+                }
+            }
+        }
+    }
 }
 
 /// Writes into `V` every token's velocity forecast for step `n` from the last one computed
@@ -259,7 +330,7 @@ mod tests {
         fill(&mut st, Region::CacheKeys, d, 0, &everyone);
         fill(&mut st, Region::CacheValues, d, 0, &everyone);
         fill(&mut st, Region::Velocity, pd, 0, &everyone);
-        let mut track = Track::start(&st, 0, &cfg, weight, 1);
+        let mut track = Track::start(&st, 0, &cfg, weight, 1, 0.0);
         // Patch 0 runs every step; patch 1 runs at steps 1 and 5 and is skipped in between.
         // Every measured slope is 0.5 (also across a gap); the averaged K/V slope after m
         // measurements is 0.5 (1 - (1 - weight)^m); the cache holds base + (n + 1 - last)
@@ -277,7 +348,7 @@ mod tests {
             fill(&mut st, Region::FreshValues, d, n, &everyone);
             fill(&mut st, Region::FreshVelocity, pd, n, &everyone);
             fill(&mut st, Region::Velocity, pd, n, &computed); // the commit's copy of fresh rows
-            extrapolate(&mut st, &mut track, &layout, &active, n, &cfg);
+            extrapolate(&mut st, &mut track, &layout, &active, n, &cfg, &[]);
             write_cache(&mut st, &track, n + 1, &everyone, &cfg);
             for p in 0..2u32 {
                 let (last, m) = match (p, n) {
@@ -347,7 +418,7 @@ mod tests {
         };
         let everyone = vec![true; tokens];
         fill(&mut st, Region::Velocity, 0, &everyone);
-        let mut track = Track::start(&st, 0, &cfg, 1.0, order);
+        let mut track = Track::start(&st, 0, &cfg, 1.0, order, 0.0);
         let mut total = 0.0f64;
         for n in 1..=7u32 {
             let active = [true, [2, 3, 7].contains(&n)];
@@ -358,7 +429,7 @@ mod tests {
                 .collect();
             fill(&mut st, Region::FreshVelocity, n, &everyone);
             fill(&mut st, Region::Velocity, n, &computed);
-            let (err2, _) = extrapolate(&mut st, &mut track, &layout, &active, n, &cfg);
+            let (err2, _) = extrapolate(&mut st, &mut track, &layout, &active, n, &cfg, &[]);
             if n == 7 {
                 total += err2;
             }
@@ -373,5 +444,154 @@ mod tests {
             }
         }
         total
+    }
+
+    /// The resume correction, checked against an independent recomputation: with the whole
+    /// correction the latent ends where Euler updates with the interpolating polynomial's
+    /// velocities at the skipped steps (Lagrange's form through the computations around
+    /// each run: the two ends at first order, the last three at second, the two ends after
+    /// the first run) would have taken it; without it elsewhere; with half of it halfway.
+    #[test]
+    fn the_resume_correction_integrates_the_interpolated_velocities() {
+        for order in [1u8, 2] {
+            let whole = corrected_latent(order, 1.0);
+            let none = corrected_latent(order, 0.0);
+            let half = corrected_latent(order, 0.5);
+            let want = interpolated_latent(order);
+            for i in 0..want.len() {
+                assert!(
+                    (whole[i] - want[i]).abs() < 1e-4,
+                    "order {order} value {i}: {} vs {}",
+                    whole[i],
+                    want[i]
+                );
+                assert!(
+                    (half[i] - 0.5 * (whole[i] + none[i])).abs() < 1e-4,
+                    "order {order} value {i}: half the correction is not halfway"
+                );
+            }
+            let off = (0..want.len())
+                .map(|i| (none[i] - want[i]).abs())
+                .fold(0.0, f32::max);
+            assert!(
+                off > 1e-2,
+                "order {order}: uncorrected already there ({off})"
+            );
+        }
+    }
+
+    /// Patch 1's computed steps in [`corrected_latent`] after the start at 0.
+    const RUNS: [u32; 3] = [2, 3, 7];
+
+    fn cubic(t: usize, i: usize, step: u32) -> f32 {
+        let s = step as f32;
+        (t + i) as f32 + 0.3 * i as f32 * s - 0.05 * (1 + t) as f32 * s * s + 0.01 * s * s * s
+    }
+
+    fn time_steps() -> Vec<f32> {
+        (0..8).map(|s| 0.1 + 0.02 * s as f32).collect()
+    }
+
+    /// Patch 0 runs every step, patch 1 at [`RUNS`], velocities along [`cubic`], the latent
+    /// from 0 by Euler updates over [`time_steps`]; returns patch 1's latent after step 7.
+    fn corrected_latent(order: u8, correction: f32) -> Vec<f32> {
+        let cfg = tiny();
+        let (tokens, pd) = (cfg.grid.tokens(), cfg.channels);
+        let layout = flashdiff_partitioner::partition_uniform(
+            flashdiff_partitioner::Grid::image(2, 2).unwrap(),
+            2,
+        )
+        .unwrap();
+        let hs = time_steps();
+        let mut st = SharedState::create(crate::state::StateLayout::new(&cfg), None, 0).unwrap();
+        let fill = |st: &mut SharedState, region: Region, step: u32, only: &[bool]| {
+            let dst = st.get_mut(region);
+            for t in (0..tokens).filter(|&t| only[t]) {
+                for i in 0..pd {
+                    dst[t * pd + i] = cubic(t, i, step);
+                }
+            }
+        };
+        let euler = |st: &mut SharedState, h: f32| {
+            let (v, x) = st.get_pair(Region::Velocity, Region::X);
+            for (x, v) in x.iter_mut().zip(v) {
+                *x -= h * v;
+            }
+        };
+        let everyone = vec![true; tokens];
+        st.get_mut(Region::X).fill(0.0);
+        fill(&mut st, Region::Velocity, 0, &everyone);
+        let mut track = Track::start(&st, 0, &cfg, 1.0, order, correction);
+        euler(&mut st, hs[0]);
+        for n in 1..=7u32 {
+            let active = [true, RUNS.contains(&n)];
+            let computed: Vec<bool> = layout
+                .patch_of()
+                .iter()
+                .map(|&p| active[p as usize])
+                .collect();
+            fill(&mut st, Region::FreshVelocity, n, &everyone);
+            fill(&mut st, Region::Velocity, n, &computed);
+            extrapolate(&mut st, &mut track, &layout, &active, n, &cfg, &hs);
+            euler(&mut st, hs[n as usize]);
+        }
+        let x = st.get(Region::X);
+        layout
+            .patch_tokens(1)
+            .iter()
+            .flat_map(|&t| x[t as usize * pd..(t as usize + 1) * pd].to_vec())
+            .collect()
+    }
+
+    /// What [`corrected_latent`] should reach with the whole correction, recomputed with
+    /// Lagrange's form of the interpolating polynomials.
+    fn interpolated_latent(order: u8) -> Vec<f32> {
+        let cfg = tiny();
+        let pd = cfg.channels;
+        let layout = flashdiff_partitioner::partition_uniform(
+            flashdiff_partitioner::Grid::image(2, 2).unwrap(),
+            2,
+        )
+        .unwrap();
+        let hs = time_steps();
+        let computed = [0u32, 2, 3, 7];
+        let lagrange = |points: &[u32], s: u32, value: &dyn Fn(u32) -> f64| -> f64 {
+            let mut sum = 0.0;
+            for (j, &pj) in points.iter().enumerate() {
+                let mut w = 1.0;
+                for (k, &pk) in points.iter().enumerate() {
+                    if k != j {
+                        w *= (s as f64 - pk as f64) / (pj as f64 - pk as f64);
+                    }
+                }
+                sum += w * value(pj);
+            }
+            sum
+        };
+        let mut out = vec![];
+        for &t in layout.patch_tokens(1) {
+            for i in 0..pd {
+                let value = |s: u32| cubic(t as usize, i, s) as f64;
+                let mut x = 0.0f64;
+                for s in 0..=7u32 {
+                    let v = if computed.contains(&s) {
+                        value(s)
+                    } else {
+                        // The computations on either side of the run, and at second order the
+                        // one before it when there is one.
+                        let end = computed.iter().position(|&c| c > s).unwrap();
+                        let from = if order == 2 && end >= 2 {
+                            end - 2
+                        } else {
+                            end - 1
+                        };
+                        lagrange(&computed[from..=end], s, &value)
+                    };
+                    x -= hs[s as usize] as f64 * v;
+                }
+                out.push(x as f32);
+            }
+        }
+        out
     }
 }

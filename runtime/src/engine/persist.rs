@@ -160,7 +160,7 @@ pub fn to_config_record(c: &RequestConfig) -> checkpoint::ConfigRecord {
         layout: u8::from(c.layout == LayoutKind::Uniform),
         cache_threshold: c.cache_threshold,
         ras_ratio: c.ras_ratio,
-        reuse: c.reuse.order(),
+        reuse: c.reuse.code(),
         monotasks: c.monotasks,
         deadline_ns: c
             .deadline
@@ -189,8 +189,8 @@ pub fn from_config_record(c: &checkpoint::ConfigRecord) -> Result<RequestConfig,
         },
         cache_threshold: c.cache_threshold,
         ras_ratio: c.ras_ratio,
-        reuse: Reuse::of_order(c.reuse)
-            .ok_or_else(|| format!("reuse {}: expected 0, 1 or 2", c.reuse))?,
+        reuse: Reuse::of_code(c.reuse)
+            .ok_or_else(|| format!("reuse {}: expected 0 to 4", c.reuse))?,
         monotasks: c.monotasks,
         deadline: c.deadline_ns.map(Duration::from_nanos),
     })
@@ -266,12 +266,18 @@ fn restore_policies(c: &Checkpoint, dims: &Dims, uses_gate: bool) -> Result<Poli
     let Some(t) = &c.track else {
         return Ok((layout, gate, budget, None));
     };
+    let reuse = Reuse::of_code(c.cfg.reuse);
     let ok = [&t.k_base, &t.v_base_kv, &t.k_slope, &t.v_slope_kv]
         .iter()
         .all(|v| v.len() == kv)
         && t.v_base.len() == vel
         && t.v_slope.len() == vel
-        && t.v_curve.len() == if c.cfg.reuse == 2 { vel } else { 0 }
+        && t.v_curve.len()
+            == if reuse.map(Reuse::order) == Some(2) {
+                vel
+            } else {
+                0
+            }
         && t.gap.len() == tokens
         && t.last.len() == tokens;
     if !ok {
@@ -284,6 +290,7 @@ fn restore_policies(c: &Checkpoint, dims: &Dims, uses_gate: bool) -> Result<Poli
         v_base: t.v_base.clone(),
         v_slope: t.v_slope.clone(),
         v_curve: t.v_curve.clone(),
+        correction: reuse.map_or(0.0, Reuse::correction),
         gap: t.gap.clone(),
         last: t.last.clone(),
     };

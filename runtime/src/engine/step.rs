@@ -155,13 +155,13 @@ impl Engine {
             // First commit after the warm-up, whose last step computed every token.
             let one = method.monotask_limit(&r.cfg, self.workers) == 1;
             let w = if one { 1.0 } else { KV_SLOPE_SMOOTHING };
-            let order = r.cfg.reuse.order();
             r.track = Some(Track::start(
                 &r.state,
                 r.step.saturating_sub(1),
                 cfg,
                 w,
-                order,
+                r.cfg.reuse.order(),
+                r.cfg.reuse.correction(),
             ));
         }
         let layout = r.layout.as_ref().expect("partitioned");
@@ -191,7 +191,16 @@ impl Engine {
             }
         }
         if let Some(tr) = r.track.as_mut() {
-            let (e2, n2) = extrapolate(&mut r.state, tr, layout, &r.active, r.step, cfg);
+            // The steps' time decreases, for the resume correction alone.
+            let steps = r.cfg.steps;
+            let hs: Vec<f32> = if tr.correction > 0.0 {
+                (0..steps)
+                    .map(|s| self.model.time(s, steps) - self.model.time(s + 1, steps))
+                    .collect()
+            } else {
+                Vec::new()
+            };
+            let (e2, n2) = extrapolate(&mut r.state, tr, layout, &r.active, r.step, cfg, &hs);
             r.report.reuse_err2 += e2;
             r.report.reuse_norm2 += n2;
         }
