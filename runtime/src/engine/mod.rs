@@ -83,7 +83,7 @@ pub use settings::{
     adaptive_epsilon, check_request, fit_warmup, lone_request_patches, LayoutKind, Mode,
     RequestConfig, Reuse, DEFAULT_CACHE_THRESHOLD, DEFAULT_MONOTASKS, DEFAULT_PATCHES,
     DEFAULT_STEPS, DEFAULT_WARMUP, DISPATCH_DEPTH, ENGINE_DEFAULT_EPSILON, ENGINE_DEFAULT_MAX_SKIP,
-    FINAL_FULL_STEPS, QUALITY_WEIGHT,
+    FINAL_FULL_STEPS, QUALITY_WEIGHT, RESUME_CORRECTION,
 };
 pub use workers::HangPolicy;
 
