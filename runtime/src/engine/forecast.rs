@@ -168,8 +168,8 @@ pub(super) fn extrapolate(
 /// computations that interpolates the new one differs from it by `a (measured - slope)` at
 /// first order (`measured` the slope from the base to the new velocity) and by
 /// `a (a + before) (curve' - curve)` at second order (`curve'` the second divided difference
-/// through the new one; with no computation before the base, the line's difference less the
-/// forecast's curve term). The latent moves by `correction` of `-sum_s h_s (difference)`.
+/// through the new one; with no computation before the base, the line's difference). The
+/// latent moves by `correction` of `-sum_s h_s (difference)`.
 fn correct_resumed(
     state: &mut SharedState,
     tr: &Track,
@@ -203,7 +203,9 @@ fn correct_resumed(
                 &tr.v_base[r.clone()],
                 &tr.v_slope[r.clone()],
             );
-            if tr.v_curve.is_empty() {
+            // Before a second computation (no computation before the base) the curve is
+            // still 0, as the track starts, and both orders interpolate the line.
+            if tr.v_curve.is_empty() || before == 0.0 {
                 for (((xi, &f), &b), &sl) in x[r.clone()].iter_mut().zip(f).zip(b).zip(sl) {
                     *xi -= w1 * ((f - b) * inv_gap - sl);
                 }
@@ -211,12 +213,7 @@ fn correct_resumed(
                 let c = &tr.v_curve[r.clone()];
                 let to_curve = 1.0 / (gap as f32 + before);
                 for ((((xi, &f), &b), &sl), &c) in x[r].iter_mut().zip(f).zip(b).zip(sl).zip(c) {
-                    let line = (f - b) * inv_gap - sl;
-                    *xi -= if before > 0.0 {
-                        w2 * (line * to_curve - c)
-                    } else {
-                        w1 * line - w2 * c
-                    };
+                    *xi -= w2 * (((f - b) * inv_gap - sl) * to_curve - c);
                 }
             }
         }
@@ -453,23 +450,15 @@ mod tests {
     /// the first run) would have taken it; without it elsewhere; with half of it halfway.
     #[test]
     fn the_resume_correction_integrates_the_interpolated_velocities() {
+        let (runs, hs, poly) = ([2u32, 3, 7], time_steps(8), [0.3f32, -0.05, 0.01]);
         for order in [1u8, 2] {
-            let whole = corrected_latent(order, 1.0);
-            let none = corrected_latent(order, 0.0);
-            let half = corrected_latent(order, 0.5);
-            let want = interpolated_latent(order);
-            for i in 0..want.len() {
-                assert!(
-                    (whole[i] - want[i]).abs() < 1e-4,
-                    "order {order} value {i}: {} vs {}",
-                    whole[i],
-                    want[i]
-                );
-                assert!(
-                    (half[i] - 0.5 * (whole[i] + none[i])).abs() < 1e-4,
-                    "order {order} value {i}: half the correction is not halfway"
-                );
-            }
+            let none = corrected_latent(order, 0.0, &runs, &hs, &poly);
+            let off = agrees(order, &runs, &hs, &poly);
+            assert!(
+                off < 1e-4,
+                "order {order}: {off} from the interpolated latent"
+            );
+            let want = interpolated_latent(order, &runs, &hs, &poly);
             let off = (0..want.len())
                 .map(|i| (none[i] - want[i]).abs())
                 .fold(0.0, f32::max);
@@ -480,21 +469,67 @@ mod tests {
         }
     }
 
-    /// Patch 1's computed steps in [`corrected_latent`] after the start at 0.
-    const RUNS: [u32; 3] = [2, 3, 7];
+    proptest::proptest! {
+        /// Any pattern of computed steps, any time steps, any cubic velocity: the corrected
+        /// latent is the interpolated one, and half the correction lands halfway.
+        #[test]
+        fn the_resume_correction_matches_its_recomputation_for_any_runs(
+            skips in proptest::collection::vec(0u32..4, 1..5),
+            h in proptest::collection::vec(0.01f32..0.2, 20),
+            poly in proptest::collection::vec(-0.1f32..0.1, 3),
+            order in 1u8..3,
+        ) {
+            let mut runs = vec![];
+            let mut at = 0;
+            for s in skips {
+                at += s + 1;
+                runs.push(at);
+            }
+            let hs = h[..=at as usize].to_vec();
+            let off = agrees(order, &runs, &hs, &poly);
+            proptest::prop_assert!(off < 1e-3, "{off} from the interpolated latent");
+        }
+    }
 
-    fn cubic(t: usize, i: usize, step: u32) -> f32 {
+    /// The largest distance of the corrected latent from the interpolated one (whole
+    /// correction), or of the half-corrected one from halfway.
+    fn agrees(order: u8, runs: &[u32], hs: &[f32], poly: &[f32]) -> f32 {
+        let whole = corrected_latent(order, 1.0, runs, hs, poly);
+        let none = corrected_latent(order, 0.0, runs, hs, poly);
+        let half = corrected_latent(order, 0.5, runs, hs, poly);
+        let want = interpolated_latent(order, runs, hs, poly);
+        let scale = want.iter().fold(1.0f32, |m, v| m.max(v.abs()));
+        (0..want.len())
+            .map(|i| {
+                let a = (whole[i] - want[i]).abs();
+                let b = (half[i] - 0.5 * (whole[i] + none[i])).abs();
+                a.max(b) / scale
+            })
+            .fold(0.0, f32::max)
+    }
+
+    /// Token `t`'s value `i` at `step`: `t + i` plus the polynomial `poly` (no constant term)
+    /// in the step, scaled by the token.
+    fn velocity(t: usize, i: usize, step: u32, poly: &[f32]) -> f32 {
         let s = step as f32;
-        (t + i) as f32 + 0.3 * i as f32 * s - 0.05 * (1 + t) as f32 * s * s + 0.01 * s * s * s
+        let scale = 1.0 + 0.1 * (t + i) as f32;
+        (t + i) as f32 + scale * poly.iter().rev().fold(0.0, |acc, &c| (acc + c) * s)
     }
 
-    fn time_steps() -> Vec<f32> {
-        (0..8).map(|s| 0.1 + 0.02 * s as f32).collect()
+    fn time_steps(n: usize) -> Vec<f32> {
+        (0..n).map(|s| 0.1 + 0.02 * s as f32).collect()
     }
 
-    /// Patch 0 runs every step, patch 1 at [`RUNS`], velocities along [`cubic`], the latent
-    /// from 0 by Euler updates over [`time_steps`]; returns patch 1's latent after step 7.
-    fn corrected_latent(order: u8, correction: f32) -> Vec<f32> {
+    /// Patch 0 runs every step, patch 1 at `runs` (rising, after the start at 0; the last
+    /// is the final step), velocities along [`velocity`], the latent from 0 by Euler updates
+    /// over `hs`; returns patch 1's latent after the final step.
+    fn corrected_latent(
+        order: u8,
+        correction: f32,
+        runs: &[u32],
+        hs: &[f32],
+        poly: &[f32],
+    ) -> Vec<f32> {
         let cfg = tiny();
         let (tokens, pd) = (cfg.grid.tokens(), cfg.channels);
         let layout = flashdiff_partitioner::partition_uniform(
@@ -502,13 +537,12 @@ mod tests {
             2,
         )
         .unwrap();
-        let hs = time_steps();
         let mut st = SharedState::create(crate::state::StateLayout::new(&cfg), None, 0).unwrap();
         let fill = |st: &mut SharedState, region: Region, step: u32, only: &[bool]| {
             let dst = st.get_mut(region);
             for t in (0..tokens).filter(|&t| only[t]) {
                 for i in 0..pd {
-                    dst[t * pd + i] = cubic(t, i, step);
+                    dst[t * pd + i] = velocity(t, i, step, poly);
                 }
             }
         };
@@ -523,8 +557,8 @@ mod tests {
         fill(&mut st, Region::Velocity, 0, &everyone);
         let mut track = Track::start(&st, 0, &cfg, 1.0, order, correction);
         euler(&mut st, hs[0]);
-        for n in 1..=7u32 {
-            let active = [true, RUNS.contains(&n)];
+        for n in 1..=*runs.last().unwrap() {
+            let active = [true, runs.contains(&n)];
             let computed: Vec<bool> = layout
                 .patch_of()
                 .iter()
@@ -532,7 +566,7 @@ mod tests {
                 .collect();
             fill(&mut st, Region::FreshVelocity, n, &everyone);
             fill(&mut st, Region::Velocity, n, &computed);
-            extrapolate(&mut st, &mut track, &layout, &active, n, &cfg, &hs);
+            extrapolate(&mut st, &mut track, &layout, &active, n, &cfg, hs);
             euler(&mut st, hs[n as usize]);
         }
         let x = st.get(Region::X);
@@ -545,7 +579,7 @@ mod tests {
 
     /// What [`corrected_latent`] should reach with the whole correction, recomputed with
     /// Lagrange's form of the interpolating polynomials.
-    fn interpolated_latent(order: u8) -> Vec<f32> {
+    fn interpolated_latent(order: u8, runs: &[u32], hs: &[f32], poly: &[f32]) -> Vec<f32> {
         let cfg = tiny();
         let pd = cfg.channels;
         let layout = flashdiff_partitioner::partition_uniform(
@@ -553,8 +587,7 @@ mod tests {
             2,
         )
         .unwrap();
-        let hs = time_steps();
-        let computed = [0u32, 2, 3, 7];
+        let computed: Vec<u32> = std::iter::once(0).chain(runs.iter().copied()).collect();
         let lagrange = |points: &[u32], s: u32, value: &dyn Fn(u32) -> f64| -> f64 {
             let mut sum = 0.0;
             for (j, &pj) in points.iter().enumerate() {
@@ -571,9 +604,9 @@ mod tests {
         let mut out = vec![];
         for &t in layout.patch_tokens(1) {
             for i in 0..pd {
-                let value = |s: u32| cubic(t as usize, i, s) as f64;
+                let value = |s: u32| velocity(t as usize, i, s, poly) as f64;
                 let mut x = 0.0f64;
-                for s in 0..=7u32 {
+                for s in 0..=*runs.last().unwrap() {
                     let v = if computed.contains(&s) {
                         value(s)
                     } else {
