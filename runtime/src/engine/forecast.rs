@@ -275,6 +275,24 @@ pub(super) fn write_cache(state: &mut SharedState, tr: &Track, n: u32, read: &[b
 mod tests {
     use super::*;
 
+    /// Which tokens the `active` patches hold.
+    fn tokens_of(layout: &PatchLayout, active: &[bool]) -> Vec<bool> {
+        layout
+            .patch_of()
+            .iter()
+            .map(|&p| active[p as usize])
+            .collect()
+    }
+
+    /// [`tiny`]'s grid cut into two patches.
+    fn two_patches() -> PatchLayout {
+        flashdiff_partitioner::partition_uniform(
+            flashdiff_partitioner::Grid::image(2, 2).unwrap(),
+            2,
+        )
+        .unwrap()
+    }
+
     fn tiny() -> Dims {
         // A 2x2 grid of 12-value tokens, one layer of width 2, two words.
         Dims {
@@ -306,11 +324,7 @@ mod tests {
     fn linear_trajectory(weight: f32) {
         let cfg = tiny();
         let (tokens, d, pd) = (cfg.grid.tokens(), cfg.kv_dim, cfg.channels);
-        let layout = flashdiff_partitioner::partition_uniform(
-            flashdiff_partitioner::Grid::image(2, 2).unwrap(),
-            2,
-        )
-        .unwrap();
+        let layout = two_patches();
         let mut st = SharedState::create(crate::state::StateLayout::new(&cfg), None, 0).unwrap();
         // value(t, i, step) = 10 t + i + 0.5 step; the warm-up ended at step 0.
         let value = |t: usize, i: usize, step: u32| (10 * t + i) as f32 + 0.5 * step as f32;
@@ -336,11 +350,7 @@ mod tests {
         let smoothed = |m: i32| 0.5 * (1.0 - (1.0 - weight).powi(m));
         for n in 1..=5u32 {
             let active = [true, n == 1 || n == 5];
-            let computed: Vec<bool> = layout
-                .patch_of()
-                .iter()
-                .map(|&p| active[p as usize])
-                .collect();
+            let computed = tokens_of(&layout, &active);
             fill(&mut st, Region::FreshKeys, d, n, &everyone);
             fill(&mut st, Region::FreshValues, d, n, &everyone);
             fill(&mut st, Region::FreshVelocity, pd, n, &everyone);
@@ -395,11 +405,7 @@ mod tests {
     fn quadratic_trajectory(order: u8) -> f64 {
         let cfg = tiny();
         let (tokens, pd) = (cfg.grid.tokens(), cfg.channels);
-        let layout = flashdiff_partitioner::partition_uniform(
-            flashdiff_partitioner::Grid::image(2, 2).unwrap(),
-            2,
-        )
-        .unwrap();
+        let layout = two_patches();
         let mut st = SharedState::create(crate::state::StateLayout::new(&cfg), None, 0).unwrap();
         let value = |t: usize, i: usize, step: u32| {
             let s = step as f32;
@@ -419,11 +425,7 @@ mod tests {
         let mut total = 0.0f64;
         for n in 1..=7u32 {
             let active = [true, [2, 3, 7].contains(&n)];
-            let computed: Vec<bool> = layout
-                .patch_of()
-                .iter()
-                .map(|&p| active[p as usize])
-                .collect();
+            let computed = tokens_of(&layout, &active);
             fill(&mut st, Region::FreshVelocity, n, &everyone);
             fill(&mut st, Region::Velocity, n, &computed);
             let (err2, _) = extrapolate(&mut st, &mut track, &layout, &active, n, &cfg, &[]);
@@ -532,11 +534,7 @@ mod tests {
     ) -> Vec<f32> {
         let cfg = tiny();
         let (tokens, pd) = (cfg.grid.tokens(), cfg.channels);
-        let layout = flashdiff_partitioner::partition_uniform(
-            flashdiff_partitioner::Grid::image(2, 2).unwrap(),
-            2,
-        )
-        .unwrap();
+        let layout = two_patches();
         let mut st = SharedState::create(crate::state::StateLayout::new(&cfg), None, 0).unwrap();
         let fill = |st: &mut SharedState, region: Region, step: u32, only: &[bool]| {
             let dst = st.get_mut(region);
@@ -559,11 +557,7 @@ mod tests {
         euler(&mut st, hs[0]);
         for n in 1..=*runs.last().unwrap() {
             let active = [true, runs.contains(&n)];
-            let computed: Vec<bool> = layout
-                .patch_of()
-                .iter()
-                .map(|&p| active[p as usize])
-                .collect();
+            let computed = tokens_of(&layout, &active);
             fill(&mut st, Region::FreshVelocity, n, &everyone);
             fill(&mut st, Region::Velocity, n, &computed);
             extrapolate(&mut st, &mut track, &layout, &active, n, &cfg, hs);
@@ -582,11 +576,7 @@ mod tests {
     fn interpolated_latent(order: u8, runs: &[u32], hs: &[f32], poly: &[f32]) -> Vec<f32> {
         let cfg = tiny();
         let pd = cfg.channels;
-        let layout = flashdiff_partitioner::partition_uniform(
-            flashdiff_partitioner::Grid::image(2, 2).unwrap(),
-            2,
-        )
-        .unwrap();
+        let layout = two_patches();
         let computed: Vec<u32> = std::iter::once(0).chain(runs.iter().copied()).collect();
         let lagrange = |points: &[u32], s: u32, value: &dyn Fn(u32) -> f64| -> f64 {
             let mut sum = 0.0;
