@@ -42,7 +42,7 @@ struct Setting {
 /// What each method is and how it reuses what it does not compute.
 const METHODS: [(&str, &str); 15] = [
     ("flashdiff", "saliency patches, each accumulating block 0's input change; a step runs whole once the latent's accumulated change (the patches' weighted by their share of that input) reaches ε (or one patch 2ε, or a patch K skips), else every token is forecast; knob: ε at K 3, K 1-12 at ε 1 (a computed step every K + 1), ε with no K bound (K = steps), each at first and at second order (\"order 2\": skipped velocities along the parabola through their last three computations), the last also reusing stale velocities (\"reuse stale\"); its curve also reads per-patch's settings (\"share 1\": a computed step runs only the patches at their budget)"),
-    ("flashdiff-budget", "FlashDiff under a work budget F: floor(F x steps) computed steps, the warm-up and final step among them, paced by the same accumulated change (latency known at admission); knob: F, at first and second order, each again with the resume correction (\"corrected\": a resumed token's latent moved half-way to where velocities interpolated through its computations would have taken it)"),
+    ("flashdiff-budget", "FlashDiff under a work budget F: floor(F x steps) computed steps, the warm-up and final step among them, paced by the same accumulated change (latency known at admission); knob: F, at first and second order, each again with the resume correction (\"reuse corrected\": a resumed token's latent moved half-way to where velocities interpolated through its computations would have taken it)"),
     ("flashdiff-order1", "ablation: FlashDiff's first-order settings alone, both shares (read from its rows without \"order 2\" or \"stale\")"),
     ("flashdiff-uniform", "ablation: FlashDiff on a uniform grid of patches instead of the saliency cut; same knob"),
     ("per-patch", "ablation: FlashDiff at share 1 alone: a computed step runs only the patches at their budget, the others stand in with forecast K/V and velocity; same knob"),
@@ -152,12 +152,12 @@ fn settings(base: &RequestConfig, workers: u32, dbcache: bool) -> Vec<Setting> {
         }
     }
     // A work budget F: the pace computes floor(F x steps) steps, spent where the change is;
-    // with extrapolated reuse, again with the resume correction (" corrected").
+    // with extrapolated reuse, again with the resume correction (" reuse corrected", a knob line of its own).
     let mut budget_orders: Vec<(Reuse, String)> =
         orders.iter().map(|&(r, o)| (r, o.to_string())).collect();
     if base.reuse == Reuse::Extrapolate {
         for &(r, o) in &orders {
-            budget_orders.push((r.corrected(), format!("{o} corrected")));
+            budget_orders.push((r.corrected(), format!("{o} reuse corrected")));
         }
     }
     for (reuse, order) in budget_orders {

@@ -155,3 +155,28 @@ fn the_k_line_reaches_below_the_default_k() {
         assert_eq!(sorted.len(), on_line.len(), "{method}: {on_line:?}");
     }
 }
+
+/// Every label of more than one knob is made of (name, value) pairs, so that its settings
+/// fall on the knob lines they belong to (an odd word would put them all on one line).
+#[test]
+fn every_label_names_its_knobs_in_pairs() {
+    for reuse in [Reuse::Extrapolate, Reuse::Corrected, Reuse::Stale] {
+        for warmup in [DEFAULT_WARMUP, 12] {
+            let base = RequestConfig {
+                warmup,
+                reuse,
+                patches: Some(16),
+                ..RequestConfig::default()
+            };
+            for s in settings(&base, 2, true) {
+                let words = s.label.split_whitespace().count();
+                assert!(
+                    words <= 2 || words % 2 == 0,
+                    "{} {:?}: not in pairs",
+                    s.method,
+                    s.label
+                );
+            }
+        }
+    }
+}
