@@ -62,8 +62,8 @@ pub const ENGINE_DEFAULT_MAX_SKIP: u32 = 3;
 /// computed velocity itself was evaluated at the uncorrected latent, and applying the whole
 /// difference overshoots. Chosen on 64 validation prompts (seed 20000) of the built-in image
 /// model under a work budget: the full correction lost up to 12 dB of mean PSNR at a fifth
-/// of the work, half of it gained on the mean from F 0.3 to 0.5 at first order
-/// (docs/benchmarks.md, "Work budget").
+/// of the work, half of it gained on the mean from F 0.3 to 0.7 at first order
+/// (docs/benchmarks.md, "The resume correction").
 pub const RESUME_CORRECTION: f32 = 0.5;
 
 /// How a request stands in for values it does not compute ([`RequestConfig::reuse`]).
