@@ -152,7 +152,8 @@ fn settings(base: &RequestConfig, workers: u32, dbcache: bool) -> Vec<Setting> {
         }
     }
     // A work budget F: the pace computes floor(F x steps) steps, spent where the change is;
-    // with extrapolated reuse, again with the resume correction (" reuse corrected", a knob line of its own).
+    // with extrapolated reuse, again with the resume correction (" reuse corrected", on knob
+    // lines of their own).
     let mut budget_orders: Vec<(Reuse, String)> =
         orders.iter().map(|&(r, o)| (r, o.to_string())).collect();
     if base.reuse == Reuse::Extrapolate {

@@ -82,10 +82,10 @@ pub(super) fn extrapolate(
     active: &[bool],
     n: u32,
     cfg: &Dims,
-    hs: &[f32],
+    h: &dyn Fn(u32) -> f32,
 ) -> (f64, f64) {
     if tr.correction > 0.0 {
-        correct_resumed(state, tr, layout, active, n, cfg.channels, hs);
+        correct_resumed(state, tr, layout, active, n, cfg.channels, h);
     }
     let (mut err2, mut norm2) = (0.0f64, 0.0f64);
     let (tokens, d, depth, pd) = (cfg.grid.tokens(), cfg.kv_dim, cfg.kv_layers, cfg.channels);
@@ -163,7 +163,7 @@ pub(super) fn extrapolate(
 
 /// The resume correction ([`super::Reuse::Corrected`]), before [`extrapolate`] updates the
 /// forecast: for every token computed at step `n` after skipped steps, the skipped steps'
-/// Euler updates (`x -= h_s v_s`, `hs[s]` the step's time decrease) used the forecast
+/// Euler updates (`x -= h_s v_s`, `h(s)` the step's time decrease) used the forecast
 /// `v_s = base + a slope (+ a (a + before) curve)`, `a = s - last`; the polynomial through the
 /// computations that interpolates the new one differs from it by `a (measured - slope)` at
 /// first order (`measured` the slope from the base to the new velocity) and by
@@ -177,7 +177,7 @@ fn correct_resumed(
     active: &[bool],
     n: u32,
     pd: usize,
-    hs: &[f32],
+    h: &dyn Fn(u32) -> f32,
 ) {
     let (fresh, x) = state.get_pair(Region::FreshVelocity, Region::X);
     for p in (0..layout.patches()).filter(|&p| active[p as usize]) {
@@ -190,7 +190,7 @@ fn correct_resumed(
             let before = tr.gap[t] as f32;
             let (mut w1, mut w2) = (0.0f32, 0.0f32);
             for a in 1..gap {
-                let h = hs.get((last + a) as usize).copied().unwrap_or(0.0);
+                let h = h(last + a);
                 let a = a as f32;
                 w1 += h * a;
                 w2 += h * a * (a + before);
@@ -355,7 +355,7 @@ mod tests {
             fill(&mut st, Region::FreshValues, d, n, &everyone);
             fill(&mut st, Region::FreshVelocity, pd, n, &everyone);
             fill(&mut st, Region::Velocity, pd, n, &computed); // the commit's copy of fresh rows
-            extrapolate(&mut st, &mut track, &layout, &active, n, &cfg, &[]);
+            extrapolate(&mut st, &mut track, &layout, &active, n, &cfg, &|_| 0.0);
             write_cache(&mut st, &track, n + 1, &everyone, &cfg);
             for p in 0..2u32 {
                 let (last, m) = match (p, n) {
@@ -428,7 +428,7 @@ mod tests {
             let computed = tokens_of(&layout, &active);
             fill(&mut st, Region::FreshVelocity, n, &everyone);
             fill(&mut st, Region::Velocity, n, &computed);
-            let (err2, _) = extrapolate(&mut st, &mut track, &layout, &active, n, &cfg, &[]);
+            let (err2, _) = extrapolate(&mut st, &mut track, &layout, &active, n, &cfg, &|_| 0.0);
             if n == 7 {
                 total += err2;
             }
@@ -560,7 +560,9 @@ mod tests {
             let computed = tokens_of(&layout, &active);
             fill(&mut st, Region::FreshVelocity, n, &everyone);
             fill(&mut st, Region::Velocity, n, &computed);
-            extrapolate(&mut st, &mut track, &layout, &active, n, &cfg, hs);
+            extrapolate(&mut st, &mut track, &layout, &active, n, &cfg, &|s| {
+                hs[s as usize]
+            });
             euler(&mut st, hs[n as usize]);
         }
         let x = st.get(Region::X);

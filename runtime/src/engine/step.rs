@@ -191,16 +191,9 @@ impl Engine {
             }
         }
         if let Some(tr) = r.track.as_mut() {
-            // The steps' time decreases, for the resume correction alone.
-            let steps = r.cfg.steps;
-            let hs: Vec<f32> = if tr.correction > 0.0 {
-                (0..steps)
-                    .map(|s| self.model.time(s, steps) - self.model.time(s + 1, steps))
-                    .collect()
-            } else {
-                Vec::new()
-            };
-            let (e2, n2) = extrapolate(&mut r.state, tr, layout, &r.active, r.step, cfg, &hs);
+            let (model, steps) = (&*self.model, r.cfg.steps);
+            let h = |s| methods::time_step(model, s, steps);
+            let (e2, n2) = extrapolate(&mut r.state, tr, layout, &r.active, r.step, cfg, &h);
             r.report.reuse_err2 += e2;
             r.report.reuse_norm2 += n2;
         }

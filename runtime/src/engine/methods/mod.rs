@@ -183,9 +183,14 @@ fn relative_l1(now: &[f32], prev: &[f32]) -> f32 {
     num / den
 }
 
+/// How much the model's time falls over step `step` of `steps` (the Euler update's step).
+pub(super) fn time_step(model: &dyn Denoiser, step: u32, steps: u32) -> f32 {
+    model.time(step, steps) - model.time(step + 1, steps)
+}
+
 /// The Euler update of the request's step with the velocities in its state.
 pub(super) fn euler(model: &dyn Denoiser, r: &mut Request) {
-    let h = model.time(r.step, r.cfg.steps) - model.time(r.step + 1, r.cfg.steps);
+    let h = time_step(model, r.step, r.cfg.steps);
     let (v, x) = r.state.get_pair(Region::Velocity, Region::X);
     for (xi, vi) in x.iter_mut().zip(v) {
         *xi -= h * vi;
