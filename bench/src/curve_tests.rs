@@ -32,6 +32,54 @@ fn a_study_is_read_again_from_its_json() {
 }
 
 #[test]
+fn the_worst_where_full_is_right_skips_the_prompts_full_gets_wrong() {
+    let mut a = Acc::default();
+    a.quality(40.0, 1, true);
+    a.quality(20.0, 2, false);
+    a.quality(35.0, 3, true);
+    assert_eq!((a.worst_db, a.worst_prompt), (Some(20.0), 2));
+    assert_eq!((a.worst_right, a.right), (Some(35.0), 2));
+    // The report prints the column, and says how many prompts it reads.
+    let point = |m: &str, w: f64, right: Value| {
+        json!({"method": m, "setting": "-", "work": w, "db": 50.0, "worst_db": 20.0,
+               "worst_db_full_right": right, "full_right_prompts": 2,
+               "agreement": 1.0, "patch_steps_skipped": 0.0, "latency_ms": 1.0})
+    };
+    let head = Header {
+        prompts: 3,
+        seed: 1,
+        steps: 50,
+        patches: 16,
+        workers: 1,
+    };
+    let md = report(
+        Kind::Image,
+        &head,
+        &[
+            point("full", 1.0, json!(99.0)),
+            point("flashdiff", 0.3, json!(35.0)),
+        ],
+    );
+    assert!(md.contains("among the 2 of 3 whose full"), "{md}");
+    assert!(
+        md.contains("| flashdiff | - | 0.300 | 50.00 | 20.00 | 35.00 |"),
+        "{md}"
+    );
+    // A study written before the column (or a model with no checker) shows none.
+    let md = report(
+        Kind::Image,
+        &head,
+        &[
+            json!({"method": "flashdiff", "setting": "-", "work": 0.3, "db": 50.0, "worst_db": 20.0}),
+        ],
+    );
+    assert!(
+        !md.contains("among the") && md.contains("| 20.00 | - |"),
+        "{md}"
+    );
+}
+
+#[test]
 fn flashdiff_reads_its_per_patch_settings_on_lines_of_their_own() {
     let point = |m: &str, label: &str, w: f64, db: f64| json!({"method": m, "setting": label, "work": w, "db": db, "worst_db": db});
     let points = [
