@@ -10,6 +10,11 @@
 //! method's own capacity is measured too (every request at once), so a row whose arrivals
 //! outpace its method is marked: that queue grows without bound, and its p99 is the wait at
 //! the end of the trace, which grows with the trace's length, not a property of the method.
+//!
+//! The trace's requests cycle through priority levels 0-3, which the scheduler honours and the
+//! FIFO rows ignore; FlashDiff's scheduler also serves the same trace with every request at
+//! one level, and the report shows each level's completions, so a p99 that the lowest level
+//! pays for the others is told apart from one the engine is slower at.
 
 use std::time::{Duration, Instant};
 
@@ -31,6 +36,8 @@ struct Server {
     fifo: bool,
     /// On worker processes (request state in shared memory) instead of the bench's engine.
     processes: bool,
+    /// Every request at one priority level instead of the trace's levels 0-3 cycling.
+    one_level: bool,
     /// The method of the bench's quality table whose output this one serves.
     quality: &'static str,
 }
@@ -47,6 +54,16 @@ fn servers(base: &RequestConfig, distrifusion: &RequestConfig) -> Vec<Server> {
             cfg: base.clone(),
             fifo: false,
             processes: false,
+            one_level: false,
+            quality: "flashdiff",
+        },
+        Server {
+            name: "flashdiff-one-level",
+            what: "FlashDiff: every arrival to the patch scheduler, every request at one priority level (the FIFO rows ignore the levels; this one serves the same trace without them)",
+            cfg: base.clone(),
+            fifo: false,
+            processes: false,
+            one_level: true,
             quality: "flashdiff",
         },
         Server {
@@ -58,6 +75,7 @@ fn servers(base: &RequestConfig, distrifusion: &RequestConfig) -> Vec<Server> {
             },
             fifo: false,
             processes: false,
+            one_level: false,
             quality: "flashdiff",
         },
         Server {
@@ -66,6 +84,7 @@ fn servers(base: &RequestConfig, distrifusion: &RequestConfig) -> Vec<Server> {
             cfg: distrifusion.clone(),
             fifo: false,
             processes: false,
+            one_level: false,
             quality: "distrifusion",
         },
         Server {
@@ -74,6 +93,7 @@ fn servers(base: &RequestConfig, distrifusion: &RequestConfig) -> Vec<Server> {
             cfg: distrifusion.clone(),
             fifo: false,
             processes: true,
+            one_level: false,
             quality: "distrifusion",
         },
         Server {
@@ -85,6 +105,7 @@ fn servers(base: &RequestConfig, distrifusion: &RequestConfig) -> Vec<Server> {
             },
             fifo: true,
             processes: false,
+            one_level: false,
             quality: "full",
         },
         Server {
@@ -96,6 +117,7 @@ fn servers(base: &RequestConfig, distrifusion: &RequestConfig) -> Vec<Server> {
             },
             fifo: true,
             processes: false,
+            one_level: false,
             quality: "teacache",
         },
         Server {
@@ -104,6 +126,7 @@ fn servers(base: &RequestConfig, distrifusion: &RequestConfig) -> Vec<Server> {
             cfg: base.clone(),
             fifo: true,
             processes: false,
+            one_level: false,
             quality: "flashdiff",
         },
     ]
@@ -163,7 +186,7 @@ pub(crate) fn study(
             (Some(p), true) => p,
             _ => &mut *engine,
         };
-        let mut r = serve_trace(e, &vec![0.0; n_sat], &s.cfg, s.fifo, cfg.seed)?;
+        let mut r = serve_trace(e, &vec![0.0; n_sat], s, cfg.seed)?;
         capacity.push(r["throughput_rps"].as_f64().unwrap_or(f64::NAN));
         r["load"] = json!("saturated");
         r["method"] = json!(s.name);
@@ -221,7 +244,7 @@ pub(crate) fn study(
                 (Some(p), true) => p,
                 _ => &mut *engine,
             };
-            let mut r = serve_trace(e, &arrivals, &s.cfg, s.fifo, cfg.seed)?;
+            let mut r = serve_trace(e, &arrivals, s, cfg.seed)?;
             let overloaded = rate > cap;
             md.push_str(&load_row(load, s.name, rate, cap, n, &r));
             r["load"] = json!(load);
@@ -232,6 +255,7 @@ pub(crate) fn study(
             rows.push(r);
         }
     }
+    by_level(&rows, &list, md);
     verdicts(&rows, &list, &capacity, base_name, md);
     Ok(rows)
 }
@@ -278,6 +302,57 @@ fn load_row(load: f64, name: &str, rate: f64, cap: f64, n: usize, r: &Value) -> 
             "stable"
         },
     )
+}
+
+/// Completion times (s) of the requests a run's trace puts at `level` (request i at
+/// [`trace_level`]`(i)`, whatever priority the method served it at), sorted.
+fn level_latencies(r: &Value, level: u8) -> Vec<f64> {
+    let mut v: Vec<f64> = r["latency_of_request_s"]
+        .as_array()
+        .map(|a| {
+            a.iter()
+                .enumerate()
+                .filter(|(i, _)| trace_level(*i) == level)
+                .filter_map(|(_, x)| x.as_f64())
+                .collect()
+        })
+        .unwrap_or_default();
+    v.sort_by(f64::total_cmp);
+    v
+}
+
+/// At the target load, each method's median and slowest completion per priority level of
+/// the trace: what the scheduler's priorities buy the upper levels and cost the lowest.
+fn by_level(rows: &[Value], list: &[Server], md: &mut String) {
+    let levels: Vec<u8> = (0..4).collect();
+    let mut lines = String::new();
+    for s in list {
+        let Some(r) = rows
+            .iter()
+            .find(|r| r["method"] == s.name && r["load"] == json!(TARGET_LOAD))
+        else {
+            continue;
+        };
+        let cells: String = levels
+            .iter()
+            .map(|&l| {
+                let v = level_latencies(r, l);
+                match (v.get(v.len() / 2), v.last()) {
+                    (Some(m), Some(x)) => format!(" {m:.2} / {x:.2} |"),
+                    _ => " - |".to_string(),
+                }
+            })
+            .collect();
+        lines.push_str(&format!("| {} |{cells}\n", s.name));
+    }
+    if lines.is_empty() {
+        return;
+    }
+    md.push_str(&format!(
+        "\nAt load {TARGET_LOAD}, by the trace's priority level (request i at level i mod 4, 3 served first by the scheduler; the FIFO rows and the one-level row ignore the levels): median / slowest completion in s of that level's requests.\n\n| method |{}\n| --- |{}\n{lines}",
+        levels.iter().map(|l| format!(" level {l} |")).collect::<String>(),
+        " --- |".repeat(levels.len()),
+    ));
 }
 
 /// The serving targets at the load they are stated for, and FlashDiff against every other
@@ -352,6 +427,16 @@ fn verdicts(rows: &[Value], list: &[Server], capacity: &[f64], base: &str, md: &
             if p >= 1.0 { "at least as good as all" } else { "**not** better than all" },
         ));
     }
+    let one = at("flashdiff-one-level", "p99_s");
+    if one.is_finite() {
+        if let Some((pn, _)) = worst_p99 {
+            let p = at(pn, "p99_s") / one;
+            md.push_str(&format!(
+                "With every request at one priority level, as the FIFO rows serve them, FlashDiff's scheduler has p99 {one:.2} s at this load; {pn}'s p99 over it: {p:.2}x ({} {pn} on p99).\n",
+                if p >= 1.0 { "at least as good as" } else { "**behind**" },
+            ));
+        }
+    }
     if fd_cap.is_finite() {
         let eps = list
             .iter()
@@ -373,13 +458,18 @@ fn verdicts(rows: &[Value], list: &[Server], capacity: &[f64], base: &str, md: &
 fn serve_trace(
     engine: &mut Engine,
     arrivals: &[f64],
-    base: &RequestConfig,
-    fifo: bool,
+    s: &Server,
     seed: u64,
 ) -> Result<Value, EngineError> {
-    serve_shaped(engine, arrivals, base, fifo, seed, &|i| {
-        ((i % 4) as u8, None)
+    let one_level = s.one_level;
+    serve_shaped(engine, arrivals, &s.cfg, s.fifo, seed, &|i| {
+        (if one_level { 0 } else { trace_level(i) }, None)
     })
+}
+
+/// Request i's priority level in the serving traces: 0-3 cycling.
+fn trace_level(i: usize) -> u8 {
+    (i % 4) as u8
 }
 
 /// [`serve_trace`] with request i's priority and deadline from `shape(i)`.
@@ -397,6 +487,7 @@ fn serve_shaped(
     let (mut next, mut done) = (0usize, 0usize);
     let mut queue = std::collections::VecDeque::new();
     let mut latency = Vec::with_capacity(n);
+    let mut of_request = vec![f64::NAN; n];
     let (mut work_sum, mut eps_sum, mut eps_n) = (0.0, 0.0, 0u32);
     let (mut met, mut with_deadline) = (0usize, 0usize);
     // Model time spent (warm-up + compute of every request), and completion order.
@@ -436,6 +527,7 @@ fn serve_shaped(
             let o = r.map_err(|(_, e)| e)?;
             let i = (o.report.id - id_base) as usize;
             latency.push(t - arrivals[i]);
+            of_request[i] = t - arrivals[i];
             busy += (o.report.time.warmup + o.report.time.compute).as_secs_f64();
             order.push(i);
             work_sum += work(&o, base.steps);
@@ -465,6 +557,7 @@ fn serve_shaped(
         "busy_s": busy,
         "completion_inversions": inversions(&order, shape),
         "latencies_s": latency,
+        "latency_of_request_s": of_request,
     }))
 }
 
@@ -699,5 +792,32 @@ mod tests {
         assert_eq!(got.0, "teacache-fifo");
         // Nothing at the bar: no base.
         assert_eq!(load_base(&list, &cap("full-fifo"), &|_| 10.0), None);
+    }
+
+    #[test]
+    fn the_level_table_reads_each_levels_own_requests() {
+        let base = RequestConfig::default();
+        let list = servers(&base, &base);
+        // Eight requests: levels 0-3 cycling; request i took i + 1 s (one not finished).
+        let mut lat: Vec<Value> = (0..8).map(|i| json!(i as f64 + 1.0)).collect();
+        lat[7] = Value::Null;
+        let row = json!({"method": "flashdiff", "load": TARGET_LOAD, "latency_of_request_s": lat});
+        assert_eq!(level_latencies(&row, 1), vec![2.0, 6.0]);
+        assert_eq!(level_latencies(&row, 3), vec![4.0]);
+        let mut md = String::new();
+        by_level(&[row], &list, &mut md);
+        // Median (upper of two) / slowest per level; the one-level row did not run here.
+        assert!(
+            md.contains("| flashdiff | 5.00 / 5.00 | 6.00 / 6.00 | 7.00 / 7.00 | 4.00 / 4.00 |"),
+            "{md}"
+        );
+        assert!(!md.contains("flashdiff-one-level"), "{md}");
+        // The one-level server is FlashDiff's scheduler at one level, the others keep theirs.
+        let one: Vec<&str> = list
+            .iter()
+            .filter(|s| s.one_level)
+            .map(|s| s.name)
+            .collect();
+        assert_eq!(one, ["flashdiff-one-level"]);
     }
 }

@@ -628,6 +628,15 @@ fn bench_writes_json_and_a_report() {
         .unwrap()
         .iter()
         .any(|r| r["load"] == "saturated"));
+    // FlashDiff's scheduler also serves the trace with every request at one level, and the
+    // report reads each level's requests.
+    assert!(json["serving"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .any(|r| r["method"] == "flashdiff-one-level" && r["load"] != "saturated"));
+    let md = std::fs::read_to_string(dir.join("report.md")).unwrap();
+    assert!(md.contains("by the trace's priority level"), "{md}");
     // Loads are multiples of the highest capacity among the other ways of serving whose mean
     // PSNR in the quality table meets 30 dB: recomputed here from the rows.
     let psnr = |m: &str| {
