@@ -12,6 +12,7 @@ use flashdiff_scheduler::{Completion, Tag, WARMUP_MONOTASK};
 
 use super::methods;
 use super::request::Request;
+use super::window;
 use super::workers::Executor;
 use super::{
     Engine, EngineError, Output, Report, RequestConfig, StepEvent, TimeSplit, QUALITY_WEIGHT,
@@ -116,12 +117,14 @@ impl Engine {
         let deadline = cfg
             .deadline
             .map(|d| (submitted + d - self.origin).as_secs_f64());
-        self.sched.submit_with_deadline(
+        self.submissions += 1;
+        self.start_or_wait(window::Waiting {
             id,
-            cfg.priority,
-            (cfg.warmup as usize * tokens) as f64,
+            priority: cfg.priority,
+            warmup_cost: (cfg.warmup as usize * tokens) as f64,
             deadline,
-        )?;
+            seq: self.submissions,
+        })?;
         let req = Request {
             salient: c.salient,
             context,
@@ -302,6 +305,7 @@ impl Engine {
         };
         let _ = self.sched.finish(id);
         self.forget(id);
+        self.start_waiting();
         let cfg = self.model.dims();
         let t0 = Instant::now();
         let latent = r.state.get(Region::X).to_vec();
@@ -365,13 +369,17 @@ impl Engine {
 
     pub(super) fn fail(&mut self, id: u64, e: EngineError) {
         if self.requests.remove(&id).is_some() {
+            self.waiting.retain(|w| w.id != id);
             let _ = self.sched.cancel(id);
             self.forget(id);
             self.finished.push(Err((id, e)));
+            self.start_waiting();
         }
     }
 
     pub(super) fn fail_all(&mut self, e: EngineError) {
+        // Nothing more starts: every request fails.
+        self.waiting.clear();
         let ids: Vec<u64> = self.requests.keys().copied().collect();
         for id in ids {
             self.fail(id, e.duplicate());

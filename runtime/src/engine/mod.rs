@@ -57,6 +57,7 @@ mod request;
 mod series;
 mod settings;
 mod step;
+mod window;
 mod workers;
 
 use std::collections::{HashMap, VecDeque};
@@ -85,6 +86,7 @@ pub use settings::{
     DEFAULT_STEPS, DEFAULT_WARMUP, DISPATCH_DEPTH, ENGINE_DEFAULT_EPSILON, ENGINE_DEFAULT_MAX_SKIP,
     FINAL_FULL_STEPS, QUALITY_WEIGHT, RESUME_CORRECTION,
 };
+pub use window::DEFAULT_START_WINDOW_EXTRA;
 pub use workers::HangPolicy;
 
 use crate::proc::Pool;
@@ -112,6 +114,11 @@ pub struct Engine {
     checkpoints: Option<PathBuf>,
     /// Least time between two checkpoints of one request.
     checkpoint_every: Duration,
+    /// The start window (see [`Engine::set_start_window`]).
+    window: Option<u32>,
+    /// Requests submitted and not yet started, and the next submission's number.
+    waiting: Vec<window::Waiting>,
+    submissions: u64,
 }
 
 impl fmt::Debug for Engine {
@@ -276,6 +283,9 @@ impl Engine {
             origin: Instant::now(),
             checkpoints: None,
             checkpoint_every: Duration::ZERO,
+            window: Some(workers.max(1) + window::DEFAULT_START_WINDOW_EXTRA),
+            waiting: Vec::new(),
+            submissions: 0,
         })
     }
 
