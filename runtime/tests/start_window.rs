@@ -4,9 +4,7 @@
 
 use std::time::Duration;
 
-use flashdiff_runtime::engine::{
-    default_weights, Engine, Mode, QueueOrder, RequestConfig, DEFAULT_START_WINDOW_EXTRA,
-};
+use flashdiff_runtime::engine::{default_weights, Engine, Mode, QueueOrder, RequestConfig};
 
 const PROMPT: &str = "a red circle top left and a blue square bottom right on a white background";
 
@@ -40,12 +38,18 @@ fn poll_until(e: &mut Engine, done: &mut dyn FnMut(&Engine) -> bool) {
 }
 
 #[test]
-fn the_default_window_is_the_workers_plus_one_and_zero_is_refused() {
+fn every_request_starts_by_default_and_a_zero_window_is_refused() {
     let mut e = Engine::new(&default_weights(), 1).unwrap();
-    assert_eq!(e.start_window(), Some(1 + DEFAULT_START_WINDOW_EXTRA));
+    assert_eq!(e.start_window(), None);
+    for id in 1..=3 {
+        e.submit(id, PROMPT, cfg(id, 0)).unwrap();
+    }
+    assert_eq!((e.in_flight(), e.waiting()), (3, 0));
     let err = e.set_start_window(Some(0)).unwrap_err().to_string();
     assert!(err.contains("start window 0"), "{err}");
-    assert_eq!(e.start_window(), Some(1 + DEFAULT_START_WINDOW_EXTRA));
+    assert_eq!(e.start_window(), None);
+    e.set_start_window(Some(2)).unwrap();
+    assert_eq!(e.start_window(), Some(2));
 }
 
 #[test]

@@ -86,7 +86,7 @@ pub use settings::{
     DEFAULT_STEPS, DEFAULT_WARMUP, DISPATCH_DEPTH, ENGINE_DEFAULT_EPSILON, ENGINE_DEFAULT_MAX_SKIP,
     FINAL_FULL_STEPS, QUALITY_WEIGHT, RESUME_CORRECTION,
 };
-pub use window::DEFAULT_START_WINDOW_EXTRA;
+pub use window::START_WINDOW_EXTRA;
 pub use workers::HangPolicy;
 
 use crate::proc::Pool;
@@ -283,7 +283,7 @@ impl Engine {
             origin: Instant::now(),
             checkpoints: None,
             checkpoint_every: Duration::ZERO,
-            window: Some(workers.max(1) + window::DEFAULT_START_WINDOW_EXTRA),
+            window: None,
             waiting: Vec::new(),
             submissions: 0,
         })
