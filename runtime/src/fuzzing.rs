@@ -1,6 +1,6 @@
-//! Fuzz harness for the untrusted bytes the runtime reads (feature `fuzzing`): control
+//! Fuzz harnesses (feature `fuzzing`): the untrusted bytes the runtime reads (control
 //! records from worker pipes, request-state files and request checkpoints must be refused
-//! with an error, never panic or misread.
+//! with an error, never panic or misread), and the engine's start window against its rule.
 
 use crate::proc::{decode_order, decode_report, encode_order, encode_report, read_frame};
 use crate::state::{SharedState, StateLayout};
@@ -107,4 +107,89 @@ fn state_file(data: &[u8]) {
         Err(e) => assert!(!e.is_empty(), "a refusal without a reason"),
     }
     let _ = std::fs::remove_file(&path);
+}
+
+/// The start window: arbitrary bytes become a window and a run of submissions (a priority
+/// level each), cancellations and polls on a one-worker engine over the built-in image
+/// model; after every operation the engine's waiting requests must be exactly those the rule
+/// leaves waiting, recomputed here from the submissions, cancellations and completions
+/// alone (a request starts while fewer than the window's started requests are at its level
+/// or above; when one leaves, the best waiting ones start, highest level first, then in
+/// submission order), and none of them may have started. Panics on a violation.
+pub fn start_window(data: &[u8]) {
+    use crate::engine::{default_weights, Engine, RequestConfig};
+    use std::time::Duration;
+
+    let Some((&w, ops)) = data.split_first() else {
+        return;
+    };
+    let window = 1 + (w % 3) as usize;
+    let mut e = Engine::new(&default_weights(), 1).expect("the built-in model loads");
+    e.set_start_window(Some(window as u32))
+        .expect("a window of 1-3");
+    // (id, level, started), in submission order.
+    let mut rule: Vec<(u64, u8, bool)> = Vec::new();
+    let started =
+        |rule: &[(u64, u8, bool)], level: u8| rule.iter().filter(|r| r.2 && r.1 >= level).count();
+    let fill = |rule: &mut Vec<(u64, u8, bool)>| loop {
+        let best = rule
+            .iter()
+            .enumerate()
+            .filter(|(_, r)| !r.2)
+            .max_by_key(|(i, r)| (r.1, std::cmp::Reverse(*i)))
+            .map(|(i, r)| (i, r.1));
+        match best {
+            Some((i, level)) if started(rule, level) < window => rule[i].2 = true,
+            _ => return,
+        }
+    };
+    let check = |e: &mut Engine, rule: &mut Vec<(u64, u8, bool)>| {
+        for r in e.take_finished() {
+            let id = match r {
+                Ok(o) => o.report.id,
+                Err((id, _)) => id,
+            };
+            rule.retain(|r| r.0 != id);
+            fill(rule);
+        }
+        let waiting: Vec<u64> = rule.iter().filter(|r| !r.2).map(|r| r.0).collect();
+        assert_eq!(e.waiting(), waiting.len(), "waiting requests");
+        assert_eq!(e.in_flight(), rule.len(), "requests in flight");
+        for id in waiting {
+            assert!(e.patch_of(id).is_none(), "waiting request {id} has started");
+        }
+    };
+    let mut next = 0u64;
+    // At most 12 operations: each submission runs a short request on the model.
+    for &b in ops.iter().take(12) {
+        match b % 6 {
+            0..=2 => {
+                next += 1;
+                let level = b / 6 % 3;
+                let cfg = RequestConfig {
+                    steps: 6,
+                    warmup: 2,
+                    patches: Some(4),
+                    seed: next,
+                    priority: level,
+                    ..Default::default()
+                };
+                e.submit(next, "a red circle on a white background", cfg)
+                    .expect("a valid request");
+                let start = started(&rule, level) < window;
+                rule.push((next, level, start));
+            }
+            3 => {
+                if let Some(&(id, _, _)) = rule.get((b / 6) as usize % rule.len().max(1)) {
+                    e.cancel(id).expect("a request in flight");
+                }
+            }
+            _ => e.poll(&mut |_| {}, Duration::from_millis(20)),
+        }
+        check(&mut e, &mut rule);
+    }
+    while e.in_flight() > 0 {
+        e.poll(&mut |_| {}, Duration::from_millis(20));
+        check(&mut e, &mut rule);
+    }
 }

@@ -1,6 +1,7 @@
 //! The start window: requests beyond it wait in the engine, higher levels never wait for
 //! lower ones, the best waiting request starts when one leaves, and outputs do not depend on
-//! the window.
+//! the window. Any run of submissions, cancellations and polls against the rule: the
+//! `start_window` fuzz harness (`flashdiff_runtime::fuzzing`).
 
 use std::time::Duration;
 
@@ -127,117 +128,4 @@ fn outputs_do_not_depend_on_the_window() {
         out
     };
     assert_eq!(run(Some(1)), run(None));
-}
-
-/// What the window should have started, recomputed from the rule alone: submissions,
-/// cancellations and completions replayed on a list of (id, level, started).
-#[derive(Default)]
-struct Rule {
-    window: usize,
-    requests: Vec<(u64, u8, bool)>,
-}
-
-impl Rule {
-    fn started_at_or_above(&self, level: u8) -> usize {
-        self.requests.iter().filter(|r| r.2 && r.1 >= level).count()
-    }
-
-    /// Starts the best waiting requests (highest level, then submission order) while the
-    /// window lets them.
-    fn fill(&mut self) {
-        loop {
-            let best = self
-                .requests
-                .iter()
-                .enumerate()
-                .filter(|(_, r)| !r.2)
-                .max_by_key(|(i, r)| (r.1, std::cmp::Reverse(*i)))
-                .map(|(i, r)| (i, r.1));
-            match best {
-                Some((i, level)) if self.started_at_or_above(level) < self.window => {
-                    self.requests[i].2 = true
-                }
-                _ => return,
-            }
-        }
-    }
-
-    fn submit(&mut self, id: u64, level: u8) {
-        let start = self.started_at_or_above(level) < self.window;
-        self.requests.push((id, level, start));
-    }
-
-    fn leave(&mut self, id: u64) {
-        self.requests.retain(|r| r.0 != id);
-        self.fill();
-    }
-}
-
-#[derive(Debug, Clone)]
-enum Op {
-    Submit(u8),
-    Cancel(usize),
-    Poll,
-}
-
-fn op() -> impl proptest::strategy::Strategy<Value = Op> {
-    use proptest::prelude::*;
-    prop_oneof![
-        3 => (0u8..3).prop_map(Op::Submit),
-        1 => (0usize..8).prop_map(Op::Cancel),
-        2 => Just(Op::Poll),
-    ]
-}
-
-proptest::proptest! {
-    #![proptest_config(proptest::test_runner::Config::with_cases(12))]
-
-    /// Whatever the order of submissions, cancellations and completions, the engine's
-    /// waiting requests are exactly those the rule leaves waiting, and none has started.
-    #[test]
-    fn the_engine_starts_what_the_rule_starts(
-        window in 1u32..3,
-        ops in proptest::collection::vec(op(), 1..14),
-    ) {
-        let mut e = engine(Some(window));
-        let mut rule = Rule { window: window as usize, ..Default::default() };
-        let mut next = 0u64;
-        let small = |seed, level| RequestConfig { steps: 6, ..cfg(seed, level) };
-        let check = |e: &mut Engine, rule: &mut Rule| {
-            for r in e.take_finished() {
-                let id = match r {
-                    Ok(o) => o.report.id,
-                    Err((id, _)) => id,
-                };
-                rule.leave(id);
-            }
-            let waiting: Vec<u64> = rule.requests.iter().filter(|r| !r.2).map(|r| r.0).collect();
-            proptest::prop_assert_eq!(e.waiting(), waiting.len());
-            proptest::prop_assert_eq!(e.in_flight(), rule.requests.len());
-            for id in waiting {
-                proptest::prop_assert!(e.patch_of(id).is_none(), "waiting {} has started", id);
-            }
-            Ok(())
-        };
-        for o in ops {
-            match o {
-                Op::Submit(level) => {
-                    next += 1;
-                    e.submit(next, PROMPT, small(next, level)).unwrap();
-                    rule.submit(next, level);
-                }
-                Op::Cancel(i) => {
-                    if let Some(&(id, _, _)) = rule.requests.get(i) {
-                        e.cancel(id).unwrap();
-                    }
-                }
-                Op::Poll => e.poll(&mut |_| {}, Duration::from_millis(20)),
-            }
-            check(&mut e, &mut rule)?;
-        }
-        while e.in_flight() > 0 {
-            e.poll(&mut |_| {}, Duration::from_millis(20));
-            check(&mut e, &mut rule)?;
-        }
-    }
 }

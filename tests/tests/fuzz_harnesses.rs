@@ -31,6 +31,16 @@ proptest! {
     fn records_harness(data in prop::collection::vec(any::<u8>(), 0..200)) {
         flashdiff_runtime::fuzzing::records(&data);
     }
+}
+
+proptest! {
+    // Each case runs a few short requests on the built-in model.
+    #![proptest_config(ProptestConfig::with_cases(48))]
+
+    #[test]
+    fn start_window_harness(data in prop::collection::vec(any::<u8>(), 0..14)) {
+        flashdiff_runtime::fuzzing::start_window(&data);
+    }
 
     /// Well-formed frames with corrupted payloads: the decoder must refuse or decode, never
     /// panic (bytecheck validation).
