@@ -665,7 +665,7 @@ fn report(kind: Kind, cfg: &Header, points: &[Value]) -> String {
     let right = points.iter().find_map(|p| p["full_right_prompts"].as_u64());
     if let Some(right) = right {
         md.push_str(&format!(
-            "\nWorst where full is right: the worst prompt among the {right} of {} whose full computation the built-in checker accepts. A prompt the model renders wrongly sits where its output can flip between two images, so any change to which steps are computed may move it far from full computation's; this column separates that from the forecast's error. The verdict below reads the worst prompt over all prompts.\n",
+            "\nWorst where full is right: the worst prompt among the {right} of {} whose full computation the built-in checker accepts. A prompt the model renders wrongly sits where its output can flip between two images, so any change to which steps are computed may move it far from full computation's; this column leaves those prompts out (a prompt full computation renders rightly can still be that sensitive). The verdict below reads the worst prompt over all prompts.\n",
             cfg.prompts
         ));
     }

@@ -115,7 +115,7 @@ impl Engine {
     }
 
     /// Starts waiting requests, best first, while the window lets them. Called whenever a
-    /// request leaves.
+    /// request leaves and when the window changes.
     pub(super) fn start_waiting(&mut self) {
         let by_deadline = self.sched.config().order == QueueOrder::Deadline;
         let key = |w: &Waiting| {
