@@ -106,6 +106,12 @@ pub(crate) struct ServeArgs {
     /// one after those with one).
     #[arg(long, default_value = "arrival", value_parser = ["arrival", "deadline"])]
     pub(crate) order: String,
+    /// Start a request while fewer than this many started requests are at its priority
+    /// level or above; the others wait, highest level first, then by --order (without it
+    /// every request starts when it arrives and all advance interleaved step by step).
+    /// Outputs do not depend on it.
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
+    pub(crate) start_window: Option<u32>,
     #[command(flatten)]
     pub(crate) sampling: Sampling,
     #[command(flatten)]

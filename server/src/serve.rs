@@ -60,6 +60,7 @@ pub(crate) fn serve(o: ServeArgs) -> Result<(), String> {
         engine.validate(&base).map_err(|e| e.to_string())?;
         engine
             .set_queue_order(queue_order(&o.order))
+            .and_then(|()| engine.set_start_window(o.start_window))
             .map_err(|e| e.to_string())?;
         return http::serve(
             engine,
@@ -247,6 +248,7 @@ impl ModelEngine {
         let mut engine = make_engine(&run, cores())?;
         engine
             .set_queue_order(queue_order(&o.order))
+            .and_then(|()| engine.set_start_window(o.start_window))
             .map_err(|e| e.to_string())?;
         Ok(Self {
             name: model.map(str::to_string),

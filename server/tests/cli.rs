@@ -498,6 +498,68 @@ fn bad_arguments_name_the_problem() {
     each_fails_with(cases);
 }
 
+/// `serve --start-window 1`: with two workers or more, a request of the same level waits
+/// until the one before it finishes instead of running beside it; the images are the same
+/// as without the window. A window of 0 is refused with its range.
+#[test]
+fn serve_under_a_start_window_runs_one_request_per_level_and_makes_the_same_images() {
+    let body = concat!(
+        "{\"id\": 1, \"prompt\": \"a red circle top left on a blue background\", \"steps\": 30, \"warmup\": 3, \"seed\": 5, \"patches\": 16}\n",
+        "{\"id\": 2, \"prompt\": \"a red circle top left on a blue background\", \"steps\": 30, \"warmup\": 3, \"seed\": 5, \"patches\": 16}\n",
+    );
+    let run = |extra: &[&str], name: &str| {
+        let (dir, input) = requests_file(name, body);
+        let out = flashdiff()
+            .args(["serve", "--input"])
+            .arg(&input)
+            .arg("--out-dir")
+            .arg(&dir)
+            .args(extra)
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+        assert!(out.status.success(), "{stderr}");
+        let lines = json_lines(&String::from_utf8_lossy(&out.stdout));
+        let latency = |id: u64| {
+            let l = lines.iter().find(|v| v["id"] == id).unwrap();
+            assert_eq!(l["ok"], true, "{l}");
+            l["latency_ms"].as_f64().unwrap()
+        };
+        let pngs: Vec<Vec<u8>> = [1, 2]
+            .iter()
+            .map(|i| std::fs::read(dir.join(format!("{i}.png"))).unwrap())
+            .collect();
+        (latency(1), latency(2), pngs, stderr)
+    };
+    let (_, _, plain, _) = run(&[], "serve-open");
+    let (first, second, windowed, stderr) = run(&["--start-window", "1"], "serve-window");
+    assert_eq!(plain, windowed, "the window changed an image");
+    // Workers as the server reports them ("on N worker(s)").
+    let workers: u32 = stderr
+        .split(" on ")
+        .nth(1)
+        .and_then(|t| t.split(' ').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(1);
+    if workers >= 2 {
+        // The second ran after the first: about twice its latency (beside it: about equal).
+        assert!(
+            second > 1.4 * first,
+            "second request {second:.0} ms, first {first:.0} ms on {workers} workers"
+        );
+    }
+    let out = flashdiff()
+        .args(["serve", "--start-window", "0"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("--start-window") && err.contains("1..="),
+        "{err}"
+    );
+}
+
 #[test]
 fn serve_answers_every_line() {
     let (dir, input) = requests_file(
