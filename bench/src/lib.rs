@@ -8,6 +8,7 @@
 
 pub mod curve;
 pub mod media;
+mod ordering;
 mod plots;
 pub mod reading;
 mod scale;
@@ -248,7 +249,7 @@ pub fn run(
         &mut md,
         progress,
     )?;
-    let ordering = serving::ordering(engine, cfg, &base, &mut md, progress)?;
+    let ordering = ordering::ordering(engine, cfg, &base, &mut md, progress)?;
     md.push_str(&wall_time::section(engine, cfg, progress)?);
     progress("final-step profile");
     let jump = final_step_profile(engine, cfg.seed, cfg.prompts.min(8), cfg.steps)?;
