@@ -170,19 +170,19 @@ fn is_contender(s: &Server, cap: f64, base_cap: f64) -> bool {
     s.name.starts_with("flashdiff") || cap >= CONTENDER_SHARE * base_cap
 }
 
-/// One way's runs of a trace as one row: the run with the median p99 (the upper of the two
-/// middle ones), its numbers all from that run, with every run's p99 in `p99_rounds_s` in
-/// the order they ran.
-fn median_run(runs: Vec<Value>) -> Value {
-    let p99 = |r: &Value| r["p99_s"].as_f64().unwrap_or(f64::NAN);
-    let all: Vec<f64> = runs.iter().map(p99).collect();
+/// One way's runs of a trace as one row: the run with the median `key` (the upper of the two
+/// middle ones; p99 at a load, throughput for capacity), its numbers all from that run, with
+/// every run's `key` in `all_key` in the order they ran.
+fn median_run(runs: Vec<Value>, key: &str, all_key: &str) -> Value {
+    let of = |r: &Value| r[key].as_f64().unwrap_or(f64::NAN);
+    let all: Vec<f64> = runs.iter().map(of).collect();
     let mut order: Vec<usize> = (0..runs.len()).collect();
     order.sort_by(|&a, &b| all[a].total_cmp(&all[b]));
     let Some(&mid) = order.get(order.len() / 2) else {
         return Value::Null;
     };
     let mut r = runs.into_iter().nth(mid).unwrap_or(Value::Null);
-    r["p99_rounds_s"] = json!(all);
+    r[all_key] = json!(all);
     r
 }
 
@@ -252,14 +252,49 @@ pub(crate) fn study(
     };
     let mut rows = Vec::new();
     let mut capacity = Vec::new();
-    for s in &list {
-        progress(&format!("serving: capacity of {}", s.name));
-        let e = match (&mut procs, s.processes) {
-            (Some(p), true) => p,
-            _ => &mut *engine,
-        };
-        let mut r = serve_trace(e, &vec![0.0; n_sat], s, cfg.seed)?;
+    // Like the target load's traces, capacity runs again for the contenders (read from the
+    // first runs) and each takes its median run.
+    let rounds_at_target = if quick { 1 } else { TARGET_ROUNDS };
+    let mut cap_runs: Vec<Vec<Value>> = vec![Vec::new(); list.len()];
+    let mut first: Vec<f64> = Vec::new();
+    for round in 0..rounds_at_target {
+        let first_base = load_base(&list, &first, quality_db).map_or(f64::INFINITY, |b| b.1);
+        for (k, s) in list.iter().enumerate() {
+            if round > 0 && !is_contender(s, first[k], first_base) {
+                continue;
+            }
+            progress(&format!(
+                "serving: capacity of {} (run {} of {rounds_at_target})",
+                s.name,
+                round + 1
+            ));
+            let e = match (&mut procs, s.processes) {
+                (Some(p), true) => p,
+                _ => &mut *engine,
+            };
+            cap_runs[k].push(serve_trace(e, &vec![0.0; n_sat], s, cfg.seed)?);
+        }
+        if round == 0 {
+            first = cap_runs
+                .iter()
+                .map(|r| r[0]["throughput_rps"].as_f64().unwrap_or(f64::NAN))
+                .collect();
+        }
+    }
+    let mut cap_lines = Vec::new();
+    for (s, runs) in list.iter().zip(cap_runs) {
+        let mut r = median_run(runs, "throughput_rps", "throughput_rounds_rps");
         capacity.push(r["throughput_rps"].as_f64().unwrap_or(f64::NAN));
+        if let Some(all) = r["throughput_rounds_rps"]
+            .as_array()
+            .filter(|a| a.len() > 1)
+        {
+            let all: Vec<String> = all
+                .iter()
+                .map(|x| format!("{:.2}", x.as_f64().unwrap_or(f64::NAN)))
+                .collect();
+            cap_lines.push(format!("{} {}", s.name, all.join(" / ")));
+        }
         r["load"] = json!("saturated");
         r["method"] = json!(s.name);
         rows.push(r);
@@ -299,6 +334,12 @@ pub(crate) fn study(
     for s in &list {
         md.push_str(&format!("| {} | {} |\n", s.name, s.what));
     }
+    if !cap_lines.is_empty() {
+        md.push_str(&format!(
+            "\nCapacity runs (req/s, each way's column is its median run; FlashDiff's rows and every way within {CONTENDER_SHARE} of the strongest's first run): {}.\n",
+            cap_lines.join("; ")
+        ));
+    }
     if !skipped.is_empty() {
         md.push_str(&format!(
             "\nNot run (no flashdiff executable to start worker processes): {}.\n",
@@ -337,7 +378,7 @@ pub(crate) fn study(
             }
         }
         for ((s, &cap), runs) in list.iter().zip(&capacity).zip(runs) {
-            let mut r = median_run(runs);
+            let mut r = median_run(runs, "p99_s", "p99_rounds_s");
             let overloaded = rate > cap;
             md.push_str(&load_row(load, s.name, rate, cap, n, &r));
             r["load"] = json!(load);
@@ -793,18 +834,19 @@ mod tests {
         let run = |p99: f64, p50: f64| json!({"p99_s": p99, "p50_s": p50});
         // The row is the run with the median p99, every number its own, and every run's p99
         // kept in the order they ran.
-        let fd = median_run(vec![run(3.0, 1.0), run(2.0, 0.5), run(4.0, 1.5)]);
+        let by_p99 = |runs| median_run(runs, "p99_s", "p99_rounds_s");
+        let fd = by_p99(vec![run(3.0, 1.0), run(2.0, 0.5), run(4.0, 1.5)]);
         assert_eq!(fd["p99_s"], json!(3.0));
         assert_eq!(fd["p50_s"], json!(1.0));
         assert_eq!(fd["p99_rounds_s"], json!([3.0, 2.0, 4.0]));
         // Ratios pair run i with run i: 2.4/3, 3/2, 6/4 -> 0.8, 1.5, 1.5.
-        let other = median_run(vec![run(2.4, 1.0), run(3.0, 1.0), run(6.0, 1.0)]);
+        let other = by_p99(vec![run(2.4, 1.0), run(3.0, 1.0), run(6.0, 1.0)]);
         let (median, worst, n) = p99_ratios(&other, &fd).unwrap();
         assert_eq!(n, 3);
         assert!((median - 1.5).abs() < 1e-9, "{median}");
         assert!((worst - 0.8).abs() < 1e-9, "{worst}");
         // One run of the other: only the first of FlashDiff's is its pair.
-        let once = median_run(vec![run(6.0, 1.0)]);
+        let once = by_p99(vec![run(6.0, 1.0)]);
         let (median, worst, n) = p99_ratios(&once, &fd).unwrap();
         assert_eq!(n, 1);
         assert!((median - 2.0).abs() < 1e-9 && (worst - 2.0).abs() < 1e-9);
@@ -815,6 +857,15 @@ mod tests {
             ratio_cell(1.5, 0.8, 3, false),
             "1.50x (worst of 3 runs 0.80x)"
         );
+        // Capacity takes the run with the median throughput the same way.
+        let thr = |x: f64| json!({"throughput_rps": x});
+        let cap = median_run(
+            vec![thr(12.0), thr(10.0), thr(14.0)],
+            "throughput_rps",
+            "throughput_rounds_rps",
+        );
+        assert_eq!(cap["throughput_rps"], json!(12.0));
+        assert_eq!(cap["throughput_rounds_rps"], json!([12.0, 10.0, 14.0]));
         // The load table shows every run's p99.
         let line = load_row(TARGET_LOAD, "flashdiff", 10.0, 12.0, 200, &fd);
         assert!(
