@@ -268,11 +268,13 @@ pub(crate) fn study(
                 s.name,
                 round + 1
             ));
-            let e = match (&mut procs, s.processes) {
-                (Some(p), true) => p,
-                _ => &mut *engine,
-            };
-            cap_runs[k].push(serve_trace(e, &vec![0.0; n_sat], s, cfg.seed)?);
+            cap_runs[k].push(serve_on(
+                engine,
+                &mut procs,
+                s,
+                &vec![0.0; n_sat],
+                cfg.seed,
+            )?);
         }
         if round == 0 {
             first = cap_runs
@@ -370,11 +372,7 @@ pub(crate) fn study(
                     s.name,
                     round + 1
                 ));
-                let e = match (&mut procs, s.processes) {
-                    (Some(p), true) => p,
-                    _ => &mut *engine,
-                };
-                runs[k].push(serve_trace(e, &arrivals, s, cfg.seed)?);
+                runs[k].push(serve_on(engine, &mut procs, s, &arrivals, cfg.seed)?);
             }
         }
         for ((s, &cap), runs) in list.iter().zip(&capacity).zip(runs) {
@@ -643,6 +641,22 @@ fn serve_trace(
     });
     engine.set_start_window(window)?;
     r
+}
+
+/// [`serve_trace`] on the engine `s` runs on: the worker-process engine for a way on
+/// processes, the bench's engine otherwise.
+fn serve_on(
+    engine: &mut Engine,
+    procs: &mut Option<Engine>,
+    s: &Server,
+    arrivals: &[f64],
+    seed: u64,
+) -> Result<Value, EngineError> {
+    let e = match (procs.as_mut(), s.processes) {
+        (Some(p), true) => p,
+        _ => engine,
+    };
+    serve_trace(e, arrivals, s, seed)
 }
 
 /// Request i's priority level in the serving traces: 0-3 cycling.
