@@ -167,8 +167,10 @@ for line in sys.stdin:
     except ValueError:
         continue
     if m.get("reason") == "compiler-artifact" and m.get("executable") \
-            and m["target"]["name"] == name and kind in m["target"]["kind"]:
+            and m["target"]["name"] == name and kind in m["target"]["kind"] \
+            and not (kind == "bin" and m["profile"]["test"]):
         print(m["executable"])
+        break
 ' "$1" "$2"
 }
 
@@ -179,7 +181,6 @@ if [ "$mode" = cuda ]; then
   export CUDA_COMPUTE_CAP="${CUDA_COMPUTE_CAP:-90}"
   export CARGO_TARGET_DIR="$root/target/gpu/target"
   export RUSTFLAGS="${RUSTFLAGS:-} -L native=$toolkit/lib-link"
-  features=cuda
   profile=(--release)
   patch=(--config "patch.crates-io.candle-core.path=\"$candle\"")
   # The patch rewrites Cargo.lock's candle-core entry; the repository's stays as it was.
@@ -187,26 +188,31 @@ if [ "$mode" = cuda ]; then
   trap 'cp target/gpu/Cargo.lock.saved Cargo.lock' EXIT
   echo "== building with CUDA 13.0 (CUDA_COMPUTE_CAP=$CUDA_COMPUTE_CAP), cudarc loading its libraries at run time"
 else
-  features=""
-  profile=()
-  patch=()
-  echo "== building the same binaries without the cuda feature (dev profile)"
-fi
-if [ "$mode" = cuda ]; then
-  cuda=(--features cuda); fixtures=(--features cuda,fixtures); bench_cmd=(bench)
-else
-  cuda=(); fixtures=(--features fixtures); bench_cmd=(test)
+  echo "== the same binaries without the cuda feature, as cargo test --workspace builds them (dev profile)"
 fi
 json=(--message-format=json-render-diagnostics)
 log=$(mktemp)
-cargo build "${patch[@]}" "${profile[@]}" -p flashdiff "${cuda[@]}" --bin flashdiff "${json[@]}" > "$log"
-cli=$(executable_of flashdiff bin < "$log")
-cargo test "${patch[@]}" "${profile[@]}" -p flashdiff-models "${cuda[@]}" --test cuda --no-run "${json[@]}" > "$log"
-parity=$(executable_of cuda test < "$log")
-cargo "${bench_cmd[@]}" "${patch[@]}" -p flashdiff-models "${cuda[@]}" --bench flux --no-run "${json[@]}" > "$log"
-bench=$(executable_of flux bench < "$log")
-cargo build "${patch[@]}" "${profile[@]}" -p flashdiff-models "${fixtures[@]}" --example tiny_pipeline "${json[@]}" > "$log"
-example=$(executable_of tiny_pipeline example < "$log")
+if [ "$mode" = cpu ]; then
+  # What `cargo test --workspace` builds, with the features the whole workspace unifies: after
+  # the README's test command nothing compiles again (a build of one package alone resolves
+  # other features and rebuilds most of the tree). The CLI is the binary the integration
+  # tests run, not its test harness.
+  cargo test --workspace --no-run "${json[@]}" > "$log"
+  cli=$(executable_of flashdiff bin < "$log")
+  parity=$(executable_of cuda test < "$log")
+  example=$(executable_of tiny_pipeline example < "$log")
+  cargo test --workspace --no-run --bench flux "${json[@]}" > "$log"
+  bench=$(executable_of flux bench < "$log")
+else
+  cargo build "${patch[@]}" "${profile[@]}" -p flashdiff --features cuda --bin flashdiff "${json[@]}" > "$log"
+  cli=$(executable_of flashdiff bin < "$log")
+  cargo test "${patch[@]}" "${profile[@]}" -p flashdiff-models --features cuda --test cuda --no-run "${json[@]}" > "$log"
+  parity=$(executable_of cuda test < "$log")
+  cargo bench "${patch[@]}" -p flashdiff-models --features cuda --bench flux --no-run "${json[@]}" > "$log"
+  bench=$(executable_of flux bench < "$log")
+  cargo build "${patch[@]}" "${profile[@]}" -p flashdiff-models --features cuda,fixtures --example tiny_pipeline "${json[@]}" > "$log"
+  example=$(executable_of tiny_pipeline example < "$log")
+fi
 rm -f "$log"
 
 echo "== staging in $out/"
