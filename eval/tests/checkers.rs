@@ -9,7 +9,13 @@ use flashdiff_eval::{image, sound, video};
 use flashdiff_models::{clips, scene, sounds, Weights};
 
 fn golden() -> Weights {
-    let p = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../models/checkers/golden.safetensors");
+    golden_file("golden.safetensors")
+}
+
+fn golden_file(name: &str) -> Weights {
+    let p = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../models/checkers")
+        .join(name);
     Weights::open(&p).unwrap()
 }
 
@@ -23,9 +29,13 @@ type Parts = Vec<(&'static str, bool)>;
 /// Every sample of `key` (`n` values each) checked by `check` (the verdict's named parts)
 /// against the Python verdicts; both verdicts must occur.
 fn agrees(key: &str, n: usize, check: &dyn Fn(&str, &[f32]) -> Parts) {
-    let w = golden();
-    let prompts: Vec<String> = meta(&w, &format!("{key}_prompts"));
-    let want: Vec<HashMap<String, bool>> = meta(&w, &format!("{key}_verdicts"));
+    agrees_in(&golden(), key, n, check)
+}
+
+/// [`agrees`] over the samples of another golden file.
+fn agrees_in(w: &Weights, key: &str, n: usize, check: &dyn Fn(&str, &[f32]) -> Parts) {
+    let prompts: Vec<String> = meta(w, &format!("{key}_prompts"));
+    let want: Vec<HashMap<String, bool>> = meta(w, &format!("{key}_verdicts"));
     let (shape, data) = w.get_any(key).unwrap();
     assert_eq!(shape.iter().skip(1).product::<usize>(), n);
     let mut wrong = 0;
@@ -53,6 +63,22 @@ fn the_image_checker_agrees_with_shapes_py() {
             ("all", v.all()),
         ]
     });
+}
+
+#[test]
+fn the_larger_scenes_checker_agrees_with_scenes_py() {
+    let w = golden_file("scenes_golden.safetensors");
+    for side in [64, 128] {
+        agrees_in(&w, &format!("image{side}"), side * side * 3, &|p, img| {
+            let v = image::check(img, &scene::parse(p).unwrap());
+            vec![
+                ("background", v.background),
+                ("present", v.present),
+                ("shape", v.shape),
+                ("all", v.all()),
+            ]
+        });
+    }
 }
 
 #[test]

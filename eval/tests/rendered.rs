@@ -26,6 +26,7 @@ mod image_checker {
         for shape in 0..4 {
             let s = Scene {
                 background: 7,
+                texture: 0,
                 objects: vec![Object {
                     colour: 3,
                     shape,

@@ -1,12 +1,25 @@
-//! The built-in model's language: vocabulary, prompt parsing into a scene (background and
-//! objects), tokenisation, and the ground-truth checker that reads an image and says whether
-//! it shows the scene. Mirrors `models/tinydit/shapes.py`; keep the two in step.
+//! The built-in image models' language: vocabulary, prompt parsing into a scene (background
+//! and objects), tokenisation, sampling and rendering of scenes. Mirrors
+//! `models/tinydit/shapes.py` (the 32x32 models: one or two objects on a flat background) and
+//! `models/tinyflux/scenes.py` (TinyFLUX-L and -XL at 64 and 128 pixels: one to four objects
+//! of varied size, on a flat, striped or gradient background); keep them in step. Every prompt
+//! of the 32x32 language is one of the larger.
 
 use std::fmt;
 
-/// Image side in pixels.
+/// Image side in pixels of the 32x32 models (TinyDiT, TinyFLUX).
 pub const IMAGE: usize = 32;
-const CELL: f32 = IMAGE as f32 / 3.0;
+/// Background textures, by their prompt word ("flat" is never written: "on a red background").
+pub const TEXTURES: [&str; 3] = ["flat", "striped", "gradient"];
+/// Most objects in a scene of the larger language.
+pub const MAX_OBJECTS: usize = 4;
+/// Object radius as a fraction of the canvas side in the larger language (a circle covers
+/// 2.3% of the canvas at the first, 10.2% at the second).
+pub const RADIUS: (f32, f32) = (0.085, 0.18);
+/// A texture's second tone: the colour moved this far towards mid-grey.
+pub const SHADE: f32 = 0.35;
+/// Stripes: vertical, this many periods across the canvas.
+pub const STRIPES: usize = 8;
 
 /// Colour names and their RGB values in [0, 1].
 pub const COLOURS: [(&str, [f32; 3]); 8] = [
@@ -50,6 +63,8 @@ pub struct Object {
 pub struct Scene {
     /// Background colour, index into [`COLOURS`].
     pub background: usize,
+    /// Background texture, index into [`TEXTURES`] (0: flat).
+    pub texture: usize,
     /// Objects, in prompt order.
     pub objects: Vec<Object>,
 }
@@ -153,11 +168,11 @@ pub fn tokenize(
     Ok(ids)
 }
 
-/// Parses "a C S P [and a C S P]... on a C background" into a scene.
+/// Parses "a C S P [and a C S P]... on a C [striped|gradient] background" into a scene.
 pub fn parse(prompt: &str) -> Result<Scene, PromptError> {
     let ws = words(prompt);
     let g = |s: &str| PromptError::Grammar(s.to_string());
-    let (background, on) = split_background(&ws)?;
+    let (background, texture, on) = split_textured_background(&ws)?;
     let mut objects = Vec::new();
     for part in ws[..on].split(|w| w == "and") {
         if part.len() < 4 || part[0] != "a" {
@@ -187,8 +202,32 @@ pub fn parse(prompt: &str) -> Result<Scene, PromptError> {
     }
     Ok(Scene {
         background,
+        texture,
         objects,
     })
+}
+
+/// The background colour and texture of words ending "on a <colour> [striped|gradient]
+/// background", and where that tail starts.
+fn split_textured_background(ws: &[String]) -> Result<(usize, usize, usize), PromptError> {
+    let at = ws.len().saturating_sub(2);
+    match ws
+        .get(at)
+        .and_then(|w| TEXTURES[1..].iter().position(|t| t == w))
+    {
+        Some(t) => {
+            let mut flat = ws.to_vec();
+            flat.remove(at);
+            let (background, on) = split_background(&flat).map_err(|_| {
+                PromptError::Grammar(
+                    "the prompt must end with \"on a <colour> [striped|gradient] background\""
+                        .into(),
+                )
+            })?;
+            Ok((background, t + 1, on))
+        }
+        None => split_background(ws).map(|(b, on)| (b, 0, on)),
+    }
 }
 
 /// The background colour of words ending "on a <colour> background", and where that tail
@@ -216,12 +255,17 @@ pub fn is_salient(word: &str) -> bool {
 /// The 32x32 mask of shape `shape` (index into [`SHAPES`]) centred at `(cx, cy)` with radius
 /// `r`, in pixels: what the renderer fills and the checkers match templates against.
 pub fn shape_mask(shape: usize, cx: f32, cy: f32, r: f32) -> Vec<bool> {
-    let mut m = vec![false; IMAGE * IMAGE];
-    for y in 0..IMAGE {
-        for x in 0..IMAGE {
+    shape_mask_on(IMAGE, shape, cx, cy, r)
+}
+
+/// [`shape_mask`] on a canvas of `side` x `side` pixels.
+pub fn shape_mask_on(side: usize, shape: usize, cx: f32, cy: f32, r: f32) -> Vec<bool> {
+    let mut m = vec![false; side * side];
+    for y in 0..side {
+        for x in 0..side {
             let (px, py) = (x as f32 + 0.5, y as f32 + 0.5);
             let (dx, dy) = (px - cx, py - cy);
-            m[y * IMAGE + x] = match shape {
+            m[y * side + x] = match shape {
                 0 => dx * dx + dy * dy <= r * r,
                 1 => dx.abs() <= 0.85 * r && dy.abs() <= 0.85 * r,
                 2 => {
@@ -250,11 +294,40 @@ pub fn prompt_text(scene: &Scene) -> String {
             )
         })
         .collect();
+    let texture = match scene.texture {
+        0 => String::new(),
+        t => format!("{} ", TEXTURES[t]),
+    };
     format!(
-        "{} on a {} background",
+        "{} on a {} {texture}background",
         objects.join(" and "),
         COLOURS[scene.background].0
     )
+}
+
+/// A texture's second tone of colour `c` (index into [`COLOURS`]).
+pub fn shade(c: usize) -> [f32; 3] {
+    COLOURS[c].1.map(|v| v + SHADE * (0.5 - v))
+}
+
+/// The background of a scene alone, `side x side x 3` RGB in [0, 1], row-major: flat in its
+/// colour, or striped (vertical bands of the colour and its [`shade`]) or a gradient (the
+/// colour at the top to its shade at the bottom).
+pub fn background(scene: &Scene, side: usize) -> Vec<f32> {
+    let (c, s) = (COLOURS[scene.background].1, shade(scene.background));
+    let at = |i: usize| (i as f32 + 0.5) / side as f32;
+    let mut img = Vec::with_capacity(side * side * 3);
+    for y in 0..side {
+        for x in 0..side {
+            let w = match scene.texture {
+                0 => 0.0,
+                1 => ((at(x) * 2.0 * STRIPES as f32).floor() as usize % 2) as f32,
+                _ => at(y),
+            };
+            img.extend((0..3).map(|k| c[k] * (1.0 - w) + s[k] * w));
+        }
+    }
+    img
 }
 
 /// The samplers' random numbers (SplitMix64): the same seed gives the same prompts.
@@ -275,13 +348,28 @@ impl Draw {
     }
 }
 
-/// A random scene like the training data's (1-2 objects, colours unlike the background,
-/// distinct cells), from a seed: held-out prompts for evaluation.
+/// A random scene like the 32x32 models' training data (1-2 objects on a flat background,
+/// colours unlike the background, distinct cells), from a seed: held-out prompts.
 pub fn sample(seed: u64) -> Scene {
+    sample_with(seed, 2, false)
+}
+
+/// A random scene of the language a model of `side` pixels was trained on: [`sample`] at
+/// 32, else 1-4 objects on a flat, striped or gradient background (`scenes.py`).
+pub fn sample_sized(side: usize, seed: u64) -> Scene {
+    sample_with(
+        seed,
+        if side == IMAGE { 2 } else { MAX_OBJECTS },
+        side != IMAGE,
+    )
+}
+
+fn sample_with(seed: u64, most: usize, textured: bool) -> Scene {
     let mut draw = Draw::new(seed);
     let mut next = |n: usize| draw.below(n);
     let background = next(COLOURS.len());
-    let count = 1 + next(2);
+    let texture = if textured { next(TEXTURES.len()) } else { 0 };
+    let count = 1 + next(most);
     let mut objects: Vec<Object> = Vec::new();
     while objects.len() < count {
         let position = next(POSITIONS.len());
@@ -300,6 +388,7 @@ pub fn sample(seed: u64) -> Scene {
     }
     Scene {
         background,
+        texture,
         objects,
     }
 }
@@ -307,16 +396,22 @@ pub fn sample(seed: u64) -> Scene {
 /// Renders a scene with shapes at their cell centres (radius 4.1 px): a reference image for
 /// tests of the checker.
 pub fn render(scene: &Scene) -> Vec<f32> {
-    let mut img: Vec<f32> = (0..IMAGE * IMAGE)
-        .flat_map(|_| COLOURS[scene.background].1)
-        .collect();
+    render_sized(scene, IMAGE, 4.1 / IMAGE as f32)
+}
+
+/// Renders a scene on `side x side` pixels with shapes at their cell centres, of radius
+/// `radius` times the side.
+pub fn render_sized(scene: &Scene, side: usize, radius: f32) -> Vec<f32> {
+    let mut img = background(scene, side);
+    let cell = side as f32 / 3.0;
     for o in &scene.objects {
         let (row, col) = POSITIONS[o.position].1;
-        let m = shape_mask(
+        let m = shape_mask_on(
+            side,
             o.shape,
-            (col as f32 + 0.5) * CELL,
-            (row as f32 + 0.5) * CELL,
-            4.1,
+            (col as f32 + 0.5) * cell,
+            (row as f32 + 0.5) * cell,
+            radius * side as f32,
         );
         for (i, &inside) in m.iter().enumerate() {
             if inside {
@@ -339,6 +434,47 @@ mod tests {
             assert!(s.objects.iter().all(|o| o.colour != s.background));
         }
         assert_ne!(sample(1), sample(2));
+    }
+
+    #[test]
+    fn larger_scenes_round_trip_and_keep_the_small_language() {
+        let (mut textures, mut most) = ([0; 3], 0);
+        for seed in 0..300 {
+            let s = sample_sized(64, seed);
+            assert_eq!(parse(&prompt_text(&s)).unwrap(), s, "seed {seed}");
+            textures[s.texture] += 1;
+            most = most.max(s.objects.len());
+            assert!(words(&prompt_text(&s)).len() <= 28);
+        }
+        assert!(
+            textures.iter().all(|&n| n > 50) && most == MAX_OBJECTS,
+            "{textures:?}"
+        );
+        // The 32x32 models' prompts are unchanged: flat, at most two objects, same draws.
+        for seed in 0..50 {
+            assert_eq!(sample_sized(IMAGE, seed), sample(seed));
+            assert_eq!(sample(seed).texture, 0);
+            assert!(!prompt_text(&sample(seed)).contains("striped"));
+        }
+        let s = parse("a red circle top on a blue striped background").unwrap();
+        assert_eq!((s.background, TEXTURES[s.texture]), (2, "striped"));
+        let s = parse("a red circle top on a blue gradient background").unwrap();
+        assert_eq!(TEXTURES[s.texture], "gradient");
+        for bad in [
+            "a red circle top on a striped background",
+            "a red circle top on a blue flat background",
+            "a red circle top on a blue striped gradient background",
+        ] {
+            assert!(matches!(parse(bad), Err(PromptError::Grammar(_))), "{bad}");
+        }
+        // A striped background's two tones, and a gradient's ends, as scenes.py draws them.
+        let s = parse("a red circle top on a blue striped background").unwrap();
+        let bg = background(&s, 64);
+        assert_eq!(&bg[0..3], &COLOURS[2].1);
+        assert_eq!(&bg[4 * 3..4 * 3 + 3], &shade(2));
+        let s = parse("a red circle top on a white gradient background").unwrap();
+        let bg = background(&s, 64);
+        assert!(bg[0] > bg[63 * 64 * 3] + 0.1);
     }
 
     #[test]

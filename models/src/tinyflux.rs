@@ -169,6 +169,12 @@ pub fn is_folder(dir: &Path) -> bool {
 
 /// Loads TinyFLUX from its model folder (`models/tinyflux`) onto `device`, in f32.
 pub fn load(dir: &Path, device: &Device) -> Result<FluxDenoiser, ModelError> {
+    load_named(dir, NAME, device)
+}
+
+/// Loads a model of the TinyFLUX family (any canvas side its folder's config gives) under the
+/// report name `name` (`tinyflux-l`, say).
+pub fn load_named(dir: &Path, name: &str, device: &Device) -> Result<FluxDenoiser, ModelError> {
     let transformer = dir.join("transformer");
     let text_file = dir.join("text_encoder").join("model.safetensors");
     if !is_folder(dir) {
@@ -183,7 +189,7 @@ pub fn load(dir: &Path, device: &Device) -> Result<FluxDenoiser, ModelError> {
     let axes = crate::pipeline::axes_dim(&transformer)?;
     let flux = ckpt
         .load_in(axes, DType::F32, device)?
-        .over_pixels(s.patch, NAME)?;
+        .over_pixels(s.patch, name)?;
     let cfg = flux.config();
     let cell = s.patch * s.patch * s.channels;
     if cfg.in_channels != cell || (cfg.context_in_dim, cfg.vec_in_dim) != (s.text_d, s.text_d) {

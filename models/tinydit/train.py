@@ -116,12 +116,15 @@ def main(task=ImageTask, patch=4):
     ckpt_path = os.path.join(args.out, "ckpt.pt")
 
     cfg = task.config(args)
+    data = task.data_for(args) if hasattr(task, "data_for") else task.data
     torch.manual_seed(args.seed)
     model = task.Model(cfg)
+    step = 0
+    if not os.path.exists(ckpt_path) and hasattr(task, "init"):
+        step = task.init(model, args)  # a task's starting weights (and step), e.g. a smaller model's
     ema = copy.deepcopy(model).requires_grad_(False)
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.0, betas=(0.9, 0.99))
-    step = 0
-    rng = np.random.default_rng(args.seed)
+    rng = np.random.default_rng(args.seed + step)
     if os.path.exists(ckpt_path):
         ck = torch.load(ckpt_path, weights_only=False)
         model.load_state_dict(ck["model"])
@@ -134,7 +137,7 @@ def main(task=ImageTask, patch=4):
             ema.load_state_dict(model.state_dict())
         print(f"resumed at step {step}", flush=True)
     with open(os.path.join(args.out, "config.json"), "w") as f:
-        json.dump({"model": cfg.to_dict(), "train": vars(args), "vocab": task.data.VOCAB}, f, indent=1)
+        json.dump({"model": cfg.to_dict(), "train": vars(args), "vocab": data.VOCAB}, f, indent=1)
 
     def save():
         tmp = ckpt_path + ".tmp"
@@ -147,7 +150,7 @@ def main(task=ImageTask, patch=4):
     deadline = time.time() + args.hours * 3600
     t0, losses = time.time(), []
     while step < args.max_steps and time.time() < deadline:
-        x0, ids, _ = task.data.batch(rng, args.batch)
+        x0, ids, _ = data.batch(rng, args.batch)
         x0 = model.patchify(torch.from_numpy(x0))
         ids = torch.from_numpy(ids)
         t = torch.sigmoid(torch.randn(args.batch))  # logit-normal timesteps (SD3)

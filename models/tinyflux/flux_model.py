@@ -111,6 +111,16 @@ class TinyFlux(nn.Module):
 TEXT_FORMAT = "flashdiff-tinyflux-text"
 
 
+def vocabulary(cfg):
+    """The words a model of this config reads: the 32x32 language, or scenes.py's."""
+    import scenes
+
+    for vocab in (shapes.VOCAB, scenes.VOCAB):
+        if len(vocab) == cfg.vocab:
+            return vocab
+    raise ValueError(f"no built-in vocabulary has {cfg.vocab} words")
+
+
 def save_folder(model, out, step):
     """`out/transformer/` (diffusers' own save) and `out/text_encoder/model.safetensors`."""
     from safetensors.torch import save_file
@@ -119,7 +129,7 @@ def save_folder(model, out, step):
     os.makedirs(os.path.join(out, "text_encoder"), exist_ok=True)
     text = {k: v.detach().float().contiguous() for k, v in model.text.state_dict().items()}
     meta = {"format": TEXT_FORMAT, "config": json.dumps(model.cfg.to_dict()),
-            "vocab": json.dumps(shapes.VOCAB), "text_heads": "4", "step": str(step)}
+            "vocab": json.dumps(vocabulary(model.cfg)), "text_heads": "4", "step": str(step)}
     save_file(text, os.path.join(out, "text_encoder", "model.safetensors"), metadata=meta)
 
 

@@ -27,8 +27,12 @@ pub(crate) fn checker_note(prompt: &str, sample: &Sample, kind: Kind) -> String 
         }
     };
     let res = match kind {
-        Kind::Image => scene::parse(prompt)
-            .map(|s| verdict_text(flashdiff_eval::image::check(&sample.rgb, &s))),
+        Kind::Image => scene::parse(prompt).map(|s| {
+            flashdiff_eval::image::check_sized(&sample.rgb, &s).map_or_else(
+                || "not checked (the checker reads square images of 32x32 pixels or more)".into(),
+                verdict_text,
+            )
+        }),
         Kind::Video => clips::parse(prompt).map(|c| {
             let v = flashdiff_eval::video::check(&sample.rgb, &c);
             parts(

@@ -292,9 +292,12 @@ pub(crate) fn result_line(
         Ok(o2) => {
             let rep = &o2.report;
             let prompt = prompts.remove(&rep.id).unwrap_or_default().0;
-            let checker = match scene::parse(&prompt).ok().filter(|_| kind == Kind::Image) {
-                Some(s) => {
-                    let v = flashdiff_eval::image::check(&o2.sample.rgb, &s);
+            let checker = match scene::parse(&prompt)
+                .ok()
+                .filter(|_| kind == Kind::Image)
+                .and_then(|s| flashdiff_eval::image::check_sized(&o2.sample.rgb, &s))
+            {
+                Some(v) => {
                     format!(
                         "{{\"background\":{},\"present\":{},\"shape\":{},\"all\":{}}}",
                         v.background,
