@@ -215,6 +215,8 @@ fn settings(base: &RequestConfig, workers: u32, dbcache: bool) -> Vec<Setting> {
                     cfg: RequestConfig {
                         mode: Mode::TeaCache,
                         cache_threshold: t,
+                        // The threshold alone, as TeaCache's authors run it.
+                        max_skip: base.steps,
                         reuse,
                         ..base.clone()
                     },

@@ -132,6 +132,8 @@ fn servers(base: &RequestConfig, distrifusion: &RequestConfig) -> Vec<Server> {
             what: "whole-step caching, whole requests in arrival order, one per worker",
             cfg: RequestConfig {
                 mode: Mode::TeaCache,
+                // The threshold alone, as TeaCache's authors run it.
+                max_skip: base.steps,
                 ..base.clone()
             },
             fifo: true,

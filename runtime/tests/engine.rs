@@ -390,7 +390,8 @@ fn baselines_run_and_behave_as_named() {
         naive.latent, ds.latent,
         "isolated patches must differ from displaced K/V"
     );
-    // TeaCache: a huge threshold skips every step it may; a zero threshold skips none.
+    // TeaCache: a huge threshold with no K bound skips every step it may; a zero threshold
+    // skips none; K bounds a run of skips (a computed step every K + 1, FORA's interval).
     let all = e
         .generate(
             PROMPT,
@@ -407,11 +408,32 @@ fn baselines_run_and_behave_as_named() {
             PROMPT,
             RequestConfig {
                 cache_threshold: 1e9,
+                max_skip: 12,
                 ..cfg(Mode::TeaCache)
             },
             &mut |_| {},
         )
         .unwrap();
+    let capped = e
+        .generate(
+            PROMPT,
+            RequestConfig {
+                cache_threshold: 1e9,
+                ..cfg(Mode::TeaCache)
+            },
+            &mut |_| {},
+        )
+        .unwrap();
+    // After the warm-up (steps 0-2) step 3 has nothing to compare and is computed; then
+    // skip, skip, compute, skip, skip, compute, skip, and the final step is computed.
+    let runs: Vec<usize> = capped
+        .report
+        .active_per_step
+        .split(|&a| a > 0)
+        .map(<[u32]>::len)
+        .filter(|&n| n > 0)
+        .collect();
+    assert_eq!(runs, vec![2, 2, 1], "{:?}", capped.report.active_per_step);
     let skipped = lazy
         .report
         .active_per_step

@@ -204,7 +204,8 @@ pub enum Mode {
     /// Whole-step caching (TeaCache / first-block-cache style): the whole step is skipped,
     /// advancing on the forecast (or, `extrapolate` off, the last) velocity, while the
     /// accumulated relative L1 change of block 0's modulated input stays under
-    /// `cache_threshold`.
+    /// `cache_threshold`, at most `max_skip` (K) steps in a row, as FlashDiff's budget (K at
+    /// least the step count: the threshold alone, as TeaCache's authors run it).
     TeaCache,
     /// DBCache (cache-dit's dual block cache, F1B0): the first block runs every step; while
     /// the relative L1 change of its residual since the last computed step stays under

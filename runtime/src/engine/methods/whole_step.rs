@@ -2,7 +2,11 @@
 //! the accumulated relative L1 change of block 0's modulated input stays under the request's
 //! `cache_threshold`, advancing every token with its velocity forecast from the computed
 //! steps (TaylorSeer-style, first order; `reuse: stale` reuses the last one as TeaCache
-//! does).
+//! does). Like FlashDiff's budget, at most `max_skip` (K) steps in a row are skipped
+//! (cache-dit's `max_continuous_cached_steps`): with a threshold no change reaches, K alone
+//! spaces the computed steps, a computed step every K + 1 (FORA's and TaylorSeer's fixed
+//! interval N = K + 1). K at least the step count leaves the threshold alone to decide, as
+//! TeaCache's authors run it.
 
 use std::time::Instant;
 
@@ -38,7 +42,14 @@ impl Method for WholeStep {
             Some((prev, acc)) => acc + relative_l1(&m, prev),
             None => f32::INFINITY,
         };
-        let skip = acc < r.cfg.cache_threshold && !final_full;
+        let run = r
+            .report
+            .active_per_step
+            .iter()
+            .rev()
+            .take_while(|&&a| a == 0)
+            .count();
+        let skip = acc < r.cfg.cache_threshold && run < r.cfg.max_skip as usize && !final_full;
         r.tea = Some((m, if skip { acc } else { 0.0 }));
         r.report.time.gate += t0.elapsed();
         if skip {
