@@ -6,10 +6,12 @@
 //! style (uniform patches, displaced K/V, no skipping), whole-step caching (TeaCache-style),
 //! FlashDiff, and two ablations (no gate; uniform patches).
 
+pub mod crossover;
 pub mod curve;
 pub mod media;
 mod ordering;
 mod plots;
+pub mod protocol;
 pub mod reading;
 mod scale;
 mod serving;
@@ -158,6 +160,8 @@ fn methods() -> Vec<Method> {
             what: "whole-step caching on block 0's input change",
             cfg: |b| RequestConfig {
                 mode: Mode::TeaCache,
+                // The threshold alone, as TeaCache's authors run it.
+                max_skip: b.steps,
                 ..b.clone()
             },
         },
@@ -373,6 +377,7 @@ fn sweep_variants(
         let c = RequestConfig {
             mode: Mode::TeaCache,
             cache_threshold: t,
+            max_skip: base.steps,
             ..base.clone()
         };
         v.push(with("teacache", format!("{t}"), c));

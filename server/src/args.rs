@@ -131,9 +131,16 @@ pub(crate) struct BenchArgs {
     pub(crate) only: Option<String>,
     /// Run a study instead of the whole bench: "curve" (quality against work for FlashDiff
     /// and every other method over its own knob; held-out prompts: image 64, video 32, sound
-    /// 64, 8 with --quick).
-    #[arg(long, value_parser = ["curve"])]
+    /// 64, 8 with --quick); "crossover" (image models: regional execution against whole-step
+    /// caching with a forecaster, settings chosen on --validation prompts, judged on
+    /// --prompts test prompts after them; writes OUT_DIR/MODEL/ and OUT_DIR/crossover.md,
+    /// the margin by size from every model run into OUT_DIR).
+    #[arg(long, value_parser = ["curve", "crossover"])]
     pub(crate) study: Option<String>,
+    /// With --study crossover: validation prompts (seeds from --seed; the test prompts'
+    /// seeds follow them).
+    #[arg(long, requires = "study", default_value_t = 16, value_parser = clap::value_parser!(u32).range(1..=10_000))]
+    pub(crate) validation: u32,
     /// With --study curve: run only these methods (comma-separated names of the study's
     /// rows, e.g. flashdiff,teacache); full computation always runs as the reference, and
     /// per-patch runs with flashdiff (FlashDiff's curve reads its settings as share 1).

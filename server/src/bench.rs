@@ -55,8 +55,21 @@ pub(crate) fn bench(a: BenchArgs) -> Result<(), String> {
                 (None, false, _) => 64,
             };
             let cfg = flashdiff_bench::BenchConfig { prompts, ..cfg };
-            let only = (!a.methods.is_empty()).then_some(&a.methods[..]);
-            flashdiff_bench::curve::run(&mut engine, &cfg, only, &out, &mut progress)
+            if a.study.as_deref() == Some("crossover") {
+                if !a.methods.is_empty() {
+                    return Err("--methods: the crossover study runs all its methods".into());
+                }
+                flashdiff_bench::crossover::run(
+                    &mut engine,
+                    &cfg,
+                    a.validation,
+                    &out,
+                    &mut progress,
+                )
+            } else {
+                let only = (!a.methods.is_empty()).then_some(&a.methods[..]);
+                flashdiff_bench::curve::run(&mut engine, &cfg, only, &out, &mut progress)
+            }
         }
         Kind::Image if a.only.is_some() => {
             flashdiff_bench::wall_time(&engine, &cfg, &out, &mut progress)
@@ -69,7 +82,14 @@ pub(crate) fn bench(a: BenchArgs) -> Result<(), String> {
     }
     .map_err(|e| e.to_string())?;
     println!("{report}");
-    let wrote = if a.study.is_some() {
+    let wrote = if a.study.as_deref() == Some("crossover") {
+        format!(
+            "{}/{}/ (crossover.json, report.md, quality_vs_work.svg) and {}/crossover.md",
+            out.display(),
+            engine.model().name(),
+            out.display()
+        )
+    } else if a.study.is_some() {
         format!(
             "{}/curve.json, {}/report.md and {}/quality_vs_work.svg",
             out.display(),
