@@ -24,14 +24,15 @@ use flashdiff_runtime::engine::{
 };
 
 /// Candidate settings per method.
-pub const CANDIDATES: usize = 16;
+pub const CANDIDATES: usize = 32;
 
 /// The change thresholds every method but fewer steps tries (ε, or whole-step caching's
 /// threshold on the same accumulated relative change of block 0's input).
 const THRESHOLDS: [f32; 4] = [0.05, 0.1, 0.2, 0.4];
 
-/// The skip caps K every method but fewer steps tries.
-const SKIP_CAPS: [u32; 2] = [2, 5];
+/// The skip caps K every method but fewer steps tries: at 50 steps after a warm-up of 5, K
+/// 16 lets whole steps reach work 0.2 (10 computed steps), K 2 keeps them near 0.4.
+const SKIP_CAPS: [u32; 4] = [2, 4, 8, 16];
 
 /// The compared methods: name and what it is.
 pub const METHODS: [(&str, &str); 5] = [
@@ -559,8 +560,8 @@ mod tests {
     #[test]
     fn every_method_gets_the_same_tries_and_its_rows_hold_only_its_own_settings() {
         let base = RequestConfig {
-            steps: 28,
-            warmup: 3,
+            steps: 50,
+            warmup: 5,
             patches: Some(16),
             ..RequestConfig::default()
         };
