@@ -211,10 +211,12 @@ fn engine_example_generates_from_c() {
         let out = run(&build(&["engine_example.c"], link, "engine_example"));
         assert!(out.contains("PSNR vs full"), "{out}");
     }
-    // The same program on the built-in FLUX, whose weights are a folder.
+    // The same program on the built-in FLUX models, whose weights are folders.
     let exe = build(&["engine_example.c"], Link::Static, "engine_example");
-    let out = run_on(&exe, &root().join("models/tinyflux"));
-    assert!(out.contains("PSNR vs full"), "{out}");
+    for folder in ["models/tinyflux", "models/tinyflux-l"] {
+        let out = run_on(&exe, &root().join(folder));
+        assert!(out.contains("PSNR vs full"), "{folder}: {out}");
+    }
 }
 
 /// One engine handle shared by a serving loop (fd_engine_step), a thread submitting

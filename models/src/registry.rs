@@ -21,22 +21,29 @@ use crate::pipeline::{self, PipelineOptions, DTYPES};
 use crate::{Denoiser, ModelError, TinyDit};
 
 /// The built-in models, by name: image, video, audio (files of the TinyDiT family, shipped
-/// in this crate's folder of the same name), and TinyFLUX (a FLUX transformer over pixels,
-/// shipped as a model folder, [`crate::tinyflux`]).
-pub const BUILTIN_MODELS: [&str; 4] = ["tinydit", "tinyvideo", "tinyaudio", TINYFLUX];
+/// in this crate's folder of the same name), and the TinyFLUX family (FLUX transformers over
+/// pixels at 64 and 256 image tokens, each shipped as a model folder, [`crate::tinyflux`]).
+pub const BUILTIN_MODELS: [&str; 5] = [
+    "tinydit",
+    "tinyvideo",
+    "tinyaudio",
+    TINYFLUX_FAMILY[0],
+    TINYFLUX_FAMILY[1],
+];
 
-const TINYFLUX: &str = crate::tinyflux::NAME;
+/// The TinyFLUX family, smallest first: 32x32 pixels (64 image tokens), 64x64 (256).
+pub const TINYFLUX_FAMILY: [&str; 2] = [crate::tinyflux::NAME, "tinyflux-l"];
 
-/// The shipped weights of a built-in model (`NAME/NAME.safetensors` in [`models_dir`];
-/// TinyFLUX's folder `tinyflux/`); `None` for a name not in [`BUILTIN_MODELS`].
+/// The shipped weights of a built-in model (`NAME/NAME.safetensors` in [`models_dir`]; a
+/// TinyFLUX model's folder `NAME/`); `None` for a name not in [`BUILTIN_MODELS`].
 pub fn builtin_weights(name: &str) -> Option<PathBuf> {
     let root = &models_dir();
-    match name {
-        TINYFLUX => Some(root.join(TINYFLUX)),
-        _ => BUILTIN_MODELS
-            .contains(&name)
-            .then(|| root.join(format!("{name}/{name}.safetensors"))),
+    if TINYFLUX_FAMILY.contains(&name) {
+        return Some(root.join(name));
     }
+    BUILTIN_MODELS
+        .contains(&name)
+        .then(|| root.join(format!("{name}/{name}.safetensors")))
 }
 
 /// The folder that holds the built-in models' weights: `$FLASHDIFF_MODELS_DIR` (a binary
@@ -79,10 +86,15 @@ impl ModelSpec {
     }
 
     /// A TinyDiT-family file (a built-in model's format, perhaps other weights), or a
-    /// TinyFLUX folder (`transformer/` and `text_encoder/model.safetensors`).
+    /// TinyFLUX folder (`transformer/` and `text_encoder/model.safetensors`), named after the
+    /// family member whose folder name it has (`.../tinyflux-l`), else `tinyflux`.
     pub fn file(weights: &Path) -> Self {
+        let folder = weights.file_name().and_then(|n| n.to_str());
         let name = match crate::tinyflux::is_folder(weights) {
-            true => TINYFLUX,
+            true => TINYFLUX_FAMILY
+                .into_iter()
+                .find(|&m| Some(m) == folder)
+                .unwrap_or(TINYFLUX_FAMILY[0]),
             false => BUILTIN_MODELS[0],
         };
         Self {
@@ -124,8 +136,12 @@ impl ModelSpec {
                 pipeline::PIPELINES.join(", ")
             )));
         }
-        if self.name == TINYFLUX {
-            return Ok(Box::new(crate::tinyflux::load(&self.weights, device)?));
+        if TINYFLUX_FAMILY.contains(&self.name.as_str()) {
+            return Ok(Box::new(crate::tinyflux::load_named(
+                &self.weights,
+                &self.name,
+                device,
+            )?));
         }
         Ok(Box::new(TinyDit::load(&self.weights, device)?))
     }

@@ -1,8 +1,10 @@
-"""Quality of TinyFLUX, for its model card: full computation, 50 uniform Euler steps, on
-prompts from a held-out seed (training uses seed 1; this uses 2026), as TinyDiT's
-evaluation (../tinydit/evaluate.py) measures it.
+"""Quality of a TinyFLUX model, for its model card: full computation, 50 uniform Euler steps,
+on prompts from a held-out seed (training uses seed 1; this uses 2026), as TinyDiT's
+evaluation (../tinydit/evaluate.py) measures it. A 32x32 model draws TinyDiT's scenes
+(`shapes.py`); a larger one the larger scenes it was trained on (`scenes.py`).
 
     python3 models/tinyflux/evaluate.py --weights models/tinyflux --n 256 --json models/tinyflux/eval.json
+    python3 models/tinyflux/evaluate.py --weights models/tinyflux-l --n 256 --json models/tinyflux-l/eval.json
 
 The checker's verdicts (background, shapes present, all correct), and the localisation of
 the joint attention's image-to-text rows, the rows FlashDiff's saliency reads: for each
@@ -20,6 +22,7 @@ import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tinydit"))
 import evaluate as base  # noqa: E402  (TinyDiT's evaluation: object tokens, ratios, report)
+import scenes  # noqa: E402
 import shapes  # noqa: E402
 from diffusers.models.transformers import transformer_flux  # noqa: E402
 from flux_model import load_folder  # noqa: E402
@@ -42,6 +45,38 @@ class JointAttention:
         return self.inner(query, key, value, **kw)
 
 
+def object_tokens(img, colour, pos, image, patch):
+    """Image tokens holding at least a quarter of their pixels in the object's colour inside
+    its cell (TinyDiT's rule, at any canvas side)."""
+    labels = shapes.nearest_colour((img.transpose(1, 2, 0) + 1.0) / 2.0)
+    y0, y1, x0, x1 = scenes._cell_box(pos, image)
+    m = np.zeros((image, image), bool)
+    m[y0:y1, x0:x1] = labels[y0:y1, x0:x1] == shapes.COLOUR_NAMES.index(colour)
+    grid = image // patch
+    counts = m.reshape(grid, patch, grid, patch).sum((1, 3)).reshape(-1)
+    return counts >= patch * patch // 4
+
+
+def judge_scenes(imgs, drawn, warm, last, cfg):
+    """`base.judge` for the larger scenes: the checker's rates, and the localisation ratios of
+    each object's colour and shape words."""
+    verdicts = [scenes.check(imgs[i], *drawn[i]) for i in range(len(drawn))]
+    ratios = {"warmup": [], "last": []}
+    for i, (bg, texture, objects) in enumerate(drawn):
+        words = scenes.prompt_text(bg, objects, texture).split()
+        for colour, shape, pos in objects:
+            inside = object_tokens(imgs[i], colour, pos, cfg.image, cfg.patch)
+            if inside.sum() == 0 or inside.all():
+                continue
+            for j in range(len(words) - 1):
+                if words[j] == colour and words[j + 1] == shape:
+                    base.localisation(ratios, warm[i], last[i], [j, j + 1], inside)
+                    break
+    rate = lambda k: float(np.mean([v[k] for v in verdicts]))  # noqa: E731
+    return {"all_correct": rate("all"), "background_correct": rate("background"),
+            "shapes_present": rate("present"), "shapes_correct": rate("shape")}, ratios
+
+
 @torch.no_grad()
 def main():
     args = base.arguments(__doc__)
@@ -53,8 +88,13 @@ def main():
         block.register_forward_pre_hook(lambda *_: setattr(rec, "on", True))
         block.register_forward_hook(lambda *_: setattr(rec, "on", False))
     rng = np.random.default_rng(args.seed)
-    scenes = [shapes.sample_scene(rng) for _ in range(args.n)]
-    ids = torch.tensor([shapes.tokenize(shapes.prompt_text(*s)) for s in scenes])
+    larger = cfg.image > 32
+    if larger:
+        drawn = [scenes.sample_scene(rng) for _ in range(args.n)]
+        ids = torch.tensor([scenes.tokenize(scenes.prompt_text(bg, o, t)) for bg, t, o in drawn])
+    else:
+        drawn = [shapes.sample_scene(rng) for _ in range(args.n)]
+        ids = torch.tensor([shapes.tokenize(shapes.prompt_text(*s)) for s in drawn])
     gen = torch.Generator().manual_seed(args.seed)
     x = torch.randn(args.n, cfg.grid * cfg.grid, cfg.patch_dim, generator=gen)
     times = base.step_times(args.steps)
@@ -77,8 +117,9 @@ def main():
     elapsed = time.time() - t0
     x, warm, last = torch.cat(outs), torch.cat(warms), torch.cat(lasts)
     imgs = model.unpatchify(x).clamp(-1, 1).numpy()
-    base.report(args, *base.judge(imgs, scenes, warm, last), "objects_measured", list(range(cfg.double)),
-                elapsed, {"train_step": step})
+    judged = judge_scenes(imgs, drawn, warm, last, cfg) if larger else base.judge(imgs, drawn, warm, last)
+    base.report(args, *judged, "objects_measured", list(range(cfg.double)), elapsed,
+                {"train_step": step, "image": cfg.image})
 
 
 if __name__ == "__main__":

@@ -152,6 +152,13 @@ def test_other_built_in_models(model, kind, ext):
         assert o.sample.ndim == 2 and o.sample_rate > 0
 
 
+def test_tinyflux_l_makes_64_pixel_images():
+    e = flashdiff.Engine("tinyflux-l")
+    assert "tinyflux-l" in flashdiff.MODELS and e.kind == "image"
+    o = e.generate("a red circle top left on a yellow striped background", steps=10)
+    assert o.sample.shape == (64, 64, 3)
+
+
 def test_bad_engines():
     with pytest.raises(flashdiff.Error, match="not a built-in model"):
         flashdiff.Engine("flux")

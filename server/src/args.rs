@@ -254,7 +254,8 @@ pub(crate) struct RunArgs {
     #[arg(long)]
     pub(crate) processes: bool,
     /// Model: built-in tinydit (images), tinyvideo (8-frame clips), tinyaudio (2 s sounds),
-    /// tinyflux (images, a FLUX transformer run by the FLUX code); or flux-dev, flux-schnell, sd3, sd3.5 (images), wan2.1 (video), stable-audio-open
+    /// tinyflux, tinyflux-l (32x32 and 64x64 images: 64 and 256 tokens of a FLUX transformer
+    /// run by the FLUX code); or flux-dev, flux-schnell, sd3, sd3.5 (images), wan2.1 (video), stable-audio-open
     /// (sound) from a diffusers folder given with --weights.
     #[arg(long, default_value = "tinydit", value_parser = MODELS)]
     pub(crate) model: String,
@@ -294,11 +295,12 @@ pub(crate) struct RunArgs {
 }
 
 /// Every `--model`: the built-in models, then the pipelines read from a folder.
-pub(crate) const MODELS: [&str; 10] = [
+pub(crate) const MODELS: [&str; 11] = [
     BUILTIN_MODELS[0],
     BUILTIN_MODELS[1],
     BUILTIN_MODELS[2],
     BUILTIN_MODELS[3],
+    BUILTIN_MODELS[4],
     "flux-dev",
     "flux-schnell",
     "sd3",

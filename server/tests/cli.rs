@@ -250,6 +250,24 @@ fn generate_tinyflux_writes_an_image_and_compares_it() {
     assert_eq!(&bytes[1..4], b"PNG");
 }
 
+/// TinyFLUX-L: 64x64 pixels (256 image tokens), its textured backgrounds in the prompt, and
+/// the checker of the larger scenes.
+#[test]
+fn generate_tinyflux_l_writes_a_64_pixel_image_and_compares_it() {
+    let bytes = generate_media(
+        "tinyflux-l",
+        "a red circle top left and a blue square bottom right on a yellow striped background",
+        "flux-l.png",
+        &[
+            "64x64 pixels",
+            "patch-steps computed",
+            "checker: ",
+            "vs full computation: PSNR",
+        ],
+    );
+    assert_eq!(&bytes[1..4], b"PNG");
+}
+
 #[test]
 fn generate_video_writes_an_animated_gif_and_compares_frames() {
     let bytes = generate_media(

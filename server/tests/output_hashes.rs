@@ -389,6 +389,13 @@ fn all_cases() -> Vec<(&'static str, RequestConfig)> {
     ]
 }
 
+/// The built-in models whose outputs are pinned here: all but TinyFLUX-L, whose last bits,
+/// like TinyFLUX's, depend on the kind of CPU, and which `tests/tinyflux.rs` holds to
+/// diffusers' images instead.
+fn pinned_models() -> impl Iterator<Item = &'static str> {
+    BUILTIN_MODELS.into_iter().filter(|&m| m != "tinyflux-l")
+}
+
 fn exe() -> PathBuf {
     PathBuf::from(env!("CARGO_BIN_EXE_flashdiff"))
 }
@@ -451,7 +458,7 @@ fn check(got: Vec<(String, String, u64)>) {
 #[test]
 fn every_mode_of_every_built_in_model_keeps_its_output() {
     let mut got = Vec::new();
-    for model in BUILTIN_MODELS {
+    for model in pinned_models() {
         let weights = builtin_weights(model).unwrap();
         let mut here = Engine::new(&weights, 1).unwrap();
         for (case, cfg) in cases() {
@@ -501,7 +508,7 @@ fn every_mode_of_every_built_in_model_keeps_its_output() {
 #[test]
 fn worker_threads_and_processes_keep_the_output() {
     let mut got = Vec::new();
-    for model in BUILTIN_MODELS {
+    for model in pinned_models() {
         let weights = builtin_weights(model).unwrap();
         // FlashDiff's cases run at the change budget's ε, as in `cases`.
         let fd = RequestConfig {

@@ -1,17 +1,17 @@
-//! TinyFLUX run by FlashDiff's FLUX code (full computation, nothing skipped) against the same
-//! model run by diffusers' unmodified `FluxTransformer2DModel` and the training code's Euler
-//! sampler: `models/tinyflux/golden.safetensors`, written by `models/tinyflux/golden.py` from
-//! the shipped weights, holds for each prompt the engine's noise for its seed and diffusers'
-//! image from it.
+//! The TinyFLUX family run by FlashDiff's FLUX code (full computation, nothing skipped)
+//! against the same models run by diffusers' unmodified `FluxTransformer2DModel` and the
+//! training code's Euler sampler: each model folder's `golden.safetensors`, written by
+//! `models/tinyflux/golden.py` from the shipped weights, holds for each prompt the engine's
+//! noise for its seed and diffusers' image from it.
 
 use flashdiff_eval::metrics::psnr;
 use flashdiff_runtime::engine::{noise, Engine, Mode, RequestConfig};
-use flashdiff_runtime::models::registry::ModelSpec;
+use flashdiff_runtime::models::registry::{ModelSpec, TINYFLUX_FAMILY};
 use flashdiff_runtime::models::{Device, Weights};
 
-fn golden() -> Weights {
+fn golden(model: &str) -> Weights {
     let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../models/tinyflux/golden.safetensors");
+        .join(format!("../models/{model}/golden.safetensors"));
     Weights::open(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
 }
 
@@ -20,13 +20,19 @@ fn meta(g: &Weights, key: &str) -> serde_json::Value {
 }
 
 #[test]
-fn tinyflux_gives_diffusers_image_from_the_same_noise() {
-    let g = golden();
+fn every_tinyflux_gives_diffusers_image_from_the_same_noise() {
+    for model in TINYFLUX_FAMILY {
+        matches_diffusers(model);
+    }
+}
+
+fn matches_diffusers(model: &str) {
+    let g = golden(model);
     let prompts: Vec<String> = serde_json::from_value(meta(&g, "prompts")).unwrap();
     let seeds: Vec<u64> = serde_json::from_value(meta(&g, "seeds")).unwrap();
     let steps: u32 = serde_json::from_value(meta(&g, "steps")).unwrap();
     assert!(!prompts.is_empty() && prompts.len() == seeds.len());
-    let spec = ModelSpec::builtin("tinyflux").expect("tinyflux is built in");
+    let spec = ModelSpec::builtin(model).expect("built in");
     let mut engine = Engine::load(&spec, 1, &Device::Cpu).unwrap();
     for (i, (prompt, &seed)) in prompts.iter().zip(&seeds).enumerate() {
         let (_, want_noise) = g.get_any(&format!("noise.{i}")).unwrap();
@@ -38,7 +44,7 @@ fn tinyflux_gives_diffusers_image_from_the_same_noise() {
             .fold(0f32, f32::max);
         assert!(
             worst < 1e-6,
-            "prompt {i}: the golden's noise is not the engine's ({worst})"
+            "{model} prompt {i}: the golden's noise is not the engine's ({worst})"
         );
         let cfg = RequestConfig {
             steps,
@@ -55,19 +61,17 @@ fn tinyflux_gives_diffusers_image_from_the_same_noise() {
         assert_eq!(
             shape,
             [out.sample.height, out.sample.width, 3],
-            "prompt {i}: image size"
+            "{model} prompt {i}: image size"
         );
         let db = psnr(&out.sample.rgb, want);
         assert!(
             db >= 60.0,
-            "prompt {i} {prompt:?}: PSNR {db:.2} dB against diffusers"
+            "{model} prompt {i} {prompt:?}: PSNR {db:.2} dB against diffusers"
         );
-        eprintln!("prompt {i}: {db:.2} dB against diffusers");
+        eprintln!("{model} prompt {i}: {db:.2} dB against diffusers");
     }
 }
 
-/// A joint model's text stream runs in every forward, whatever patches it computes: a step
-/// that computes some patches pays it whole, so work counts it (and a skipped step saves it).
 #[test]
 fn work_counts_the_text_stream_of_every_computed_step() {
     let spec = ModelSpec::builtin("tinyflux").expect("tinyflux is built in");
