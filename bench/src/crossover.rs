@@ -224,7 +224,7 @@ fn fidelity(side: usize, rgb: &[f32], full: &[f32]) -> (f64, f64) {
 
 /// Runs the study on `engine`'s model: `validation` prompts choose each method's setting per
 /// target, `cfg.prompts` test prompts (the seeds after them) judge; writes
-/// `<out>/<model>/crossover.json`, `report.md` and `quality_vs_work.svg`, rewrites
+/// `<out>/<model>/crossover.json`, `report.md` and `quality_vs_work.svg` (and `.png`), rewrites
 /// `<out>/crossover.md`; returns the model's report.
 pub fn run(
     engine: &mut Engine,
@@ -371,6 +371,40 @@ pub fn run(
         ))
     })?;
     Ok(format!("{md}\n{table}"))
+}
+
+/// Writes every size's `report.md` and pictures in `out` again from its `crossover.json`, and
+/// `crossover.md` from all of them, as this version reads them; returns the margin table.
+/// The error names the file that could not be read or written.
+pub fn reread(out: &Path) -> Result<String, String> {
+    let entries = std::fs::read_dir(out).map_err(|e| format!("{}: {e}", out.display()))?;
+    let mut sizes = 0;
+    for e in entries.flatten() {
+        let dir = e.path();
+        let path = dir.join("crossover.json");
+        let Ok(text) = std::fs::read_to_string(&path) else {
+            continue;
+        };
+        let doc: Value = serde_json::from_str(&text)
+            .map_err(|e| format!("{} is not JSON: {e}", path.display()))?;
+        if !doc["targets"].is_array() {
+            return Err(format!("{}: no targets", path.display()));
+        }
+        std::fs::write(dir.join("report.md"), report(&doc))
+            .map_err(|e| format!("cannot write {}: {e}", dir.join("report.md").display()))?;
+        plot(&dir, &doc).map_err(|e| format!("plotting {}: {e}", dir.display()))?;
+        sizes += 1;
+    }
+    if sizes == 0 {
+        return Err(format!(
+            "{}: no MODEL/crossover.json in it (bench --study crossover writes them)",
+            out.display()
+        ));
+    }
+    let table = margin_table(out)?;
+    std::fs::write(out.join("crossover.md"), &table)
+        .map_err(|e| format!("cannot write {}: {e}", out.join("crossover.md").display()))?;
+    Ok(table)
 }
 
 fn mean(v: &[f64]) -> f64 {
@@ -550,7 +584,9 @@ fn plot(dir: &Path, doc: &Value) -> crate::plots::PlotResult {
         .position(SeriesLabelPosition::LowerRight)
         .draw()?;
     root.present()?;
-    Ok(())
+    drop(chart);
+    drop(root);
+    crate::plots::svg_to_png(&path, &dir.join("quality_vs_work.png"))
 }
 
 #[cfg(test)]
@@ -599,5 +635,48 @@ mod tests {
                 .collect()
         };
         assert_eq!(knobs("regional"), knobs("whole-step"));
+    }
+
+    #[test]
+    fn the_margin_table_is_read_again_from_each_size() {
+        let out = std::env::temp_dir().join(format!("fd-crossover-{}", std::process::id()));
+        std::fs::create_dir_all(out.join("tinyflux-l")).unwrap();
+        assert!(reread(&out)
+            .unwrap_err()
+            .contains("no MODEL/crossover.json"));
+        let row = |m: &str, db: f64| {
+            json!({"method": m, "setting": "ε 0.1 K 2 order 2", "validation_work": 0.3,
+                   "validation_db": db, "work": 0.31, "max_work": 0.33, "db": db,
+                   "worst_db": db - 5.0, "ssim": 0.99, "agreement": 1.0, "wall_ms": 100.0})
+        };
+        let doc = json!({
+            "config": {"model": "tinyflux-l", "side": 64, "steps": 50, "patches": 16,
+                       "warmup": 5, "workers": 2, "validation_seeds": [0, 8],
+                       "test_seeds": [8, 40], "candidates_per_method": CANDIDATES},
+            "full": {"wall_ms": 300.0},
+            "candidates": [{"method": "regional", "setting": "x", "validation_work": 0.3,
+                            "validation_db": 40.0}],
+            "targets": [{"target": 0.33, "rows": [row("regional", 41.0), row("whole-step", 40.0)],
+                         "pairs": [{"a": "regional", "b": "whole-step", "mean": 1.0, "lo": 0.4,
+                                    "hi": 1.6, "worst": 0.5, "verdict": "ahead"}]}],
+        });
+        std::fs::write(
+            out.join("tinyflux-l/crossover.json"),
+            serde_json::to_string(&doc).unwrap(),
+        )
+        .unwrap();
+        let table = reread(&out).unwrap();
+        assert!(
+            table.contains("| tinyflux-l | 256 | +1.00 [+0.40, +1.60], worst +0.50: ahead |"),
+            "{table}"
+        );
+        assert_eq!(
+            std::fs::read_to_string(out.join("crossover.md")).unwrap(),
+            table
+        );
+        let report = std::fs::read_to_string(out.join("tinyflux-l/report.md")).unwrap();
+        assert!(report.contains("## Work 0.33"), "{report}");
+        assert!(out.join("tinyflux-l/quality_vs_work.png").is_file());
+        std::fs::remove_dir_all(&out).ok();
     }
 }

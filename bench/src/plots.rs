@@ -5,6 +5,33 @@ use crate::*;
 /// What drawing a plot returns.
 pub(crate) type PlotResult = Result<(), Box<dyn std::error::Error>>;
 
+/// Writes the SVG picture at `svg` as a PNG at `png` (its own size; the text in the system's
+/// fonts, left out where the machine has none).
+pub(crate) fn svg_to_png(svg: &Path, png: &Path) -> PlotResult {
+    use resvg::{tiny_skia, usvg};
+    let mut opt = usvg::Options::default();
+    let fonts = opt.fontdb_mut();
+    fonts.load_system_fonts();
+    // The pictures ask for "sans-serif", which the font database maps to Arial: map it to a
+    // sans-serif family the machine has.
+    let sans = fonts
+        .faces()
+        .flat_map(|f| f.families.iter().map(|(name, _)| name.clone()))
+        .find(|n| n.contains("Sans") && !n.contains("Mono"));
+    if let Some(name) = sans {
+        fonts.set_sans_serif_family(name);
+    }
+    let text = std::fs::read_to_string(svg)?;
+    let tree = usvg::Tree::from_str(&text, &opt)?;
+    let size = tree.size().to_int_size();
+    let mut pixmap = tiny_skia::Pixmap::new(size.width(), size.height())
+        .ok_or_else(|| format!("{}: an empty picture", svg.display()))?;
+    pixmap.fill(tiny_skia::Color::WHITE);
+    resvg::render(&tree, tiny_skia::Transform::default(), &mut pixmap.as_mut());
+    pixmap.save_png(png)?;
+    Ok(())
+}
+
 /// The report's plots as SVG.
 pub(crate) fn plots(
     out: &Path,
@@ -207,4 +234,28 @@ pub(crate) fn plot_scale(out: &Path, scale: &[Value]) -> PlotResult {
         .draw()?;
     root.present()?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_picture_is_written_as_png_too() {
+        let dir = std::env::temp_dir().join(format!("flashdiff-png-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let (svg, png) = (dir.join("a.svg"), dir.join("a.png"));
+        std::fs::write(
+            &svg,
+            r##"<svg width="40" height="30" xmlns="http://www.w3.org/2000/svg"><rect x="5" y="5" width="10" height="10" fill="#FF0000"/></svg>"##,
+        )
+        .unwrap();
+        svg_to_png(&svg, &png).unwrap();
+        let bytes = std::fs::read(&png).unwrap();
+        assert_eq!(&bytes[1..4], b"PNG");
+        // The IHDR chunk: width and height.
+        assert_eq!(&bytes[16..24], &[0, 0, 0, 40, 0, 0, 0, 30]);
+        assert!(svg_to_png(&dir.join("missing.svg"), &png).is_err());
+        std::fs::remove_dir_all(&dir).ok();
+    }
 }

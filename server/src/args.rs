@@ -137,6 +137,10 @@ pub(crate) struct BenchArgs {
     /// the margin by size from every model run into OUT_DIR).
     #[arg(long, value_parser = ["curve", "crossover"])]
     pub(crate) study: Option<String>,
+    /// With --study crossover: run nothing; write the reports, pictures and OUT_DIR/crossover.md
+    /// again from the crossover.json files in OUT_DIR.
+    #[arg(long, requires = "study")]
+    pub(crate) reread: bool,
     /// With --study crossover: validation prompts (seeds from --seed; the test prompts'
     /// seeds follow them).
     #[arg(long, requires = "study", default_value_t = 16, value_parser = clap::value_parser!(u32).range(1..=10_000))]

@@ -25,6 +25,18 @@ pub(crate) fn bench(a: BenchArgs) -> Result<(), String> {
         weights: weights_path(&a.run),
     };
     let out = a.out_dir;
+    if a.reread {
+        if a.study.as_deref() != Some("crossover") {
+            return Err("--reread: only the crossover study is read again".into());
+        }
+        let table = flashdiff_bench::crossover::reread(&out)?;
+        println!("{table}");
+        println!(
+            "rewrote the reports, pictures and {}/crossover.md",
+            out.display()
+        );
+        return Ok(());
+    }
     if is_pipeline(&a.run.model) {
         return Err(format!(
             "bench --model {}: the bench's prompts, checkers and baselines are the built-in \
@@ -84,7 +96,7 @@ pub(crate) fn bench(a: BenchArgs) -> Result<(), String> {
     println!("{report}");
     let wrote = if a.study.as_deref() == Some("crossover") {
         format!(
-            "{}/{}/ (crossover.json, report.md, quality_vs_work.svg) and {}/crossover.md",
+            "{}/{}/ (crossover.json, report.md, quality_vs_work.svg and .png) and {}/crossover.md",
             out.display(),
             engine.model().name(),
             out.display()
