@@ -423,7 +423,10 @@ fn report(doc: &Value) -> String {
         c["model"].as_str().unwrap_or("?"),
         c["side"], c["side"], c["steps"], c["warmup"], c["patches"], c["workers"],
         c["validation_seeds"][0], c["validation_seeds"][1], c["test_seeds"][0], c["test_seeds"][1],
-        c["test_seeds"][1].as_u64().unwrap_or(0) - c["test_seeds"][0].as_u64().unwrap_or(0),
+        c["test_seeds"][1]
+            .as_u64()
+            .unwrap_or(0)
+            .saturating_sub(c["test_seeds"][0].as_u64().unwrap_or(0)),
         c["candidates_per_method"], protocol::RESAMPLES, protocol::MARGIN_DB, protocol::WORK_MATCH,
         num(&doc["full"], "wall_ms"),
     );
