@@ -234,6 +234,11 @@ pub fn run(
     progress: &mut dyn FnMut(&str),
 ) -> Result<String, EngineError> {
     let model = engine.model().name().to_string();
+    if engine.model().kind() != flashdiff_models::Kind::Image {
+        return Err(EngineError::Config(format!(
+            "the crossover study runs on image models; {model} is not one"
+        )));
+    }
     let side = match engine.model().image_size() {
         Some((w, h)) if w == h => w,
         Some((w, h)) => {
@@ -243,11 +248,6 @@ pub fn run(
         }
         None => scene::IMAGE,
     };
-    if engine.model().kind() != flashdiff_models::Kind::Image {
-        return Err(EngineError::Config(format!(
-            "the crossover study runs on image models; {model} is not one"
-        )));
-    }
     let split = Split::consecutive(cfg.seed, validation, cfg.prompts).map_err(|e| {
         EngineError::Invalid {
             field: "prompts",
