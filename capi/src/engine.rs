@@ -481,6 +481,7 @@ fn submit(e: &fd_engine, id: u64, prompt: &str, c: &fd_request_config) -> Result
             layout,
             cache_threshold: c.cache_threshold,
             ras_ratio: RequestConfig::default().ras_ratio,
+            auto_dispersion: RequestConfig::default().auto_dispersion,
             reuse,
             monotasks: (c.monotasks > 0).then_some(c.monotasks),
             // Not in the C request struct yet either (same reason).

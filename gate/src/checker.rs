@@ -346,3 +346,62 @@ impl PaceChecker {
         Ok(())
     }
 }
+
+/// Checks an automatic choice ([`crate::choice`]) by recomputing the patches' dispersion
+/// from their changes and signal (unweighted where the signal sums to 0, as a two-pass
+/// variance in f64): `reported` must be it within rounding, and `chosen` regional exactly when
+/// it is at or above `threshold` (either where it lies within rounding of the threshold).
+pub fn check_choice(
+    change: &[f32],
+    signal: &[f32],
+    threshold: f32,
+    reported: f32,
+    chosen: crate::choice::Execution,
+) -> Result<(), String> {
+    use crate::choice::Execution;
+    let n = change.len();
+    if signal.len() != n {
+        return Err(format!("{n} changes and {} signal values", signal.len()));
+    }
+    let total: f64 = signal.iter().map(|&s| s as f64).sum();
+    let d = if total > 0.0 && n > 0 {
+        let mean = change
+            .iter()
+            .zip(signal)
+            .map(|(&c, &s)| c as f64 * s as f64)
+            .sum::<f64>()
+            / total;
+        let spread = change
+            .iter()
+            .zip(signal)
+            .map(|(&c, &s)| s as f64 * (c as f64 - mean) * (c as f64 - mean))
+            .sum::<f64>()
+            / total;
+        if mean > 0.0 {
+            spread.sqrt() / mean
+        } else {
+            0.0
+        }
+    } else {
+        0.0
+    };
+    let near = |a: f64, b: f64| (a - b).abs() <= 1e-3 * b.abs().max(1e-3);
+    if !near(reported as f64, d) {
+        return Err(format!("dispersion {reported} reported, {d} recomputed"));
+    }
+    let t = threshold as f64;
+    if near(d, t) {
+        return Ok(());
+    }
+    let want = if d >= t {
+        Execution::Regional
+    } else {
+        Execution::WholeStep
+    };
+    if chosen != want {
+        return Err(format!(
+            "dispersion {d} against threshold {t}: {want} expected, {chosen} chosen"
+        ));
+    }
+    Ok(())
+}

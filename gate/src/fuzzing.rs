@@ -157,3 +157,41 @@ pub fn pace(data: &[u8]) {
         "a step past the last was accepted"
     );
 }
+
+/// Runs one fuzz case of the automatic choice ([`crate::choice`]): arbitrary changes and
+/// signal, checked against [`crate::checker::check_choice`]; bad values must be refused by
+/// name. Panics on any violated property.
+pub fn choice(data: &[u8]) {
+    use crate::checker::check_choice;
+    use crate::choice::{choose, dispersion};
+    if data.len() < 2 {
+        return;
+    }
+    let threshold = data[0] as f32 / 64.0;
+    let value = |b: u8| match b {
+        0xFF => f32::NAN,
+        0xFE => f32::INFINITY,
+        0xFD => -1.0,
+        v => v as f32 / 32.0,
+    };
+    let pairs = &data[1..];
+    let n = pairs.len() / 2;
+    let change: Vec<f32> = pairs[..n].iter().map(|&b| value(b)).collect();
+    let signal: Vec<f32> = pairs[n..2 * n].iter().map(|&b| value(b)).collect();
+    match dispersion(&change, &signal) {
+        Ok(d) => {
+            assert!(d.is_finite() && d >= 0.0, "dispersion {d}");
+            check_choice(&change, &signal, threshold, d, choose(d, threshold))
+                .unwrap_or_else(|e| panic!("checker: {e}"));
+        }
+        Err(GateError::BadChange { patch, value }) => {
+            assert!(!value.is_finite() || value < 0.0);
+            assert_eq!(change[patch].to_bits(), value.to_bits());
+        }
+        Err(GateError::BadSignal { patch, value }) => {
+            assert!(!value.is_finite() || value < 0.0);
+            assert_eq!(signal[patch].to_bits(), value.to_bits());
+        }
+        Err(e) => panic!("unexpected {e}"),
+    }
+}

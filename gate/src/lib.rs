@@ -34,6 +34,7 @@
 
 pub mod budget;
 pub mod checker;
+pub mod choice;
 mod epsilon;
 #[cfg(feature = "fuzzing")]
 pub mod fuzzing;

@@ -13,7 +13,7 @@ use std::path::{Path, PathBuf};
 use rkyv::rancor::Error as RkyvError;
 
 const MAGIC: [u8; 4] = *b"FDCK";
-const VERSION: u32 = 6;
+const VERSION: u32 = 7;
 const HEADER: usize = 24;
 /// Largest checkpoint accepted (far above any model's request state today).
 pub const MAX_CHECKPOINT: u64 = 1 << 34;
@@ -44,6 +44,7 @@ mod records {
         pub layout: u8,
         pub cache_threshold: f32,
         pub ras_ratio: f32,
+        pub auto_dispersion: f32,
         /// [`crate::engine::Reuse::code`]: 0 stale, 1 extrapolated, 2 second order, 3 and 4
         /// corrected first and second order (one byte, so records written when this was a
         /// bool read the same).
@@ -123,6 +124,9 @@ mod records {
         pub epsilon_steps: u32,
         pub reuse_err2: f64,
         pub reuse_norm2: f64,
+        /// The automatic choice ([`crate::engine::Mode::Auto`]): regional or not, and the
+        /// dispersion it was made on.
+        pub choice: Option<(bool, f32)>,
     }
 
     /// One request between two steps.
@@ -147,7 +151,7 @@ mod records {
         pub tea: Option<(Vec<f32>, f32)>,
         /// DBCache's forecast of its skipped blocks' residual.
         pub series: Option<SeriesRecord>,
-        pub ras_prev: Option<Vec<f32>>,
+        pub ras_dropped: Option<Vec<f32>>,
         pub report: ReportRecord,
         /// Committed regions, in [`super::SAVED_REGIONS`] order.
         pub regions: Vec<Vec<f32>>,
@@ -289,6 +293,7 @@ pub fn sample() -> Checkpoint {
             layout: 0,
             cache_threshold: 0.1,
             ras_ratio: 0.5,
+            auto_dispersion: 0.5,
             reuse: 1,
             monotasks: None,
             deadline_ns: Some(5),
@@ -328,7 +333,7 @@ pub fn sample() -> Checkpoint {
             gap: 2,
             last: 5,
         }),
-        ras_prev: Some(vec![1.0, 2.0]),
+        ras_dropped: Some(vec![1.0, 2.0]),
         report: ReportRecord {
             patches: 4,
             patch_steps: 8,
@@ -340,6 +345,7 @@ pub fn sample() -> Checkpoint {
             epsilon_steps: 0,
             reuse_err2: 0.0,
             reuse_norm2: 0.0,
+            choice: Some((true, 0.75)),
         },
         regions: vec![vec![0.5; 12]; 7],
     }

@@ -18,6 +18,8 @@ fn cfg(threshold: f32, reuse: Reuse) -> RequestConfig {
         seed: 7,
         mode: Mode::DbCache,
         cache_threshold: threshold,
+        // No skip cap: the threshold alone decides (the cap has a test of its own).
+        max_skip: 12,
         reuse,
         ..Default::default()
     }
@@ -89,6 +91,30 @@ fn a_skipped_step_costs_the_first_block_and_is_forecast() {
         "order 1 gave the stale residual's output"
     );
     assert!(outs[1] != outs[2], "order 2 gave order 1's output");
+}
+
+/// The skip cap K (cache-dit's `max_continuous_cached_steps`): at a threshold that would skip
+/// every step it may, no more than K steps in a row are skipped.
+#[test]
+fn the_skip_cap_bounds_a_run_of_skipped_steps() {
+    let mut e = Engine::new(&default_weights(), 1).unwrap();
+    let capped = run(
+        &mut e,
+        RequestConfig {
+            max_skip: 2,
+            ..cfg(1e9, Reuse::Extrapolate)
+        },
+    );
+    let runs: Vec<usize> = capped
+        .report
+        .active_per_step
+        .split(|&a| a > 0)
+        .map(<[u32]>::len)
+        .filter(|&n| n > 0)
+        .collect();
+    // Steps 3..=11 after the warm-up: step 3 has nothing to compare and is computed, then
+    // skip, skip, compute, skip, skip, compute, skip, and the final step is computed.
+    assert_eq!(runs, vec![2, 2, 1], "{:?}", capped.report.active_per_step);
 }
 
 /// A threshold between: some steps skipped and some computed after skips, whose forecast

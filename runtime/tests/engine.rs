@@ -635,7 +635,7 @@ fn a_work_budget_is_refused_where_it_cannot_hold() {
             budget: Some(0.5),
             ..cfg(Mode::TeaCache)
         },
-        "mode flashdiff only",
+        "modes flashdiff, auto and per-patch only",
     );
     e.validate(&RequestConfig {
         budget: Some(0.34),
@@ -962,4 +962,112 @@ fn a_request_conditioned_by_its_caller_runs_as_submitted() {
         ),
         "{err}"
     );
+}
+
+/// The report counts the steps after the warm-up by what they computed: the default rule
+/// computes whole steps or none, per-patch also computes some patches alone (at some budget
+/// and skip cap), and the counts add up to the steps after the warm-up.
+#[test]
+fn the_report_says_which_steps_were_whole_and_which_regional() {
+    let mut e = Engine::new(&default_weights(), 1).unwrap();
+    for (mode, regional) in [(Mode::FlashDiff, false), (Mode::PerPatch, true)] {
+        let mut any_regional = false;
+        for (epsilon, max_skip) in [(0.05, 1), (0.1, 2), (0.2, 3), (0.3, 2), (0.5, 4)] {
+            let c = RequestConfig {
+                steps: 30,
+                patches: Some(16),
+                epsilon,
+                max_skip,
+                ..cfg(mode)
+            };
+            let o = e.generate(PROMPT, c.clone(), &mut |_| {}).unwrap();
+            let k = o.report.step_kinds();
+            assert_eq!(
+                k.whole + k.regional + k.forecast,
+                c.steps - c.warmup,
+                "{k:?}"
+            );
+            assert!(k.whole > 0, "{mode:?}: {k:?}");
+            any_regional |= k.regional > 0;
+            let json = flashdiff_runtime::engine::report_json(&o);
+            assert_eq!(json["regional_steps"], k.regional);
+            assert_eq!(json["whole_steps"], k.whole);
+        }
+        assert_eq!(any_regional, regional, "{mode:?}");
+    }
+}
+
+/// `--mode auto` runs as the default rule when its patches change together and as per-patch
+/// when they do not, bit for bit, and its report says which on what dispersion; a threshold
+/// of 0 makes every request regional, infinity none.
+#[test]
+fn the_automatic_choice_runs_one_of_the_two_modes_and_says_which() {
+    use flashdiff_gate::choice::Execution;
+    use flashdiff_runtime::engine::AUTO_DISPERSION;
+    let mut e = Engine::new(&default_weights(), 1).unwrap();
+    let at = |mode, auto_dispersion, (epsilon, max_skip): (f32, u32)| RequestConfig {
+        steps: 30,
+        patches: Some(16),
+        epsilon,
+        max_skip,
+        auto_dispersion,
+        ..cfg(mode)
+    };
+    let mut run = |c: RequestConfig| e.generate(PROMPT, c, &mut |_| {}).unwrap();
+    // A setting at which the two modes differ (per-patch computes some steps regionally).
+    let (knobs, whole, regional) = [(0.05, 1), (0.1, 2), (0.2, 3), (0.3, 2), (0.5, 4)]
+        .into_iter()
+        .map(|k| {
+            let w = run(at(Mode::FlashDiff, AUTO_DISPERSION, k));
+            let r = run(at(Mode::PerPatch, AUTO_DISPERSION, k));
+            (k, w, r)
+        })
+        .find(|(_, w, r)| w.latent != r.latent)
+        .expect("per-patch differs from whole steps at some setting");
+    for (bar, want, twin) in [
+        (0.0f32, Execution::Regional, &regional),
+        (f32::INFINITY, Execution::WholeStep, &whole),
+    ] {
+        let o = run(at(Mode::Auto, bar, knobs));
+        let c = o.report.choice.expect("auto reports its choice");
+        assert_eq!(c.execution, want);
+        assert!(c.dispersion.is_finite() && c.dispersion >= 0.0);
+        assert_eq!(c.threshold, bar);
+        assert!(o.latent == twin.latent, "auto at {bar} is not {want}'s run");
+        assert!(
+            c.explain().starts_with(&want.to_string()),
+            "{}",
+            c.explain()
+        );
+    }
+    assert!(whole.report.choice.is_none() && regional.report.choice.is_none());
+    let bad = e
+        .validate(&at(Mode::Auto, f32::NAN, knobs))
+        .unwrap_err()
+        .to_string();
+    assert!(bad.contains("auto_dispersion"), "{bad}");
+}
+
+/// A work budget bounds the regional modes as it bounds whole steps: per-patch and auto under
+/// `budget: F` do at most F of full computation's work, and per-patch's computed steps may
+/// run only the patches at their budget.
+#[test]
+fn a_work_budget_bounds_the_regional_modes_too() {
+    let mut e = Engine::new(&default_weights(), 1).unwrap();
+    for mode in [Mode::PerPatch, Mode::Auto] {
+        let c = RequestConfig {
+            steps: 30,
+            patches: Some(16),
+            budget: Some(0.4),
+            ..cfg(mode)
+        };
+        let o = e.generate(PROMPT, c, &mut |_| {}).unwrap();
+        let work = 1.0 - o.report.work_skipped;
+        assert!(
+            work <= 0.4 + 1e-9,
+            "{mode:?}: work {work} over the budget 0.4"
+        );
+        let k = o.report.step_kinds();
+        assert!(k.whole > 0, "{mode:?}: {k:?}");
+    }
 }

@@ -271,6 +271,18 @@ pub(crate) fn generate(a: GenerateArgs) -> Result<(), String> {
         100.0 * r.skipped_share(),
         100.0 * r.work_skipped
     );
+    match r.choice {
+        Some(c) => println!("execution: {}", c.explain()),
+        None if cfg.mode == Mode::Auto => {
+            println!("execution: whole-step (no step change after the warm-up to choose on)")
+        }
+        None => {}
+    }
+    let k = r.step_kinds();
+    println!(
+        "steps after the warm-up: {} whole (every patch computed), {} regional (some patches), {} forecast",
+        k.whole, k.regional, k.forecast
+    );
     println!(
         "reuse error (extrapolated stand-ins of skipped patches vs computed, on resuming): {:.2}%{}",
         100.0 * r.reuse_error(),

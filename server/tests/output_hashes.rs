@@ -51,10 +51,10 @@ const PINNED: &[(&str, &str, u64)] = &[
     ("flux", "per-patch-3-monotasks w2", 0x597e25e038b64f6c),
     ("flux", "random-patches w1", 0x8c2bf4e65f2ebaf5),
     ("flux", "random-patches w2", 0x8c2bf4e65f2ebaf5),
-    ("flux", "ras stale w1", 0xb6a7d408e72d7702),
-    ("flux", "ras stale w2", 0xb6a7d408e72d7702),
-    ("flux", "ras w1", 0x79418a6bb41f7ec0),
-    ("flux", "ras w2", 0x79418a6bb41f7ec0),
+    ("flux", "ras stale w1", 0xcb2aa4e903302ec7),
+    ("flux", "ras stale w2", 0xcb2aa4e903302ec7),
+    ("flux", "ras w1", 0xde8071437762345b),
+    ("flux", "ras w2", 0xde8071437762345b),
     ("flux", "teacache stale w1", 0xd38f19d18b3b0ce0),
     ("flux", "teacache stale w2", 0xd38f19d18b3b0ce0),
     ("flux", "teacache w1", 0xd38f19d18b3b0ce0),
@@ -73,8 +73,8 @@ const PINNED: &[(&str, &str, u64)] = &[
     ("tinyaudio", "per-patch", 0xb26a1c292159dd7a),
     ("tinyaudio", "per-patch-3-monotasks", 0x15e03567438b800d),
     ("tinyaudio", "random-patches", 0x0f4de1929e756a77),
-    ("tinyaudio", "ras", 0x85bbdc3f7562e032),
-    ("tinyaudio", "ras stale", 0x4e3777b5ad3493f9),
+    ("tinyaudio", "ras", 0x6f74776ac5200384),
+    ("tinyaudio", "ras stale", 0x29bbfbd69313b62d),
     ("tinyaudio", "teacache", 0x959aedead5e14230),
     ("tinyaudio", "teacache stale", 0x80efc1e3b8eabce7),
     ("tinyaudio", "dbcache", 0xe80e7c72f1ace302),
@@ -94,8 +94,8 @@ const PINNED: &[(&str, &str, u64)] = &[
     ("tinydit", "per-patch", 0x22813b44a0c6189d),
     ("tinydit", "per-patch-3-monotasks", 0x0dd196ec27d09863),
     ("tinydit", "random-patches", 0x22813b44a0c6189d),
-    ("tinydit", "ras", 0xb47f18c18b64805d),
-    ("tinydit", "ras stale", 0x2f5ee5fca7379f35),
+    ("tinydit", "ras", 0x64195f73f2cfac50),
+    ("tinydit", "ras stale", 0xbb3dec16d95283d1),
     ("tinydit", "teacache", 0x7ab90b533cd44a2a),
     ("tinydit", "teacache stale", 0x5fa1c8c833b21d08),
     ("tinydit", "dbcache", 0x0908f73ba306a30c),
@@ -115,8 +115,8 @@ const PINNED: &[(&str, &str, u64)] = &[
     ("tinyvideo", "per-patch", 0xd7d292e6a15fe7db),
     ("tinyvideo", "per-patch-3-monotasks", 0x9ec2776cd77ff611),
     ("tinyvideo", "random-patches", 0xd7d292e6a15fe7db),
-    ("tinyvideo", "ras", 0x49f8569183d1c726),
-    ("tinyvideo", "ras stale", 0x8ede1d7b85d3e631),
+    ("tinyvideo", "ras", 0x30e4490d23f99b20),
+    ("tinyvideo", "ras stale", 0x8723e85413946b8a),
     ("tinyvideo", "teacache", 0x3b5e0a23bd3a1b3c),
     ("tinyvideo", "teacache stale", 0x54fafc775270b125),
     ("tinyvideo", "dbcache", 0xf9dcd29cc4006d5d),
@@ -136,7 +136,9 @@ const PINNED: &[(&str, &str, u64)] = &[
 /// matmul blocks by: both varied on one machine without a change; the routines picked at run
 /// time by CPU feature remain). The set in which the first TinyFLUX case's hash appears is
 /// the one every case must match, bit for bit. Both hold TinyFLUX's weights at training
-/// step 16000.
+/// step 16000. A case a set lacks (its outputs changed since that kind of CPU last ran the
+/// test: RAS's score on the first) is reported with its hash, to be recorded, but must be
+/// pinned in another set.
 const TINYFLUX_SETS: &[(&str, &[(&str, u64)])] = &[
     (
         "the x86-64 CPU of commit 89241c3's clean-clone run",
@@ -155,8 +157,6 @@ const TINYFLUX_SETS: &[(&str, &[(&str, u64)])] = &[
             ("per-patch", 0xe3b6dd4b5a24d0a9),
             ("per-patch-3-monotasks", 0x8f6b7c0f639583d3),
             ("random-patches", 0xee2c53c75d30b530),
-            ("ras stale", 0xcc7657ddd1a4d926),
-            ("ras", 0x40f07c20ddf8ffb0),
             ("teacache stale", 0x8dd43fca9b6f9a21),
             ("teacache", 0x0b48d2ac9a70801c),
         ],
@@ -178,8 +178,8 @@ const TINYFLUX_SETS: &[(&str, &[(&str, u64)])] = &[
             ("per-patch", 0xb1bb2892934de99f),
             ("per-patch-3-monotasks", 0x7f9455612feb8324),
             ("random-patches", 0xc3361baed27d1e02),
-            ("ras stale", 0x3a1e6d2d16a1d7e8),
-            ("ras", 0x4c081cda27915c24),
+            ("ras stale", 0xa6cd49ee08292aec),
+            ("ras", 0x2266ad0fc11b5dd2),
             ("teacache stale", 0x20ee3cf4aa3ab5ed),
             ("teacache", 0x7eabaa019bc3c256),
         ],
@@ -440,7 +440,17 @@ fn check(got: Vec<(String, String, u64)>) {
     for (m, c, h) in &got {
         let want = match (m.as_str(), set) {
             ("tinyflux", None) => continue,
-            ("tinyflux", Some((_, set))) => set.iter().find(|(sc, _)| sc == c).map(|p| p.1),
+            ("tinyflux", Some((on, set))) => match set.iter().find(|(sc, _)| sc == c) {
+                Some(p) => Some(p.1),
+                None if TINYFLUX_SETS
+                    .iter()
+                    .any(|(_, other)| other.iter().any(|(oc, _)| oc == c)) =>
+                {
+                    eprintln!("tinyflux {c}: {h:#018x} on {on}, where it is not recorded yet");
+                    continue;
+                }
+                None => None,
+            },
             _ => PINNED
                 .iter()
                 .find(|(pm, pc, _)| pm == m && pc == c)
@@ -494,6 +504,8 @@ fn every_mode_of_every_built_in_model_keeps_its_output() {
                 let cfg = RequestConfig {
                     mode: Mode::DbCache,
                     cache_threshold: 0.2,
+                    // No skip cap: the pinned runs are the threshold's alone.
+                    max_skip: 1000,
                     reuse,
                     ..base()
                 };

@@ -28,6 +28,11 @@ proptest! {
     }
 
     #[test]
+    fn choice_harness(data in prop::collection::vec(any::<u8>(), 0..200)) {
+        flashdiff_gate::fuzzing::choice(&data);
+    }
+
+    #[test]
     fn records_harness(data in prop::collection::vec(any::<u8>(), 0..200)) {
         flashdiff_runtime::fuzzing::records(&data);
     }

@@ -153,6 +153,7 @@ impl Engine {
                 epsilon_steps: 0,
                 reuse_err2: 0.0,
                 reuse_norm2: 0.0,
+                choice: None,
                 deadline_met: None,
             },
             prompt: prompt.to_string(),
@@ -162,7 +163,7 @@ impl Engine {
             tea: None,
             series: None,
             budget: None,
-            ras_prev: None,
+            ras_dropped: None,
             track: None,
             checkpointed: None,
         };

@@ -4,6 +4,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use flashdiff_gate::budget::{Budget, BudgetConfig, BudgetState};
+use flashdiff_gate::choice::Execution;
 use flashdiff_gate::{Gate, GateConfig};
 use flashdiff_models::{Dims, ModelError, Tensor};
 use flashdiff_partitioner::{Grid, PatchLayout};
@@ -12,6 +13,7 @@ use super::forecast::Track;
 use super::methods;
 use super::request::Request;
 use super::series::Series;
+use super::Choice;
 use super::{
     check_request, create_private_dir, Engine, EngineError, LayoutKind, Report, RequestConfig,
     Reuse, TimeSplit,
@@ -134,7 +136,7 @@ impl Engine {
                 tea: c.tea,
                 series,
                 budget,
-                ras_prev: c.ras_prev,
+                ras_dropped: c.ras_dropped,
                 track,
                 checkpointed: Some(Instant::now()),
             },
@@ -160,6 +162,7 @@ pub fn to_config_record(c: &RequestConfig) -> checkpoint::ConfigRecord {
         layout: u8::from(c.layout == LayoutKind::Uniform),
         cache_threshold: c.cache_threshold,
         ras_ratio: c.ras_ratio,
+        auto_dispersion: c.auto_dispersion,
         reuse: c.reuse.code(),
         monotasks: c.monotasks,
         deadline_ns: c
@@ -189,6 +192,7 @@ pub fn from_config_record(c: &checkpoint::ConfigRecord) -> Result<RequestConfig,
         },
         cache_threshold: c.cache_threshold,
         ras_ratio: c.ras_ratio,
+        auto_dispersion: c.auto_dispersion,
         reuse: Reuse::of_code(c.reuse)
             .ok_or_else(|| format!("reuse {}: expected 0 to 4", c.reuse))?,
         monotasks: c.monotasks,
@@ -259,9 +263,9 @@ fn restore_policies(c: &Checkpoint, dims: &Dims, uses_gate: bool) -> Result<Poli
     let kv = dims.kv_layers * tokens * dims.kv_dim;
     // TeaCache's block-0 input is tokens x the model's width.
     if c.tea.as_ref().is_some_and(|(v, _)| v.len() % tokens != 0)
-        || c.ras_prev.as_ref().is_some_and(|v| v.len() != vel)
+        || c.ras_dropped.as_ref().is_some_and(|v| v.len() > tokens)
     {
-        return Err(bad("cached velocities of the wrong size"));
+        return Err(bad("cached velocities or RAS counts of the wrong size"));
     }
     let Some(t) = &c.track else {
         return Ok((layout, gate, budget, None));
@@ -380,6 +384,15 @@ fn report_from(id: u64, cfg: &RequestConfig, rr: &checkpoint::ReportRecord) -> R
         epsilon_steps: rr.epsilon_steps,
         reuse_err2: rr.reuse_err2,
         reuse_norm2: rr.reuse_norm2,
+        choice: rr.choice.map(|(regional, dispersion)| Choice {
+            execution: if regional {
+                Execution::Regional
+            } else {
+                Execution::WholeStep
+            },
+            dispersion,
+            threshold: cfg.auto_dispersion,
+        }),
         deadline_met: None,
     }
 }
@@ -465,7 +478,7 @@ fn to_checkpoint(id: u64, r: &Request) -> Option<Checkpoint> {
             gap: s.gap,
             last: s.last,
         }),
-        ras_prev: r.ras_prev.clone(),
+        ras_dropped: r.ras_dropped.clone(),
         report: checkpoint::ReportRecord {
             patches: rep.patches,
             patch_steps: rep.patch_steps,
@@ -483,6 +496,9 @@ fn to_checkpoint(id: u64, r: &Request) -> Option<Checkpoint> {
             epsilon_sum: rep.epsilon_sum,
             epsilon_steps: rep.epsilon_steps,
             reuse_err2: rep.reuse_err2,
+            choice: rep
+                .choice
+                .map(|c| (c.execution == Execution::Regional, c.dispersion)),
             reuse_norm2: rep.reuse_norm2,
         },
         regions: checkpoint::SAVED_REGIONS

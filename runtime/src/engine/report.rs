@@ -2,6 +2,7 @@
 
 use std::time::Duration;
 
+use flashdiff_gate::choice::Execution;
 use flashdiff_models::Sample;
 use flashdiff_partitioner::PatchLayout;
 
@@ -64,8 +65,37 @@ pub struct Report {
     pub reuse_err2: f64,
     /// See [`Report::reuse_err2`].
     pub reuse_norm2: f64,
+    /// With [`super::Mode::Auto`], once made: how the request chose to run its computed
+    /// steps.
+    pub choice: Option<Choice>,
     /// With [`super::RequestConfig::deadline`]: whether it finished in time.
     pub deadline_met: Option<bool>,
+}
+
+/// The automatic choice of [`super::Mode::Auto`] ([`flashdiff_gate::choice`]).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Choice {
+    /// Regional or whole steps.
+    pub execution: Execution,
+    /// The dispersion of the patches' changes it was made on.
+    pub dispersion: f32,
+    /// The threshold it was held against (regional at or above it).
+    pub threshold: f32,
+}
+
+impl Choice {
+    /// The choice and why, in a sentence: "regional: the patches changed unevenly
+    /// (dispersion 0.83, regional from 0.50)".
+    pub fn explain(&self) -> String {
+        let why = match self.execution {
+            Execution::Regional => "the patches changed unevenly",
+            Execution::WholeStep => "the patches changed together",
+        };
+        format!(
+            "{}: {why} (dispersion {:.2}, regional from {:.2})",
+            self.execution, self.dispersion, self.threshold
+        )
+    }
 }
 
 impl Report {
@@ -86,6 +116,20 @@ impl Report {
         (self.epsilon_steps > 0).then(|| self.epsilon_sum / self.epsilon_steps as f64)
     }
 
+    /// The steps after the warm-up by what they computed: every patch (whole), some patches
+    /// (regional) or none (every token forecast).
+    pub fn step_kinds(&self) -> StepKinds {
+        let mut k = StepKinds::default();
+        for &a in &self.active_per_step {
+            match a {
+                0 => k.forecast += 1,
+                a if a >= self.patches => k.whole += 1,
+                _ => k.regional += 1,
+            }
+        }
+        k
+    }
+
     /// Patch-steps skipped, as a share of all patch-steps after the warm-up.
     pub fn skipped_share(&self) -> f64 {
         if self.patch_steps == 0 {
@@ -94,6 +138,17 @@ impl Report {
             1.0 - self.computed as f64 / self.patch_steps as f64
         }
     }
+}
+
+/// Counts of the steps after the warm-up by what they computed ([`Report::step_kinds`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct StepKinds {
+    /// Steps that computed every patch.
+    pub whole: u32,
+    /// Steps that computed some patches and forecast the others.
+    pub regional: u32,
+    /// Steps that computed nothing: every token advanced on its forecast.
+    pub forecast: u32,
 }
 
 /// A finished request.
@@ -126,7 +181,8 @@ pub struct StepEvent<'a> {
 }
 
 /// A finished request's report as JSON, as the HTTP API's jobs and the Python package give
-/// it: the step and patch counts, the work skipped, latency, reuse error, and the layout's
+/// it: the step and patch counts (the steps after the warm-up that computed every patch and
+/// those that computed some), the work skipped, latency, reuse error, and the layout's
 /// patch of every token.
 pub fn report_json(o: &Output) -> serde_json::Value {
     let r = &o.report;
@@ -140,6 +196,10 @@ pub fn report_json(o: &Output) -> serde_json::Value {
         "skipped_share": r.skipped_share(),
         "work_skipped": r.work_skipped,
         "active_per_step": r.active_per_step,
+        "whole_steps": r.step_kinds().whole,
+        "execution": r.choice.map(|c| c.execution.to_string()),
+        "dispersion": r.choice.map(|c| c.dispersion),
+        "regional_steps": r.step_kinds().regional,
         "latency_ms": r.latency.as_secs_f64() * 1e3,
         "reuse_error": r.reuse_error(),
         "mean_epsilon": r.mean_epsilon(),

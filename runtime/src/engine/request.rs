@@ -41,8 +41,8 @@ pub(super) struct Request {
     pub(super) series: Option<Series>,
     /// FlashDiff's change budget, from the first step after the partition.
     pub(super) budget: Option<Budget>,
-    /// RAS: cached velocities before the last commit.
-    pub(super) ras_prev: Option<Vec<f32>>,
+    /// RAS: per 2x2 region, the steps it was left out (its starvation term).
+    pub(super) ras_dropped: Option<Vec<f32>>,
     /// Extrapolation state ([`RequestConfig::reuse`]), from the first commit on.
     pub(super) track: Option<Track>,
     /// When its last checkpoint was written.

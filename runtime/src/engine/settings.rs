@@ -185,6 +185,11 @@ impl std::str::FromStr for Reuse {
     }
 }
 
+/// The dispersion of the patches' changes (see [`flashdiff_gate::choice`]) at and above which
+/// [`Mode::Auto`] runs a request regionally. Calibrated on validation prompts of the
+/// TinyFLUX family (`cargo run --release -p flashdiff-bench --example auto_calibrate`).
+pub const AUTO_DISPERSION: f32 = 0.5;
+
 /// How a request is executed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Mode {
@@ -227,6 +232,12 @@ pub enum Mode {
     /// Ablation: the change budget per patch (a computed step runs only the patches that
     /// reached `epsilon`, the others forecast with their K/V).
     PerPatch,
+    /// The change budget of [`Mode::FlashDiff`], run regionally or in whole steps as the
+    /// request's own patches changed: at the first step after the warm-up whose change it
+    /// observes, a request whose patches' changes disperse at least [`AUTO_DISPERSION`]
+    /// continues as [`Mode::PerPatch`] (only the patches at their budget run), any other as
+    /// [`Mode::FlashDiff`] (whole steps). The report says which and why.
+    Auto,
     /// Ablation: the paper's memoryless patch gate (a patch runs while its share of the
     /// steps' importance change is at least `epsilon`; one patch at least every step).
     PatchGate,
@@ -234,8 +245,9 @@ pub enum Mode {
 
 impl Mode {
     /// Every mode, in the order the help texts list them.
-    pub const ALL: [Mode; 10] = [
+    pub const ALL: [Mode; 11] = [
         Mode::FlashDiff,
+        Mode::Auto,
         Mode::NoSkip,
         Mode::Full,
         Mode::NaivePatch,
@@ -251,6 +263,7 @@ impl Mode {
     pub fn name(self) -> &'static str {
         match self {
             Mode::FlashDiff => "flashdiff",
+            Mode::Auto => "auto",
             Mode::NoSkip => "no-skip",
             Mode::Full => "full",
             Mode::NaivePatch => "naive-patch",
@@ -306,7 +319,9 @@ pub struct RequestConfig {
     pub adaptive_epsilon: bool,
     /// Longest run of skips K.
     pub max_skip: u32,
-    /// A work budget F in `(0, 1]` ([`Mode::FlashDiff`] only): the request computes
+    /// A work budget F in `(0, 1]` ([`Mode::FlashDiff`], [`Mode::Auto`] and
+    /// [`Mode::PerPatch`]; regionally a computed step runs the patches at their budget, every
+    /// patch where none is): the request computes
     /// `floor(F * steps)` steps, the warm-up and final steps among them, so its model work is
     /// at most F of full computation's; the others are forecast. Which steps is decided by
     /// [`flashdiff_gate::pace::Pace`] from the change budget's accumulated change (`epsilon`
@@ -325,6 +340,9 @@ pub struct RequestConfig {
     pub cache_threshold: f32,
     /// Share of 2x2 regions [`Mode::Ras`] recomputes each step (RAS's sample ratio, 0.5).
     pub ras_ratio: f32,
+    /// [`Mode::Auto`]: the dispersion of the patches' changes at and above which the request
+    /// runs regionally ([`AUTO_DISPERSION`] by default; 0 always regional, infinity never).
+    pub auto_dispersion: f32,
     /// Values reused instead of recomputed (every method that skips: FlashDiff, no-skip's
     /// displaced K/V, whole-step caching, RAS): forecast along their per-step slopes
     /// ([`Reuse::Extrapolate`], [`Reuse::Extrapolate2`]) or reused as last computed
@@ -363,6 +381,7 @@ impl Default for RequestConfig {
             layout: LayoutKind::Saliency,
             cache_threshold: DEFAULT_CACHE_THRESHOLD,
             ras_ratio: 0.5,
+            auto_dispersion: AUTO_DISPERSION,
             reuse: Reuse::Extrapolate,
             monotasks: Some(DEFAULT_MONOTASKS),
             deadline: None,
@@ -415,11 +434,11 @@ pub fn check_request(model: &dyn Denoiser, cfg: &RequestConfig) -> Result<(), En
         if !(f.is_finite() && f > 0.0 && f <= 1.0) {
             return bad("budget", format!("{f}: must be in (0, 1]"));
         }
-        if cfg.mode != Mode::FlashDiff {
+        if !matches!(cfg.mode, Mode::FlashDiff | Mode::Auto | Mode::PerPatch) {
             return bad(
                 "budget",
                 format!(
-                    "{f}: a work budget applies to mode flashdiff only (mode {} has its own knob)",
+                    "{f}: a work budget applies to modes flashdiff, auto and per-patch only (mode {} has its own knob)",
                     cfg.mode.name()
                 ),
             );
@@ -438,6 +457,12 @@ pub fn check_request(model: &dyn Denoiser, cfg: &RequestConfig) -> Result<(), En
                 ),
             );
         }
+    }
+    if cfg.auto_dispersion.is_nan() || cfg.auto_dispersion < 0.0 {
+        return bad(
+            "auto_dispersion",
+            format!("{}: must be 0 or more", cfg.auto_dispersion),
+        );
     }
     if !(cfg.ras_ratio > 0.0 && cfg.ras_ratio < 1.0) {
         return bad("ras_ratio", format!("{}: must be in (0, 1)", cfg.ras_ratio));

@@ -4,14 +4,15 @@
 //! the request's `cache_threshold`, the remaining blocks are skipped: the residual they add is
 //! forecast from the steps they last ran (TaylorSeer's orders 1 and 2; reused as last
 //! computed with `reuse: stale`, DBCache without a forecaster) and the output layer reads the
-//! first block's output plus that residual. Else the remaining blocks run. A skipped step
+//! first block's output plus that residual. Else the remaining blocks run. At most `max_skip`
+//! (K) steps in a row are skipped (cache-dit's `max_continuous_cached_steps`). A skipped step
 //! still costs the first block's share of a step's work ([`Method::front_work`]).
 
 use std::time::Instant;
 
 use flashdiff_models::{Denoiser, ModelError, StepInput, Tensor};
 
-use super::{euler, relative_l1, step_tensors, Method};
+use super::{below_skip_cap, euler, relative_l1, step_tensors, Method};
 use crate::engine::request::Request;
 use crate::engine::series::Series;
 use crate::engine::{EngineError, LayoutKind, RequestConfig, FINAL_FULL_STEPS};
@@ -69,7 +70,10 @@ impl Method for DbCache {
             Some((prev, _)) if prev.len() == residual.len() => relative_l1(&residual, prev),
             _ => f32::INFINITY,
         };
-        let skip = change < r.cfg.cache_threshold && !final_full && r.series.is_some();
+        let skip = change < r.cfg.cache_threshold
+            && below_skip_cap(r)
+            && !final_full
+            && r.series.is_some();
         let hidden = if skip {
             let series = r.series.as_ref().expect("checked above");
             let mut rest = vec![0.0f32; series.base.len()];

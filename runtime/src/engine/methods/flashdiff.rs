@@ -5,23 +5,27 @@
 //! reached K skips, and is otherwise forecast for every token from the computed steps.
 //! `share` says which patches a computed step runs: 0 (FlashDiff) every patch, 1 (the
 //! per-patch ablation) only those at the budget, the others standing in with forecast K/V
-//! and velocity. A request with a work
+//! and velocity; with `auto` the request sets it itself from the first step change it
+//! observes (`flashdiff_gate::choice`). A request with a work
 //! budget F computes `floor(F * steps)` steps: which ones the work target
 //! (`flashdiff_gate::pace`) decides from the same accumulated change.
 
 use std::time::Instant;
 
 use flashdiff_gate::budget::{level, step_change, Budget, BudgetConfig};
+use flashdiff_gate::choice::{choose, dispersion, Execution};
 use flashdiff_gate::pace::{computes_for, Pace};
 use flashdiff_models::Denoiser;
 
 use super::{adaptive_epsilon, block0_input, forecast_whole_step, Method};
 use crate::engine::request::Request;
-use crate::engine::{EngineError, LayoutKind, RequestConfig, FINAL_FULL_STEPS};
+use crate::engine::{Choice, EngineError, LayoutKind, RequestConfig, FINAL_FULL_STEPS};
 
 pub(super) struct FlashDiff {
     /// The budget's share (see the module docs).
     pub(super) share: f32,
+    /// Whether the request chooses the share itself ([`crate::engine::Mode::Auto`]).
+    pub(super) auto: bool,
 }
 
 impl FlashDiff {
@@ -61,6 +65,20 @@ impl FlashDiff {
             )?;
             budget.observe_weighted(&step.change, &step.signal)?;
             rate = level(&step.change, &step.signal);
+            if self.auto && r.report.choice.is_none() {
+                let dispersion = dispersion(&step.change, &step.signal)?;
+                let execution = choose(dispersion, r.cfg.auto_dispersion);
+                if execution == Execution::Regional {
+                    let mut st = budget.state().clone();
+                    st.cfg.share = 1.0;
+                    *budget = Budget::from_state(st)?;
+                }
+                r.report.choice = Some(Choice {
+                    execution,
+                    dispersion,
+                    threshold: r.cfg.auto_dispersion,
+                });
+            }
         }
         if r.cfg.adaptive_epsilon {
             let e = adaptive_epsilon(r.cfg.epsilon).epsilon(load);
@@ -75,6 +93,16 @@ impl FlashDiff {
             let computed = pace(&r.cfg, fraction, r.step, &r.report.active_per_step)?
                 .decide(budget.level(), rate);
             r.active.fill(computed);
+            // Regionally, a computed step runs the patches at their budget (every patch
+            // where none is).
+            let mut due = vec![false; patches];
+            if computed
+                && budget.config().share > 0.0
+                && budget.decide(&mut due)
+                && due.iter().any(|&d| d)
+            {
+                r.active.copy_from_slice(&due);
+            }
             computed
         } else {
             budget.decide(&mut r.active)

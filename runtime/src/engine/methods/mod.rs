@@ -22,7 +22,7 @@ use super::{adaptive_epsilon, EngineError, Mode, RequestConfig};
 use crate::state::Region;
 
 /// A skipping method. Methods hold no state of their own: what they remember between steps
-/// lives in the request ([`Request::tea`], [`Request::budget`], [`Request::ras_prev`]) so that checkpoints carry
+/// lives in the request ([`Request::tea`], [`Request::budget`], [`Request::ras_dropped`]) so that checkpoints carry
 /// it; what lasts one step only ([`Request::active`]) is set again every step.
 pub(super) trait Method: Sync {
     /// How the warm-up's partition cuts the latent: the patch count (`adaptive_r` is the
@@ -103,8 +103,18 @@ pub use dbcache::FRONT_BLOCKS;
 /// The method that runs a request of `mode`.
 pub(super) fn of(mode: Mode) -> &'static dyn Method {
     match mode {
-        Mode::FlashDiff => &flashdiff::FlashDiff { share: 0.0 },
-        Mode::PerPatch => &flashdiff::FlashDiff { share: 1.0 },
+        Mode::FlashDiff => &flashdiff::FlashDiff {
+            share: 0.0,
+            auto: false,
+        },
+        Mode::PerPatch => &flashdiff::FlashDiff {
+            share: 1.0,
+            auto: false,
+        },
+        Mode::Auto => &flashdiff::FlashDiff {
+            share: 0.0,
+            auto: true,
+        },
         Mode::PatchGate => &patch_gate::PatchGate,
         Mode::NoSkip => &no_skip::NoSkip,
         Mode::Full => &full::Full,
@@ -184,6 +194,19 @@ fn relative_l1(now: &[f32], prev: &[f32]) -> f32 {
 }
 
 /// How much the model's time falls over step `step` of `steps` (the Euler update's step).
+/// Whether a whole-step method may skip one more step: fewer than `max_skip` (K) of its last
+/// steps were skipped in a row.
+fn below_skip_cap(r: &Request) -> bool {
+    let run = r
+        .report
+        .active_per_step
+        .iter()
+        .rev()
+        .take_while(|&&a| a == 0)
+        .count();
+    run < r.cfg.max_skip as usize
+}
+
 pub(super) fn time_step(model: &dyn Denoiser, step: u32, steps: u32) -> f32 {
     model.time(step, steps) - model.time(step + 1, steps)
 }

@@ -12,7 +12,10 @@ use crate::engine::{EngineError, RequestConfig};
 pub(super) struct PatchGate;
 
 /// Partitions, ε and forecasting as FlashDiff has them; only the choice differs.
-const FLASHDIFF: FlashDiff = FlashDiff { share: 0.0 };
+const FLASHDIFF: FlashDiff = FlashDiff {
+    share: 0.0,
+    auto: false,
+};
 
 impl Method for PatchGate {
     fn partition(&self, cfg: &RequestConfig, adaptive_r: u32) -> (u32, bool) {

@@ -14,7 +14,10 @@ use crate::engine::{EngineError, RequestConfig};
 
 pub(super) struct RandomPatches;
 
-const PER_PATCH: FlashDiff = FlashDiff { share: 1.0 };
+const PER_PATCH: FlashDiff = FlashDiff {
+    share: 1.0,
+    auto: false,
+};
 
 impl Method for RandomPatches {
     fn partition(&self, cfg: &RequestConfig, adaptive_r: u32) -> (u32, bool) {

@@ -1,7 +1,17 @@
-//! Region-adaptive sampling (RAS): each step recomputes the `ras_ratio` share of 2x2 token
-//! regions whose velocity changed most; the rest stand in with their K/V and velocity
-//! forecast along their slopes (`reuse: stale`: as last computed, as RAS's authors do);
-//! dense steps at about 45% and 80% of the steps and at the end reset the error.
+//! Region-adaptive sampling (RAS, Liu et al. 2025): each step recomputes the `ras_ratio` share
+//! of 2x2 token regions with the highest score; the rest stand in with their K/V and velocity
+//! forecast along their slopes (`reuse: stale`: as last computed, as RAS's authors do); dense
+//! steps at about 45% and 80% of the steps and at the end reset the error.
+//!
+//! The score is RAS's: the spread (standard deviation over channels) of the model's last
+//! output at each token, averaged over the region, times `exp(STARVATION * d)` where `d`
+//! counts the steps the region was left out, so a region left out long enough is recomputed
+//! (the authors' starvation term, at their default scale 0.1). Where this departs from the
+//! reference code: the authors' script sorts the scores ascending and, at its default
+//! `high_ratio` of 1, caches the highest; this recomputes the highest, the reading under which
+//! the starvation term (which raises the scores of regions left out) prevents starvation.
+//! Regions are 2x2 tokens here (the reference's unit is one DiT token of 2x2 latent pixels;
+//! the built-in models' tokens are already patches of the latent).
 
 use flashdiff_models::Denoiser;
 use flashdiff_partitioner::{Grid, PatchLayout};
@@ -35,12 +45,11 @@ impl Method for Ras {
     fn uses_gate(&self) -> bool {
         false
     }
-
-    fn before_commit(&self, r: &mut Request) -> Result<(), EngineError> {
-        r.ras_prev = Some(r.state.get(Region::Velocity).to_vec());
-        Ok(())
-    }
 }
+
+/// The authors' starvation scale: a region's score grows by `exp(STARVATION)` for each step
+/// it was left out.
+pub const STARVATION: f32 = 0.1;
 
 /// Patch 0 = the 2x2 regions whose velocity changed most in the last step (the `ras_ratio`
 /// share), patch 1 = the rest, which runs only on dense steps.
@@ -58,20 +67,12 @@ fn select(model: &dyn Denoiser, r: &mut Request, final_full: bool) -> Result<(),
             .iter()
             .any(|f| r.step == (f * n).round() as u32);
     let v = r.state.get(Region::Velocity);
-    // Score of a token: spread over its channels of the velocity's last change.
+    // Score of a token: spread over its channels of the model's last output there.
     let score: Vec<f32> = (0..frames * h * w)
         .map(|t| {
             let cur = &v[t * pd..(t + 1) * pd];
-            let diff: Vec<f32> = match &r.ras_prev {
-                Some(p) => cur
-                    .iter()
-                    .zip(&p[t * pd..(t + 1) * pd])
-                    .map(|(a, b)| a - b)
-                    .collect(),
-                None => cur.to_vec(),
-            };
-            let m = diff.iter().sum::<f32>() / pd as f32;
-            (diff.iter().map(|x| (x - m) * (x - m)).sum::<f32>() / pd as f32).sqrt()
+            let m = cur.iter().sum::<f32>() / pd as f32;
+            (cur.iter().map(|x| (x - m) * (x - m)).sum::<f32>() / pd as f32).sqrt()
         })
         .collect();
     // Regions: 2x2 tokens within a frame (2 consecutive tokens on a one-row grid).
@@ -90,14 +91,31 @@ fn select(model: &dyn Denoiser, r: &mut Request, final_full: bool) -> Result<(),
         sum[region_of(t)] += sc;
         members[region_of(t)] += 1;
     }
+    let dropped = r.ras_dropped.get_or_insert_with(|| vec![0.0; count]);
+    if dropped.len() != count {
+        return Err(format!(
+            "RAS's starvation counts cover {} regions, the latent has {count}",
+            dropped.len()
+        ));
+    }
     let mut regions: Vec<(f32, usize)> = (0..count)
-        .map(|q| (sum[q] / members[q].max(1) as f32, q))
+        .map(|q| {
+            let spread = sum[q] / members[q].max(1) as f32;
+            (spread * (STARVATION * dropped[q]).exp(), q)
+        })
         .collect();
     regions.sort_by(|a, b| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1)));
     let keep = ((r.cfg.ras_ratio * count as f32).round() as usize).clamp(1, count - 1);
     let mut kept = vec![false; count];
     for &(_, q) in &regions[..keep] {
         kept[q] = true;
+    }
+    if !dense {
+        for (d, &k) in dropped.iter_mut().zip(&kept) {
+            if !k {
+                *d += 1.0;
+            }
+        }
     }
     let patch_of: Vec<u32> = (0..frames * h * w)
         .map(|t| u32::from(!kept[region_of(t)]))

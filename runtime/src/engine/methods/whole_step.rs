@@ -12,7 +12,7 @@ use std::time::Instant;
 
 use flashdiff_models::Denoiser;
 
-use super::{block0_input, forecast_whole_step, relative_l1, Method};
+use super::{below_skip_cap, block0_input, forecast_whole_step, relative_l1, Method};
 use crate::engine::request::Request;
 use crate::engine::{EngineError, LayoutKind, RequestConfig};
 
@@ -42,14 +42,7 @@ impl Method for WholeStep {
             Some((prev, acc)) => acc + relative_l1(&m, prev),
             None => f32::INFINITY,
         };
-        let run = r
-            .report
-            .active_per_step
-            .iter()
-            .rev()
-            .take_while(|&&a| a == 0)
-            .count();
-        let skip = acc < r.cfg.cache_threshold && run < r.cfg.max_skip as usize && !final_full;
+        let skip = acc < r.cfg.cache_threshold && below_skip_cap(r) && !final_full;
         r.tea = Some((m, if skip { acc } else { 0.0 }));
         r.report.time.gate += t0.elapsed();
         if skip {
