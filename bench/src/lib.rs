@@ -12,9 +12,9 @@ pub mod media;
 mod ordering;
 mod plots;
 pub mod protocol;
-pub mod reading;
 mod scale;
 mod serving;
+pub mod study;
 mod wall_time;
 
 use plots::*;
@@ -61,7 +61,7 @@ pub struct BenchConfig {
 /// a budget in another mode).
 pub(crate) fn budget_for_mode(c: RequestConfig) -> RequestConfig {
     match c.mode {
-        Mode::FlashDiff => c,
+        Mode::FlashDiff | Mode::Auto | Mode::PerPatch => c,
         _ => RequestConfig { budget: None, ..c },
     }
 }
@@ -778,7 +778,7 @@ fn operating_points(sweeps: &[Value], full_ms: f64) -> String {
     md
 }
 
-pub(crate) fn colours() -> [plotters::style::RGBColor; 8] {
+pub(crate) fn colours() -> [plotters::style::RGBColor; 12] {
     use plotters::style::colors::*;
     use plotters::style::RGBColor;
     [
@@ -790,5 +790,9 @@ pub(crate) fn colours() -> [plotters::style::RGBColor; 8] {
         BLACK,
         RGBColor(200, 120, 0),
         RGBColor(120, 120, 120),
+        RGBColor(128, 0, 128),
+        RGBColor(0, 128, 128),
+        RGBColor(128, 128, 0),
+        RGBColor(255, 105, 180),
     ]
 }

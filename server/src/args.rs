@@ -129,25 +129,26 @@ pub(crate) struct BenchArgs {
     /// the engine and as whole processes). Image models only.
     #[arg(long, value_parser = ["wall-time"], conflicts_with = "study")]
     pub(crate) only: Option<String>,
-    /// Run a study instead of the whole bench: "curve" (quality against work for FlashDiff
-    /// and every other method over its own knob; held-out prompts: image 64, video 32, sound
-    /// 64, 8 with --quick); "crossover" (image models: regional execution against whole-step
-    /// caching with a forecaster, settings chosen on --validation prompts, judged on
-    /// --prompts test prompts after them; writes OUT_DIR/MODEL/ and OUT_DIR/crossover.md,
-    /// the margin by size from every model run into OUT_DIR).
+    /// Run a study instead of the whole bench, under the verdict protocol (each method's
+    /// setting per target work chosen on --validation prompts, judged on --prompts test
+    /// prompts after them: image 64, video 32, sound 64, 8 with --quick): "curve" (FlashDiff
+    /// regional against every other way to save work on the engine; writes OUT_DIR/curve.json,
+    /// report.md and the picture); "crossover" (image models: regional against whole-step
+    /// caching with a forecaster and FlashDiff's ablations; writes OUT_DIR/MODEL/ and
+    /// OUT_DIR/crossover.md, the margin by size from every model run into OUT_DIR).
     #[arg(long, value_parser = ["curve", "crossover"])]
     pub(crate) study: Option<String>,
-    /// With --study crossover: run nothing; write the reports, pictures and OUT_DIR/crossover.md
-    /// again from the crossover.json files in OUT_DIR.
+    /// With --study: run nothing; write the reports and pictures again from the study's files
+    /// in OUT_DIR (curve: OUT_DIR/curve.json; crossover: every OUT_DIR/MODEL/crossover.json,
+    /// and OUT_DIR/crossover.md).
     #[arg(long, requires = "study")]
     pub(crate) reread: bool,
-    /// With --study crossover: validation prompts (seeds from --seed; the test prompts'
-    /// seeds follow them).
+    /// With --study: validation prompts (seeds from --seed; the test prompts' seeds follow
+    /// them).
     #[arg(long, requires = "study", default_value_t = 16, value_parser = clap::value_parser!(u32).range(1..=10_000))]
     pub(crate) validation: u32,
     /// With --study curve: run only these methods (comma-separated names of the study's
-    /// rows, e.g. flashdiff,teacache); full computation always runs as the reference, and
-    /// per-patch runs with flashdiff (FlashDiff's curve reads its settings as share 1).
+    /// rows, e.g. regional,whole-step); full computation always runs as the reference.
     #[arg(long, requires = "study", value_delimiter = ',')]
     pub(crate) methods: Vec<String>,
     /// Held-out prompts.

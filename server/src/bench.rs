@@ -26,8 +26,13 @@ pub(crate) fn bench(a: BenchArgs) -> Result<(), String> {
     };
     let out = a.out_dir;
     if a.reread {
-        if a.study.as_deref() != Some("crossover") {
-            return Err("--reread: only the crossover study is read again".into());
+        if a.study.as_deref() == Some("curve") {
+            println!("{}", flashdiff_bench::curve::reread(&out)?);
+            println!(
+                "rewrote {}/report.md and quality_vs_work.svg and .png",
+                out.display()
+            );
+            return Ok(());
         }
         let table = flashdiff_bench::crossover::reread(&out)?;
         println!("{table}");
@@ -80,7 +85,14 @@ pub(crate) fn bench(a: BenchArgs) -> Result<(), String> {
                 )
             } else {
                 let only = (!a.methods.is_empty()).then_some(&a.methods[..]);
-                flashdiff_bench::curve::run(&mut engine, &cfg, only, &out, &mut progress)
+                flashdiff_bench::curve::run(
+                    &mut engine,
+                    &cfg,
+                    only,
+                    a.validation,
+                    &out,
+                    &mut progress,
+                )
             }
         }
         Kind::Image if a.only.is_some() => {
@@ -103,7 +115,7 @@ pub(crate) fn bench(a: BenchArgs) -> Result<(), String> {
         )
     } else if a.study.is_some() {
         format!(
-            "{}/curve.json, {}/report.md and {}/quality_vs_work.svg",
+            "{}/curve.json, {}/report.md and {}/quality_vs_work.svg and .png",
             out.display(),
             out.display(),
             out.display()

@@ -96,6 +96,8 @@ fn generate_writes_a_png_and_a_report() {
             .arg(&png),
         &[
             "patch-steps computed",
+            "steps after the warm-up: ",
+            " regional (some patches), ",
             "warm-up",
             "partition",
             "gate",
@@ -161,7 +163,7 @@ fn generate_keeps_to_a_work_budget() {
                 "--mode",
                 "teacache",
             ],
-            "applies to mode flashdiff only",
+            "applies to modes flashdiff, auto and per-patch only",
         ),
     ]);
     std::fs::remove_dir_all(&dir).ok();
@@ -809,8 +811,8 @@ fn bench_only_wall_time_runs_that_study_alone() {
 }
 
 /// `bench --study curve --methods` runs the named methods beside full computation and no
-/// others (each forecasting method at both orders); an unknown name is refused with the
-/// study's names, and `--methods` needs `--study`.
+/// others (under the protocol: candidates on validation prompts, the chosen on test prompts);
+/// an unknown name is refused with the study's names, and `--methods` needs `--study`.
 #[test]
 fn the_curve_study_runs_only_the_methods_asked_for() {
     let dir = std::env::temp_dir().join(format!("flashdiff-curve-only-{}", std::process::id()));
@@ -819,6 +821,8 @@ fn the_curve_study_runs_only_the_methods_asked_for() {
         c.args(["bench", "--study", "curve", "--methods", methods])
             .args([
                 "--prompts",
+                "1",
+                "--validation",
                 "1",
                 "--steps",
                 "6",
@@ -829,35 +833,45 @@ fn the_curve_study_runs_only_the_methods_asked_for() {
             .arg(&dir);
         c
     };
-    succeeds_with(&mut study("teacache"), &["| teacache |"]);
+    succeeds_with(&mut study("whole-step"), &["| whole-step |"]);
     let doc: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(dir.join("curve.json")).unwrap()).unwrap();
-    let points = doc["points"].as_array().unwrap();
-    let methods: std::collections::BTreeSet<&str> = points
+    let names: Vec<&str> = doc["methods"]
+        .as_array()
+        .unwrap()
         .iter()
-        .map(|p| p["method"].as_str().unwrap())
+        .map(|m| m["name"].as_str().unwrap())
         .collect();
-    assert_eq!(
-        methods.into_iter().collect::<Vec<_>>(),
-        ["full", "teacache"]
-    );
-    let second = points
+    assert_eq!(names, ["whole-step"]);
+    let candidates = doc["candidates"].as_array().unwrap();
+    assert_eq!(candidates.len(), 32);
+    assert!(candidates.iter().all(|c| c["method"] == "whole-step"));
+    let second = candidates
         .iter()
-        .filter(|p| p["setting"].as_str().unwrap().ends_with("order 2"))
+        .filter(|c| c["setting"].as_str().unwrap().ends_with("order 2"))
         .count();
-    assert!(second > 0 && second < points.len() - 1, "{points:?}");
+    assert_eq!(second, 16, "{candidates:?}");
+    assert_eq!(
+        doc["config"]["validation_seeds"],
+        serde_json::json!([10000, 10001])
+    );
+    assert_eq!(
+        doc["config"]["test_seeds"],
+        serde_json::json!([10001, 10002])
+    );
     let report = std::fs::read_to_string(dir.join("report.md")).unwrap();
     assert!(!report.contains("| ras |"), "{report}");
+    assert!(dir.join("quality_vs_work.png").is_file());
     std::fs::remove_dir_all(&dir).ok();
-    let out = study("teacache,bogus").output().unwrap();
+    let out = study("whole-step,bogus").output().unwrap();
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(
-        err.contains("\"bogus\"") && err.contains("flashdiff-budget"),
+        err.contains("\"bogus\"") && err.contains("regional"),
         "{err}"
     );
     let out = flashdiff()
-        .args(["bench", "--methods", "teacache"])
+        .args(["bench", "--methods", "whole-step"])
         .output()
         .unwrap();
     assert!(!out.status.success());
@@ -1351,8 +1365,8 @@ fn each_model_gets_its_own_warm_up_unless_one_is_given() {
 fn generate_runs_dbcache_where_the_model_runs_its_blocks_apart() {
     let dir = std::env::temp_dir().join(format!("flashdiff-cli-dbcache-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
-    // 20 steps, 3 warm-up, a threshold nothing reaches: the first step after the warm-up
-    // and the last computed, 15 skipped at a sixth of a step each.
+    // 20 steps, 3 warm-up, a threshold nothing reaches and no skip cap: the first step after
+    // the warm-up and the last computed, 15 skipped at a sixth of a step each.
     let (stdout, _) = succeeds_with(
         flashdiff()
             .args([
@@ -1365,6 +1379,8 @@ fn generate_runs_dbcache_where_the_model_runs_its_blocks_apart() {
                 "--mode",
                 "dbcache",
                 "--cache-threshold",
+                "1000",
+                "--max-skip",
                 "1000",
                 "-o",
             ])
