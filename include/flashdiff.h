@@ -317,8 +317,10 @@ typedef struct fd_request_config {
    */
   uint64_t seed;
   /**
-   * 0 = FlashDiff, 1 = no skipping, 2 = full computation, 3 = NaivePatch, 4 = whole-step
-   * caching (TeaCache-style).
+   * 0 = FlashDiff's default rule (whole steps decided by patches), 1 = no skipping, 2 =
+   * full computation, 3 = NaivePatch, 4 = whole-step caching (TeaCache-style), 5 =
+   * regional (per-patch: a computed step runs only the patches at their budget), 6 = the
+   * automatic choice between 5 and 0 (the CLI's default).
    */
   uint32_t mode;
   /**

@@ -52,8 +52,10 @@ pub struct fd_request_config {
     pub max_skip: u32,
     /// Noise seed.
     pub seed: u64,
-    /// 0 = FlashDiff, 1 = no skipping, 2 = full computation, 3 = NaivePatch, 4 = whole-step
-    /// caching (TeaCache-style).
+    /// 0 = FlashDiff's default rule (whole steps decided by patches), 1 = no skipping, 2 =
+    /// full computation, 3 = NaivePatch, 4 = whole-step caching (TeaCache-style), 5 =
+    /// regional (per-patch: a computed step runs only the patches at their budget), 6 = the
+    /// automatic choice between 5 and 0 (the CLI's default).
     pub mode: u32,
     /// 0 = saliency patches, 1 = uniform patches.
     pub layout: u32,
@@ -437,10 +439,12 @@ fn submit(e: &fd_engine, id: u64, prompt: &str, c: &fd_request_config) -> Result
             2 => Mode::Full,
             3 => Mode::NaivePatch,
             4 => Mode::TeaCache,
+            5 => Mode::PerPatch,
+            6 => Mode::Auto,
             m => {
                 return Err(Fail::new(
                     fd_status::FD_ERR_VALUE,
-                    format!("mode {m}: must be 0 (flashdiff), 1 (no-skip), 2 (full), 3 (naive-patch) or 4 (teacache)"),
+                    format!("mode {m}: must be 0 (flashdiff), 1 (no-skip), 2 (full), 3 (naive-patch), 4 (teacache), 5 (per-patch) or 6 (auto)"),
                 ))
             }
         };

@@ -57,7 +57,7 @@ def test_generate_equals_the_cli_byte_for_byte(engine, tmp_path):
 
 def test_settings_are_the_request_schema(engine):
     d = engine.settings("x")
-    assert (d["steps"], d["patches"], d["warmup"], d["mode"]) == (50, 16, 5, "flashdiff")
+    assert (d["steps"], d["patches"], d["warmup"], d["mode"]) == (50, 16, 5, "auto")
     d = engine.settings("x", steps=4, patches="auto", reuse="stale", mode="ras")
     assert (d["steps"], d["patches"], d["warmup"], d["reuse"], d["mode"]) == (4, None, 3, "stale", "ras")
     for bad, text in [
@@ -92,7 +92,7 @@ def test_a_work_budget_caps_the_work(engine):
     computed_steps = sum(1 for a in out.report["active_per_step"] if a > 0)
     assert computed_steps == 3
     assert 1.0 - out.report["work_skipped"] <= 0.4 + 1e-9
-    for bad, text in [({"budget": 0.2}, "at least 0.300"), ({"budget": 0.5, "mode": "ras"}, "mode flashdiff")]:
+    for bad, text in [({"budget": 0.2}, "at least 0.300"), ({"budget": 0.5, "mode": "ras"}, "modes flashdiff, auto and per-patch")]:
         with pytest.raises(flashdiff.Error) as e:
             engine.generate(PROMPT, steps=20, **bad)
         assert text in str(e.value), (bad, str(e.value))

@@ -25,7 +25,7 @@ pub(crate) enum Cmd {
     Generate(GenerateArgs),
     /// JSON-lines requests in, JSON-lines results out. Each line is an object such as
     /// {"id": 1, "prompt": "...", "seed": 0, "priority": 0, "steps": 50, "warmup": 5,
-    /// "patches": 8, "epsilon": 0.1, "adaptive_epsilon": false, "max_skip": 3, "mode": "flashdiff", "reuse":
+    /// "patches": 8, "epsilon": 0.1, "adaptive_epsilon": false, "max_skip": 3, "mode": "auto", "reuse":
     /// "extrapolate", "monotasks": 1, "model": "tinyvideo"}; only "prompt" is required. A
     /// "model" other than the server's starts that built-in model's engine on first use.
     Serve(ServeArgs),
@@ -217,10 +217,13 @@ pub(crate) struct Knobs {
     /// Scheduling priority, in 0..8 (higher first).
     #[arg(long, default_value_t = 0)]
     pub(crate) priority: u8,
-    /// flashdiff | no-skip | full | naive-patch | teacache | ras | random-patches |
-    /// per-patch | patch-gate | dbcache (random-patches, per-patch and patch-gate: ablations
-    /// of FlashDiff's choice; dbcache needs a built-in TinyDiT-family model).
-    #[arg(long, default_value = "flashdiff", value_parser = parse_mode)]
+    /// auto | flashdiff | per-patch | no-skip | full | naive-patch | teacache | ras |
+    /// random-patches | patch-gate | dbcache. auto: after the warm-up the request runs
+    /// regionally (per-patch: a computed step runs only the patches at their budget) when its
+    /// patches changed unevenly, else in whole steps (flashdiff, the change budget's whole-step
+    /// rule); the report says which. random-patches and patch-gate: ablations of FlashDiff's
+    /// choice; dbcache needs a built-in TinyDiT-family model.
+    #[arg(long, default_value = "auto", value_parser = parse_mode)]
     pub(crate) mode: Mode,
     /// saliency | uniform.
     #[arg(long, default_value = "saliency", value_parser = ["saliency", "uniform"])]

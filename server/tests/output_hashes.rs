@@ -23,6 +23,8 @@ use flashdiff_runtime::models::{Denoiser, Device, ModelError, Tensor};
 /// random-patches) were recorded when the budget replaced the gate; the others date from
 /// commit 62e48ee or the engine that added them. TinyFLUX's are in [`TINYFLUX_SETS`].
 const PINNED: &[(&str, &str, u64)] = &[
+    ("flux", "auto w1", 0x8c2bf4e65f2ebaf5),
+    ("flux", "auto w2", 0x8c2bf4e65f2ebaf5),
     ("flux", "flashdiff w1", 0x8c2bf4e65f2ebaf5),
     ("flux", "flashdiff w2", 0x8c2bf4e65f2ebaf5),
     ("flux", "flashdiff-3-monotasks w1", 0x597e25e038b64f6c),
@@ -60,6 +62,8 @@ const PINNED: &[(&str, &str, u64)] = &[
     ("flux", "teacache w1", 0xd38f19d18b3b0ce0),
     ("flux", "teacache w2", 0xd38f19d18b3b0ce0),
     ("tinyaudio", "flashdiff", 0x02862e73d00b7540),
+    // The automatic choice runs one of its two modes bit for bit: here whole steps.
+    ("tinyaudio", "auto", 0x02862e73d00b7540),
     ("tinyaudio", "flashdiff-3-monotasks", 0xb9d7da7b8b1f64e0),
     ("tinyaudio", "flashdiff-adaptive-eps", 0x02862e73d00b7540),
     ("tinyaudio", "flashdiff-adaptive-r", 0x10aceec5ffbe60b0),
@@ -92,6 +96,8 @@ const PINNED: &[(&str, &str, u64)] = &[
     ("tinydit", "patch-gate", 0x0bcaf14e484260d6),
     ("tinydit", "patch-gate-3-monotasks", 0x6cc3d1dd14b2f002),
     ("tinydit", "per-patch", 0x22813b44a0c6189d),
+    // The automatic choice runs one of its two modes bit for bit: here regional.
+    ("tinydit", "auto", 0x22813b44a0c6189d),
     ("tinydit", "per-patch-3-monotasks", 0x0dd196ec27d09863),
     ("tinydit", "random-patches", 0x22813b44a0c6189d),
     ("tinydit", "ras", 0x64195f73f2cfac50),
@@ -113,6 +119,8 @@ const PINNED: &[(&str, &str, u64)] = &[
     ("tinyvideo", "patch-gate", 0x0efbce7881f57d1a),
     ("tinyvideo", "patch-gate-3-monotasks", 0xdba1dda2765458f4),
     ("tinyvideo", "per-patch", 0xd7d292e6a15fe7db),
+    // Regional here too.
+    ("tinyvideo", "auto", 0xd7d292e6a15fe7db),
     ("tinyvideo", "per-patch-3-monotasks", 0x9ec2776cd77ff611),
     ("tinyvideo", "random-patches", 0xd7d292e6a15fe7db),
     ("tinyvideo", "ras", 0x30e4490d23f99b20),
@@ -164,6 +172,7 @@ const TINYFLUX_SETS: &[(&str, &[(&str, u64)])] = &[
     (
         "an AMD EPYC x86-64 CPU (32 KiB L1d, 1 MiB L2, 32 MiB L3), commit c55d0f4",
         &[
+            ("auto", 0xbc5e04c49fdb6a41),
             ("flashdiff", 0xbc5e04c49fdb6a41),
             ("flashdiff-3-monotasks", 0x816b226f35e7182b),
             ("flashdiff-adaptive-eps", 0xbc5e04c49fdb6a41),
@@ -236,6 +245,7 @@ fn base() -> RequestConfig {
         max_skip: 2,
         seed: 7,
         monotasks: Some(1),
+        mode: Mode::FlashDiff,
         ..Default::default()
     }
 }
@@ -248,7 +258,7 @@ fn cases() -> Vec<(&'static str, RequestConfig)> {
     for (_, c) in &mut v {
         if matches!(
             c.mode,
-            Mode::FlashDiff | Mode::PerPatch | Mode::RandomPatches
+            Mode::FlashDiff | Mode::Auto | Mode::PerPatch | Mode::RandomPatches
         ) {
             c.epsilon = 0.3;
         }
@@ -260,6 +270,13 @@ fn all_cases() -> Vec<(&'static str, RequestConfig)> {
     let b = base;
     vec![
         ("flashdiff", b()),
+        (
+            "auto",
+            RequestConfig {
+                mode: Mode::Auto,
+                ..b()
+            },
+        ),
         (
             "flashdiff-stale",
             RequestConfig {
