@@ -95,13 +95,11 @@ impl FlashDiff {
             r.active.fill(computed);
             // Regionally, a computed step runs the patches at their budget (every patch
             // where none is).
-            let mut due = vec![false; patches];
-            if computed
-                && budget.config().share > 0.0
-                && budget.decide(&mut due)
-                && due.iter().any(|&d| d)
-            {
-                r.active.copy_from_slice(&due);
+            if computed && budget.config().share > 0.0 {
+                let mut due = vec![false; patches];
+                if budget.decide(&mut due) && due.iter().any(|&d| d) {
+                    r.active.copy_from_slice(&due);
+                }
             }
             computed
         } else {

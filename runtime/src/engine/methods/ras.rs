@@ -51,8 +51,8 @@ impl Method for Ras {
 /// it was left out.
 pub const STARVATION: f32 = 0.1;
 
-/// Patch 0 = the 2x2 regions whose velocity changed most in the last step (the `ras_ratio`
-/// share), patch 1 = the rest, which runs only on dense steps.
+/// Patch 0 = the 2x2 regions with the highest score (the `ras_ratio` share; see the module
+/// docs), patch 1 = the rest, which runs only on dense steps.
 fn select(model: &dyn Denoiser, r: &mut Request, final_full: bool) -> Result<(), String> {
     let dims = model.dims();
     let (frames, h, w, pd) = (
