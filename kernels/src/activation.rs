@@ -26,18 +26,30 @@ pub fn exp_f32(x: f32) -> f32 {
 /// `u * sigmoid(2 z)` with `z = sqrt(2/pi) (u + 0.044715 u^3)`, which equals
 /// `0.5 u (1 + tanh z)` and needs one exponential.
 pub fn gelu_tanh_f32(x: &mut [f32]) {
-    const C: f32 = 0.797_884_6; // sqrt(2 / pi)
-    for v in x {
-        let u = *v;
-        let z = C * (u + 0.044_715 * u * u * u);
-        *v = u / (1.0 + exp_f32(-2.0 * z));
+    gelu_body(x)
+}
+
+crate::simd::simd_fn! {
+    fn gelu_body(x: &mut [f32]) {
+        const C: f32 = 0.797_884_6; // sqrt(2 / pi)
+        for v in x {
+            let u = *v;
+            let z = C * (u + 0.044_715 * u * u * u);
+            *v = u / (1.0 + exp_f32(-2.0 * z));
+        }
     }
 }
 
 /// SiLU, `x * sigmoid(x)`, in place.
 pub fn silu_f32(x: &mut [f32]) {
-    for v in x {
-        *v /= 1.0 + exp_f32(-*v);
+    silu_body(x)
+}
+
+crate::simd::simd_fn! {
+    fn silu_body(x: &mut [f32]) {
+        for v in x {
+            *v /= 1.0 + exp_f32(-*v);
+        }
     }
 }
 

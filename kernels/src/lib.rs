@@ -3,9 +3,11 @@
 //! What the built-in model and regional execution need: a linear layer over a subset of rows
 //! ([`linear_f32`]), multi-head attention of a subset of queries over a whole latent's keys
 //! with fused statistics ([`attention_f32`]: head-averaged probabilities for cross-attention
-//! saliency, per-query mass into each key group for the gate's refinement importance), layer
-//! norm and adaLN modulation, GELU/SiLU, and row gather/scatter. Plain `&[f32]` row-major
-//! buffers in and out; the caller owns all memory.
+//! saliency, per-query mass into each key group for the gate's refinement importance) or
+//! without them and without a score matrix ([`flash_attention_f32`], online softmax over key
+//! tiles), layer norm and adaLN modulation, per-head RMS norm with rotary encoding
+//! ([`rms_rope_f32`]), gated residuals, GELU/SiLU, and row gather/scatter. Plain `&[f32]`
+//! row-major buffers in and out; the caller owns all memory.
 //!
 //! ```
 //! use flashdiff_kernels::linear_f32;
@@ -23,20 +25,28 @@
 //! against each other. Models written on candle tensors call [`ops`]; the slice kernels
 //! stay the CPU implementation and the reference.
 
+mod simd;
+
 mod activation;
 mod attention;
+pub mod blas;
+mod flash;
 mod ftz;
 mod gather;
 mod linear;
 mod norm;
 pub mod ops;
+mod par;
+mod rope;
 
 pub use activation::{exp_f32, gelu_tanh_f32, silu_f32};
 pub use attention::{attention_f32, AttnStats, GroupMass, QUERY_BLOCK};
+pub use flash::flash_attention_f32;
 pub use ftz::flush_denormals_to_zero;
 pub use gather::{gather_rows_f32, scatter_rows_f32};
 pub use linear::linear_f32;
-pub use norm::{layer_norm_f32, modulate_f32};
+pub use norm::{add_gated_f32, layer_norm_f32, modulate_f32};
+pub use rope::rms_rope_f32;
 
 /// The README's example, run as a doctest.
 #[doc = include_str!("../README.md")]

@@ -179,3 +179,101 @@ fn gelu_in_place_equals_gelu() {
         0.0,
     );
 }
+
+#[test]
+fn flash_attention_matches_the_composed_form() {
+    use flashdiff_kernels::ops::flash_attention;
+    // Query blocks and key tiles with edges (64 and 256 per block), small and parallel sizes.
+    for (nq, nk, heads, dh) in [
+        (1, 1, 1, 2),
+        (5, 9, 2, 4),
+        (70, 300, 3, 8),
+        (300, 600, 4, 32),
+    ] {
+        let d = heads * dh;
+        let (q, k, v) = (
+            randn(&[nq, d], 11 + nq as u64),
+            randn(&[nk, d], 12 + nk as u64),
+            randn(&[nk, d], 13),
+        );
+        let want = attention_composed(&q, &k, &v, heads, AttnWants::default())
+            .unwrap()
+            .out;
+        let got = flash_attention(&q, &k, &v, heads).unwrap();
+        close(&format!("flash_attention {nq}x{nk}"), &got, &want, 2e-5);
+    }
+}
+
+#[test]
+fn flash_attention_does_not_depend_on_the_thread_count() {
+    use flashdiff_kernels::ops::flash_attention;
+    let (nq, nk, heads, d) = (300, 520, 4, 128);
+    let (q, k, v) = (
+        randn(&[nq, d], 21),
+        randn(&[nk, d], 22),
+        randn(&[nk, d], 23),
+    );
+    let on = |threads: usize| -> Vec<f32> {
+        rayon::ThreadPoolBuilder::new()
+            .num_threads(threads)
+            .build()
+            .unwrap()
+            .install(|| flash_attention(&q, &k, &v, heads).unwrap())
+            .flatten_all()
+            .unwrap()
+            .to_vec1()
+            .unwrap()
+    };
+    let one = on(1);
+    for threads in [2, 3] {
+        assert!(
+            on(threads) == one,
+            "flash attention on {threads} threads differs from one thread"
+        );
+    }
+}
+
+#[test]
+fn rms_rope_matches_the_composed_form_on_strided_rows() {
+    use flashdiff_kernels::ops::{rms_rope, rms_rope_composed};
+    for (rows, heads, dh) in [(1, 1, 2), (9, 2, 8), (600, 4, 32)] {
+        let d = heads * dh;
+        // The middle third of wider rows, as a fused QKV projection's output is read.
+        let wide = randn(&[rows, 3 * d], 31 + rows as u64);
+        let x = wide.narrow(1, d, d).unwrap();
+        let scale = randn(&[dh], 32);
+        let angles = randn(&[rows, dh / 2], 33);
+        let table = Tensor::cat(&[angles.cos().unwrap(), angles.sin().unwrap()], 1).unwrap();
+        let want =
+            rms_rope_composed(&x.contiguous().unwrap(), &scale, &table, heads, 1e-6).unwrap();
+        let got = rms_rope(&x, &scale, &table, heads, 1e-6).unwrap();
+        close(&format!("rms_rope {rows}x{d}"), &got, &want, 1e-5);
+    }
+}
+
+#[test]
+fn rms_rope_refuses_odd_heads_and_bad_tables() {
+    use flashdiff_kernels::ops::rms_rope;
+    let x = randn(&[4, 6], 41);
+    let table = randn(&[4, 3], 42);
+    let e = rms_rope(&x, &randn(&[3], 43), &table, 2, 1e-6).unwrap_err();
+    assert!(e.to_string().contains("even width"), "{e}");
+    let e = rms_rope(&x, &randn(&[6], 43), &randn(&[3, 6], 42), 1, 1e-6).unwrap_err();
+    assert!(e.to_string().contains("table"), "{e}");
+}
+
+#[test]
+fn add_gated_matches_the_composed_form() {
+    use flashdiff_kernels::ops::add_gated;
+    for rows in [3usize, 700] {
+        let (x, o, g) = (
+            randn(&[rows, 64], 51),
+            randn(&[rows, 64], 52),
+            randn(&[64], 53),
+        );
+        let want = x.add(&o.broadcast_mul(&g).unwrap()).unwrap();
+        close("add_gated", &add_gated(&x, &o, &g).unwrap(), &want, 1e-6);
+    }
+    let e = add_gated(&randn(&[3, 4], 1), &randn(&[3, 5], 2), &randn(&[4], 3)).unwrap_err();
+    assert!(e.to_string().contains("must match"), "{e}");
+}

@@ -4,10 +4,12 @@
 //! small layers both are made of.
 
 use candle_core::{Device, IndexOp, Tensor, D};
+use flashdiff_kernels::ops::{flash_attention, linear_fast, norm_modulate};
 
 use crate::ModelError;
 
-/// A linear layer `y = x W^T + b` on rows. `W` may be held in bf16 or f16 (a checkpoint
+/// A linear layer `y = x W^T + b` on rows (in f32 on the CPU, a system BLAS when one is
+/// installed: `flashdiff_kernels::blas`). `W` may be held in bf16 or f16 (a checkpoint
 /// loaded for 16-bit compute): the rows are then rounded to its dtype, multiplied in it
 /// (cuBLAS on CUDA; candle widens both to f32 on the CPU) and the product returned in the
 /// rows' dtype (f32), so every other op of the model stays in f32.
@@ -19,13 +21,13 @@ pub(crate) struct Lin {
 
 impl Lin {
     pub(crate) fn forward(&self, x: &Tensor) -> candle_core::Result<Tensor> {
-        let y = if self.w.dtype() == x.dtype() {
-            x.matmul(&self.w.t()?)?
-        } else {
-            x.to_dtype(self.w.dtype())?
-                .matmul(&self.w.t()?)?
-                .to_dtype(x.dtype())?
-        };
+        if self.w.dtype() == x.dtype() {
+            return linear_fast(x, &self.w, self.b.as_ref());
+        }
+        let y = x
+            .to_dtype(self.w.dtype())?
+            .matmul(&self.w.t()?)?
+            .to_dtype(x.dtype())?;
         match &self.b {
             Some(b) => y.broadcast_add(b),
             None => Ok(y),
@@ -274,6 +276,19 @@ impl<'a> Pass<'a> {
             }
             _ => (k.clone(), v.clone()),
         };
+        if !(saliency && rows.saliency) && self.onehot.is_none() {
+            // No statistics asked of this attention: no probability matrix either (online
+            // softmax over key tiles on the CPU).
+            let total = q.dim(0)?;
+            let w = heads * hd;
+            let flat = |t: &Tensor| -> candle_core::Result<Tensor> {
+                let n = t.dim(0)?;
+                t.reshape((n, w))
+            };
+            return Ok(
+                flash_attention(&flat(q)?, &flat(&k)?, &flat(&v)?, heads)?.reshape((total, w))?
+            );
+        }
         // (heads, rows, head_dim), keys as (heads, head_dim, rows). On the CPU, views of the
         // row-major tensors: candle's CPU matmul takes any row and column strides, which
         // saves copying every key and value twice per attention (a cost that does not shrink
@@ -497,11 +512,18 @@ pub(crate) fn affine(
         .broadcast_add(&m.i(shift)?)
 }
 
-/// `(1 + scale) * LN(x) + shift` with the chunks `at` (shift), `at + 1` (scale) of `m`.
+/// `(1 + scale) * LN(x) + shift` with the chunks `at` (shift), `at + 1` (scale) of `m`, in
+/// one pass (the kernels' fused op on the CPU).
 pub(crate) fn modulate(x: &Tensor, m: &Tensor, at: usize) -> candle_core::Result<Tensor> {
-    layer_norm(x)?
-        .broadcast_mul(&(m.i(at + 1)? + 1.0)?)?
-        .broadcast_add(&m.i(at)?)
+    norm_modulate(x, &m.i(at)?, &m.i(at + 1)?, 1e-6)
+}
+
+/// A [`rope_table`] as one `rows x head_dim` tensor, the cosines then the sines: the table
+/// of the kernels' fused norm + rotation (`flashdiff_kernels::ops::rms_rope`).
+pub(crate) fn rotation(pe: &(Tensor, Tensor)) -> candle_core::Result<Tensor> {
+    let t = Tensor::cat(&[&pe.0, &pe.1], 2)?;
+    let (rows, _, dh) = t.dims3()?;
+    t.reshape((rows, dh))
 }
 
 /// Cosines and sines of every rotated pair for tokens at the given (axis 0, 1, 2)

@@ -5,7 +5,9 @@
 //! to move code without changing behaviour must leave every hash as it is.
 //!
 //! A hash covers the final latent, the decoded sample and the count of active patches per
-//! step, bit for bit (FNV-1a over the f32 bits). When a change is meant to alter outputs,
+//! step, bit for bit (FNV-1a over the f32 bits). The linear layers run on candle's matmul
+//! (`FLASHDIFF_BLAS=off`, set for this process and its workers), so a system BLAS on the
+//! machine does not change them. When a change is meant to alter outputs,
 //! run with `FLASHDIFF_PRINT_HASHES=1 -- --nocapture` and replace the table.
 
 use std::path::PathBuf;
@@ -23,44 +25,44 @@ use flashdiff_runtime::models::{Denoiser, Device, ModelError, Tensor};
 /// random-patches) were recorded when the budget replaced the gate; the others date from
 /// commit 62e48ee or the engine that added them. TinyFLUX's are in [`TINYFLUX_SETS`].
 const PINNED: &[(&str, &str, u64)] = &[
-    ("flux", "auto w1", 0x8c2bf4e65f2ebaf5),
-    ("flux", "auto w2", 0x8c2bf4e65f2ebaf5),
-    ("flux", "flashdiff w1", 0x8c2bf4e65f2ebaf5),
-    ("flux", "flashdiff w2", 0x8c2bf4e65f2ebaf5),
-    ("flux", "flashdiff-3-monotasks w1", 0x597e25e038b64f6c),
-    ("flux", "flashdiff-3-monotasks w2", 0x597e25e038b64f6c),
-    ("flux", "flashdiff-adaptive-eps w1", 0x8c2bf4e65f2ebaf5),
-    ("flux", "flashdiff-adaptive-eps w2", 0x8c2bf4e65f2ebaf5),
-    ("flux", "flashdiff-adaptive-r w1", 0x2e23ab8c77f42368),
-    ("flux", "flashdiff-adaptive-r w2", 0x2e23ab8c77f42368),
-    ("flux", "flashdiff-stale w1", 0x8c2bf4e65f2ebaf5),
-    ("flux", "flashdiff-stale w2", 0x8c2bf4e65f2ebaf5),
-    ("flux", "flashdiff-uniform w1", 0x8c2bf4e65f2ebaf5),
-    ("flux", "flashdiff-uniform w2", 0x8c2bf4e65f2ebaf5),
-    ("flux", "full w1", 0xd38f19d18b3b0ce0),
-    ("flux", "full w2", 0xd38f19d18b3b0ce0),
-    ("flux", "naive-patch w1", 0xd118161118952c49),
-    ("flux", "naive-patch w2", 0xd118161118952c49),
-    ("flux", "no-skip w1", 0x14538c8133457dae),
-    ("flux", "no-skip w2", 0x14538c8133457dae),
-    ("flux", "patch-gate w1", 0xa37b840f20d58275),
-    ("flux", "patch-gate w2", 0xa37b840f20d58275),
-    ("flux", "patch-gate-3-monotasks w1", 0x85b041a0cb77e0f4),
-    ("flux", "patch-gate-3-monotasks w2", 0x85b041a0cb77e0f4),
-    ("flux", "per-patch w1", 0x8c2bf4e65f2ebaf5),
-    ("flux", "per-patch w2", 0x8c2bf4e65f2ebaf5),
-    ("flux", "per-patch-3-monotasks w1", 0x597e25e038b64f6c),
-    ("flux", "per-patch-3-monotasks w2", 0x597e25e038b64f6c),
-    ("flux", "random-patches w1", 0x8c2bf4e65f2ebaf5),
-    ("flux", "random-patches w2", 0x8c2bf4e65f2ebaf5),
-    ("flux", "ras stale w1", 0xcb2aa4e903302ec7),
-    ("flux", "ras stale w2", 0xcb2aa4e903302ec7),
-    ("flux", "ras w1", 0xde8071437762345b),
-    ("flux", "ras w2", 0xde8071437762345b),
-    ("flux", "teacache stale w1", 0xd38f19d18b3b0ce0),
-    ("flux", "teacache stale w2", 0xd38f19d18b3b0ce0),
-    ("flux", "teacache w1", 0xd38f19d18b3b0ce0),
-    ("flux", "teacache w2", 0xd38f19d18b3b0ce0),
+    ("flux", "auto w1", 0xe85101344b06e27e),
+    ("flux", "auto w2", 0xe85101344b06e27e),
+    ("flux", "flashdiff w1", 0xe85101344b06e27e),
+    ("flux", "flashdiff w2", 0xe85101344b06e27e),
+    ("flux", "flashdiff-3-monotasks w1", 0x372b0924fbfe899d),
+    ("flux", "flashdiff-3-monotasks w2", 0x372b0924fbfe899d),
+    ("flux", "flashdiff-adaptive-eps w1", 0xe85101344b06e27e),
+    ("flux", "flashdiff-adaptive-eps w2", 0xe85101344b06e27e),
+    ("flux", "flashdiff-adaptive-r w1", 0xebc4b8d345886383),
+    ("flux", "flashdiff-adaptive-r w2", 0xebc4b8d345886383),
+    ("flux", "flashdiff-stale w1", 0xe85101344b06e27e),
+    ("flux", "flashdiff-stale w2", 0xe85101344b06e27e),
+    ("flux", "flashdiff-uniform w1", 0xe85101344b06e27e),
+    ("flux", "flashdiff-uniform w2", 0xe85101344b06e27e),
+    ("flux", "full w1", 0x46594a8e32417a0b),
+    ("flux", "full w2", 0x46594a8e32417a0b),
+    ("flux", "naive-patch w1", 0x0cd3d4268b7d9cf1),
+    ("flux", "naive-patch w2", 0x0cd3d4268b7d9cf1),
+    ("flux", "no-skip w1", 0x6aa8c742a74afa45),
+    ("flux", "no-skip w2", 0x6aa8c742a74afa45),
+    ("flux", "patch-gate w1", 0x82d9adc5b6eb5216),
+    ("flux", "patch-gate w2", 0x82d9adc5b6eb5216),
+    ("flux", "patch-gate-3-monotasks w1", 0xa6de37ecbdd331a3),
+    ("flux", "patch-gate-3-monotasks w2", 0xa6de37ecbdd331a3),
+    ("flux", "per-patch w1", 0xe85101344b06e27e),
+    ("flux", "per-patch w2", 0xe85101344b06e27e),
+    ("flux", "per-patch-3-monotasks w1", 0x372b0924fbfe899d),
+    ("flux", "per-patch-3-monotasks w2", 0x372b0924fbfe899d),
+    ("flux", "random-patches w1", 0xe85101344b06e27e),
+    ("flux", "random-patches w2", 0xe85101344b06e27e),
+    ("flux", "ras stale w1", 0x1f064952b9c8f8a6),
+    ("flux", "ras stale w2", 0x1f064952b9c8f8a6),
+    ("flux", "ras w1", 0xc4c4b86d73fa499b),
+    ("flux", "ras w2", 0xc4c4b86d73fa499b),
+    ("flux", "teacache stale w1", 0x46594a8e32417a0b),
+    ("flux", "teacache stale w2", 0x46594a8e32417a0b),
+    ("flux", "teacache w1", 0x46594a8e32417a0b),
+    ("flux", "teacache w2", 0x46594a8e32417a0b),
     ("tinyaudio", "flashdiff", 0x02862e73d00b7540),
     // The automatic choice runs one of its two modes bit for bit: here whole steps.
     ("tinyaudio", "auto", 0x02862e73d00b7540),
@@ -138,62 +140,39 @@ const PINNED: &[(&str, &str, u64)] = &[
     ("tinyaudio", "budget corrected2", 0xce3b3538d2001c0c),
 ];
 
-/// TinyFLUX's outputs, case -> hash, one set per kind of CPU: every TinyFLUX case moved in
-/// its last bits between two x86-64 machines on which the TinyDiT family's and the FLUX
-/// structure's did not (not with the thread count, nor with the cache sizes candle's CPU
-/// matmul blocks by: both varied on one machine without a change; the routines picked at run
-/// time by CPU feature remain). The set in which the first TinyFLUX case's hash appears is
-/// the one every case must match, bit for bit. Both hold TinyFLUX's weights at training
-/// step 16000. A case a set lacks (its outputs changed since that kind of CPU last ran the
-/// test: RAS's score on the first) is reported with its hash, to be recorded, but must be
-/// pinned in another set.
-const TINYFLUX_SETS: &[(&str, &[(&str, u64)])] = &[
-    (
-        "the x86-64 CPU of commit 89241c3's clean-clone run",
-        &[
-            ("flashdiff", 0x7e061806ce753b4b),
-            ("flashdiff-3-monotasks", 0x522161efd1c44e54),
-            ("flashdiff-adaptive-eps", 0x7e061806ce753b4b),
-            ("flashdiff-adaptive-r", 0xa132fd7e3a965994),
-            ("flashdiff-stale", 0x5021e5079757f236),
-            ("flashdiff-uniform", 0x7e061806ce753b4b),
-            ("full", 0xf6d34cfe81aa3f24),
-            ("naive-patch", 0xc7b353378d817a47),
-            ("no-skip", 0x4258163c204de815),
-            ("patch-gate", 0xfb73285ce5e32301),
-            ("patch-gate-3-monotasks", 0xf0961fa67400eed2),
-            ("per-patch", 0xe3b6dd4b5a24d0a9),
-            ("per-patch-3-monotasks", 0x8f6b7c0f639583d3),
-            ("random-patches", 0xee2c53c75d30b530),
-            ("teacache stale", 0x8dd43fca9b6f9a21),
-            ("teacache", 0x0b48d2ac9a70801c),
-        ],
-    ),
-    (
-        "an AMD EPYC x86-64 CPU (32 KiB L1d, 1 MiB L2, 32 MiB L3), commit c55d0f4",
-        &[
-            ("auto", 0xbc5e04c49fdb6a41),
-            ("flashdiff", 0xbc5e04c49fdb6a41),
-            ("flashdiff-3-monotasks", 0x816b226f35e7182b),
-            ("flashdiff-adaptive-eps", 0xbc5e04c49fdb6a41),
-            ("flashdiff-adaptive-r", 0xe8c17f2ffb9de8de),
-            ("flashdiff-stale", 0x79260d034648e77a),
-            ("flashdiff-uniform", 0xbc5e04c49fdb6a41),
-            ("full", 0xa5815e65dc6d3572),
-            ("naive-patch", 0xcdb3936247d92b77),
-            ("no-skip", 0x571c2e6a59e78c93),
-            ("patch-gate", 0x8e0df5ec114dd000),
-            ("patch-gate-3-monotasks", 0xd71e82ef7a7b5a63),
-            ("per-patch", 0xb1bb2892934de99f),
-            ("per-patch-3-monotasks", 0x7f9455612feb8324),
-            ("random-patches", 0xc3361baed27d1e02),
-            ("ras stale", 0xa6cd49ee08292aec),
-            ("ras", 0x2266ad0fc11b5dd2),
-            ("teacache stale", 0x20ee3cf4aa3ab5ed),
-            ("teacache", 0x7eabaa019bc3c256),
-        ],
-    ),
-];
+/// TinyFLUX's outputs, case -> hash, one set per kind of CPU. When its linear layers ran on
+/// candle's matmul every TinyFLUX case moved in its last bits between two x86-64 machines on
+/// which the TinyDiT family's did not (the routines candle picks at run time by CPU feature).
+/// They now run on the kernels' linear layer, as TinyDiT's do, and the one set recorded is
+/// expected to hold wherever TinyDiT's hashes hold; a CPU that still computes TinyFLUX
+/// differently gets a set of its own. The set in which the first TinyFLUX case's hash
+/// appears is the one every case must match, bit for bit. It holds TinyFLUX's weights at
+/// training step 16000. A case a set lacks is reported with its hash, to be recorded, but
+/// must be pinned in another set.
+const TINYFLUX_SETS: &[(&str, &[(&str, u64)])] = &[(
+    "an AMD EPYC x86-64 CPU with AVX2 (32 KiB L1d, 1 MiB L2, 32 MiB L3), kernels' FLUX path",
+    &[
+        ("auto", 0x093ae33e0c21fae2),
+        ("flashdiff", 0x093ae33e0c21fae2),
+        ("flashdiff-3-monotasks", 0xd789688b526dea62),
+        ("flashdiff-adaptive-eps", 0x093ae33e0c21fae2),
+        ("flashdiff-adaptive-r", 0x1b18e85dcfedefdd),
+        ("flashdiff-stale", 0xc6307e8ec936e619),
+        ("flashdiff-uniform", 0x093ae33e0c21fae2),
+        ("full", 0x64beeb595c35aba5),
+        ("naive-patch", 0xb336f36caf236315),
+        ("no-skip", 0x079806d627371081),
+        ("patch-gate", 0xc8e62452b308a718),
+        ("patch-gate-3-monotasks", 0xee48d92670d7dd57),
+        ("per-patch", 0x79b01b7aa37e9acd),
+        ("per-patch-3-monotasks", 0xfdb646f700b7f82c),
+        ("random-patches", 0xe85efef3fa40331f),
+        ("ras", 0xce19683a013100af),
+        ("ras stale", 0xf31fd5b5a9725354),
+        ("teacache", 0xb103132f7013c955),
+        ("teacache stale", 0x887e23cbc51f3e2e),
+    ],
+)];
 
 struct Fnv(u64);
 
@@ -234,6 +213,15 @@ fn prompt(model: &str) -> &'static str {
         "tinyaudio" => "a high beep then a low hum",
         _ => "a red dishwasher on the left of a blue table",
     }
+}
+
+/// Turns the system BLAS off for this process and the worker processes it starts, before
+/// any test of this file computes anything (each calls it first).
+fn without_blas() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    // Every test of this binary waits here before doing anything else, so no other thread
+    // reads the environment while it is written.
+    ONCE.call_once(|| std::env::set_var("FLASHDIFF_BLAS", "off"));
 }
 
 fn base() -> RequestConfig {
@@ -484,6 +472,7 @@ fn check(got: Vec<(String, String, u64)>) {
 
 #[test]
 fn every_mode_of_every_built_in_model_keeps_its_output() {
+    without_blas();
     let mut got = Vec::new();
     for model in pinned_models() {
         let weights = builtin_weights(model).unwrap();
@@ -536,6 +525,7 @@ fn every_mode_of_every_built_in_model_keeps_its_output() {
 /// Threads and processes give the in-process output (the same pinned hash).
 #[test]
 fn worker_threads_and_processes_keep_the_output() {
+    without_blas();
     let mut got = Vec::new();
     for model in pinned_models() {
         let weights = builtin_weights(model).unwrap();
@@ -598,6 +588,7 @@ impl PromptEncoder for HashText {
 
 #[test]
 fn the_flux_structure_keeps_its_output() {
+    without_blas();
     let golden = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
         .join("../models/reference/flux_golden.safetensors");
     let flux = FluxCheckpoint::open(&golden)

@@ -18,11 +18,12 @@
 
 use candle_core::{Device, IndexOp, Tensor};
 use candle_nn::VarBuilder;
+use flashdiff_kernels::ops::{add_gated, gelu_tanh, gelu_tanh_inplace, norm_modulate, rms_rope};
 
 use crate::joint::TensorSource;
 use crate::joint::{
-    check_rows, check_text_cache, layer_norm, lin, modulate, rms, rope, rope_table, text_context,
-    Attention, Embedder, Lin, Pass,
+    check_rows, check_text_cache, lin, modulate, rope_table, rotation, text_context, Attention,
+    Embedder, Lin, Pass,
 };
 pub use crate::joint::{JointOutput, Rows};
 use crate::joint_denoiser::{JointDenoiser, JointModel, PixelIndex};
@@ -372,6 +373,9 @@ impl Flux {
             &dev,
         )?;
         let txt_pe = rope_table(cfg.axes_dim, cfg.theta, (0..nt).map(|_| [0.0f32; 3]), &dev)?;
+        // The same angles as one `rows x head_dim` table (cosines, then sines) for the fused
+        // norm + rotation.
+        let (img_rot, txt_rot) = (rotation(&img_pe)?, rotation(&txt_pe)?);
         // With a text cache the text stream is not computed: its keys and values at every
         // layer come from the cache, and only image rows make queries.
         let cached = rows.text_cache;
@@ -394,14 +398,12 @@ impl Flux {
             let im = cond.narrow(0, c, 6)?;
             let tm = cond.narrow(0, c + 6, 6)?;
             c += 12;
-            let (iq, ik, iv) = qkv(&b.img.attn, &modulate(&img, &im, 0)?, cfg)?;
-            let (iq, ik) = (rope(&iq, &img_pe)?, rope(&ik, &img_pe)?);
+            let (iq, ik, iv) = qkv(&b.img.attn, &modulate(&img, &im, 0)?, &img_rot, cfg)?;
             let (q, tk, tv) = match text_kv(layer)? {
                 Some((tk, tv)) => (iq, tk, tv),
                 None => {
-                    let (tq, tk, tv) = qkv(&b.txt.attn, &modulate(&txt, &tm, 0)?, cfg)?;
-                    let tk = rope(&tk, &txt_pe)?;
-                    (Tensor::cat(&[&rope(&tq, &txt_pe)?, &iq], 0)?, tk, tv)
+                    let (tq, tk, tv) = qkv(&b.txt.attn, &modulate(&txt, &tm, 0)?, &txt_rot, cfg)?;
+                    (Tensor::cat(&[&tq, &iq], 0)?, tk, tv)
                 }
             };
             let out = pass.attend(Attention {
@@ -428,13 +430,10 @@ impl Flux {
         } else {
             Tensor::cat(&[&txt, &img], 0)?
         };
-        let pe = if cached.is_some() {
-            img_pe
+        let rot = if cached.is_some() {
+            img_rot
         } else {
-            (
-                Tensor::cat(&[&txt_pe.0, &img_pe.0], 0)?,
-                Tensor::cat(&[&txt_pe.1, &img_pe.1], 0)?,
-            )
+            Tensor::cat(&[&txt_rot, &img_rot], 0)?
         };
         let (h, m) = (cfg.hidden, cfg.mlp_hidden());
         for b in &self.single {
@@ -442,13 +441,13 @@ impl Flux {
             c += 3;
             let y = b.linear1.forward(&modulate(&x, &md, 0)?)?;
             let rows_all = qt + n;
-            let split = |i: usize| {
-                y.narrow(1, i * h, h)?
-                    .reshape((rows_all, cfg.heads, cfg.head_dim()))
+            let shape = (rows_all, cfg.heads, cfg.head_dim());
+            let normed = |i: usize, scale: &Tensor| {
+                rms_rope(&y.narrow(1, i * h, h)?, scale, &rot, cfg.heads, 1e-6)?.reshape(shape)
             };
-            let q = rope(&rms(&split(0)?, &b.q_norm)?, &pe)?;
-            let k = rope(&rms(&split(1)?, &b.k_norm)?, &pe)?;
-            let v = split(2)?;
+            let q = normed(0, &b.q_norm)?;
+            let k = normed(1, &b.k_norm)?;
+            let v = y.narrow(1, 2 * h, h)?.reshape(shape)?;
             let (ik, iv) = (k.narrow(0, qt, n)?, v.narrow(0, qt, n)?);
             let (tk, tv) = match text_kv(layer)? {
                 Some(t) => t,
@@ -463,9 +462,9 @@ impl Flux {
                 layer,
                 saliency: false,
             })?;
-            let mlp = y.narrow(1, 3 * h, m)?.gelu()?;
+            let mlp = gelu_tanh(&y.narrow(1, 3 * h, m)?)?;
             let o = b.linear2.forward(&Tensor::cat(&[&out, &mlp], 1)?)?;
-            x = x.add(&o.broadcast_mul(&md.i(2)?)?)?;
+            x = add_gated(&x, &o, &md.i(2)?)?;
             ks.push(ik);
             vs.push(iv);
             tks.push(tk);
@@ -475,9 +474,7 @@ impl Flux {
         let img = x.narrow(0, qt, n)?;
         let fm = cond.narrow(0, c, 2)?;
         // The final layer's chunks are (shift, scale).
-        let y = layer_norm(&img)?
-            .broadcast_mul(&(fm.i(1)? + 1.0)?)?
-            .broadcast_add(&fm.i(0)?)?;
+        let y = norm_modulate(&img, &fm.i(0)?, &fm.i(1)?, 1e-6)?;
         let velocity = self.final_linear.forward(&y)?;
         let text = if cached.is_some() {
             None
@@ -488,29 +485,34 @@ impl Flux {
     }
 }
 
-/// Q (normed), K (normed) and V of one stream, each `rows x heads x head_dim`, before RoPE.
-fn qkv(a: &Attn, x: &Tensor, cfg: &FluxConfig) -> candle_core::Result<(Tensor, Tensor, Tensor)> {
+/// Q and K (normed and rotated by `rot`, see [`rotation`]) and V of one stream, each `rows x
+/// heads x head_dim`.
+fn qkv(
+    a: &Attn,
+    x: &Tensor,
+    rot: &Tensor,
+    cfg: &FluxConfig,
+) -> candle_core::Result<(Tensor, Tensor, Tensor)> {
     let y = a.qkv.forward(x)?;
-    let r = y.dim(0)?;
+    let shape = (y.dim(0)?, cfg.heads, cfg.head_dim());
     let h = cfg.hidden;
-    let split = |i: usize| {
-        y.narrow(1, i * h, h)?
-            .reshape((r, cfg.heads, cfg.head_dim()))
+    let normed = |i: usize, scale: &Tensor| {
+        rms_rope(&y.narrow(1, i * h, h)?, scale, rot, cfg.heads, 1e-6)?.reshape(shape)
     };
     Ok((
-        rms(&split(0)?, &a.q_norm)?,
-        rms(&split(1)?, &a.k_norm)?,
-        split(2)?,
+        normed(0, &a.q_norm)?,
+        normed(1, &a.k_norm)?,
+        y.narrow(1, 2 * h, h)?.reshape(shape)?,
     ))
 }
 
 /// The rest of a double block's stream after attention: projection, gate, MLP.
 fn stream_rest(s: &Stream, x: &Tensor, attn: &Tensor, m: &Tensor) -> candle_core::Result<Tensor> {
-    let x = x.add(&s.attn.proj.forward(attn)?.broadcast_mul(&m.i(2)?)?)?;
+    let x = add_gated(x, &s.attn.proj.forward(attn)?, &m.i(2)?)?;
     let h = s
         .mlp_out
-        .forward(&s.mlp_in.forward(&modulate(&x, m, 3)?)?.gelu()?)?;
-    x.add(&h.broadcast_mul(&m.i(5)?)?)
+        .forward(&gelu_tanh_inplace(s.mlp_in.forward(&modulate(&x, m, 3)?)?)?)?;
+    add_gated(&x, &h, &m.i(5)?)
 }
 
 /// The sinusoidal embedding of a time or guidance value (x 1000), `1 x dim`: cosines then

@@ -1,0 +1,205 @@
+"""The engine's forward against diffusers on PyTorch: same weights, same inputs, same threads,
+same machine, in one run.
+
+    python3 bench/speed_study.py [--threads 2] [--reps 5] [--rounds 3]
+                                 [--cases tinyflux,flux-1024,flux-4096]
+                                 [--out target/speed] [--binary PATH] [--keep DIR]
+
+Cases:
+  tinyflux     the built-in TinyFLUX (models/tinyflux), 64 image tokens, 16 text tokens;
+  tinyflux-l   the built-in TinyFLUX-L (models/tinyflux-l), 256 image tokens;
+  flux-1024    FLUX.1's block structure and head width (128, RoPE 16/56/56, 512 text tokens,
+  flux-4096    guidance embedding) at width 768 (6 heads), one double and two single blocks,
+               random weights, at 1024 and 4096 image tokens (the shape of
+               `cargo bench -p flashdiff-models --bench flux`).
+
+For each case the transformer is diffusers' `FluxTransformer2DModel`; its folder is what the
+engine loads (`models/examples/forward_speed.rs`, built in release). Both sides compute the
+whole forward from the same text states, pooled vector, time and guidance: PyTorch's call, and
+the engine's context + step conditioning + forward. The two alternate, `--rounds` times each
+(a machine shared with other tenants drifts between minutes); each round times `--reps` runs
+after a warm-up. Reported: the median of the rounds' medians, the ratio engine / PyTorch, the engine's subset forwards (25/50/75% of
+the image rows against the full forward's cached K/V and text) as a multiple of their share of
+the full forward, and the parity of the two velocities in dB (peak = max |PyTorch velocity|).
+Writes OUT/speed.json and OUT/speed.md.
+"""
+import argparse
+import json
+import math
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+import torch
+from diffusers import FluxTransformer2DModel
+from safetensors.torch import load_file, save_file
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+FLUX_SHAPED = dict(patch_size=1, in_channels=64, out_channels=64, num_layers=1,
+                   num_single_layers=2, attention_head_dim=128, num_attention_heads=6,
+                   joint_attention_dim=4096, pooled_projection_dim=768, guidance_embeds=True,
+                   axes_dims_rope=(16, 56, 56))
+
+
+def built_in(folder):
+    """A built-in model's transformer folder, its RoPE axes and text length."""
+    path = os.path.join(ROOT, "models", folder, "transformer")
+    model = FluxTransformer2DModel.from_pretrained(path, torch_dtype=torch.float32)
+    return model, path, list(model.config.axes_dims_rope)
+
+
+def random_model(seed):
+    """The FLUX-shaped model with every weight drawn (diffusers zero-initialises some)."""
+    torch.manual_seed(seed)
+    model = FluxTransformer2DModel(**FLUX_SHAPED)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if p.dim() == 2:
+                p.copy_(torch.randn_like(p) / math.sqrt(p.shape[1]))
+            elif "norm" in name and name.endswith("weight"):
+                p.copy_(1 + 0.1 * torch.randn_like(p))
+            else:
+                p.copy_(0.1 * torch.randn_like(p))
+    return model
+
+
+def cases(names, tmp):
+    for name in names:
+        if name in ("tinyflux", "tinyflux-l"):
+            model, path, axes = built_in(name)
+            tokens = {"tinyflux": 64, "tinyflux-l": 256}[name]
+            yield name, model, path, axes, tokens, 16
+        elif name.startswith("flux-"):
+            tokens = int(name.split("-")[1])
+            model = random_model(1)
+            path = os.path.join(tmp, name)
+            model.save_pretrained(path, safe_serialization=True)
+            yield name, model, path, list(FLUX_SHAPED["axes_dims_rope"]), tokens, 512
+        else:
+            raise SystemExit(f"unknown case {name}: tinyflux, tinyflux-l, flux-1024, flux-4096")
+
+
+def median(xs):
+    return sorted(xs)[len(xs) // 2]
+
+
+@torch.inference_mode()
+def torch_time(model, inputs, reps):
+    grid = int(round(math.sqrt(inputs["x"].shape[0])))
+    r = torch.arange(grid, dtype=torch.float32).repeat_interleave(grid)
+    c = torch.arange(grid, dtype=torch.float32).repeat(grid)
+    img_ids = torch.stack([torch.zeros_like(r), r, c], 1)
+    txt_ids = torch.zeros(inputs["txt"].shape[0], 3)
+    kw = dict(hidden_states=inputs["x"][None], encoder_hidden_states=inputs["txt"][None],
+              pooled_projections=inputs["pooled"][None], timestep=inputs["t"],
+              img_ids=img_ids, txt_ids=txt_ids, return_dict=False)
+    if model.config.guidance_embeds:
+        kw["guidance"] = inputs["g"]
+    out = model(**kw)[0][0]
+    times = []
+    for _ in range(reps):
+        s = time.perf_counter()
+        model(**kw)
+        times.append((time.perf_counter() - s) * 1e3)
+    return median(times), out
+
+
+def engine_binary(given):
+    if given:
+        return given
+    subprocess.run(["cargo", "build", "--release", "-q", "-p", "flashdiff-models",
+                    "--example", "forward_speed"], cwd=ROOT, check=True)
+    return os.path.join(ROOT, "target", "release", "examples", "forward_speed")
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--cases", default="tinyflux,flux-1024,flux-4096")
+    ap.add_argument("--out", default=os.path.join(ROOT, "target", "speed"))
+    ap.add_argument("--binary", help="a built forward_speed example (default: build it)")
+    ap.add_argument("--keep", help="write the weights and inputs here and keep them (for a "
+                    "profiler run of the example); default: a temporary folder")
+    a = ap.parse_args()
+    if a.threads < 1 or a.reps < 1 or a.rounds < 1:
+        raise SystemExit("--threads, --reps and --rounds must be at least 1")
+    torch.set_num_threads(a.threads)
+    binary = engine_binary(a.binary)
+    os.makedirs(a.out, exist_ok=True)
+    rows = []
+    with tempfile.TemporaryDirectory() as scratch:
+        tmp = a.keep or scratch
+        os.makedirs(tmp, exist_ok=True)
+        for name, model, path, axes, tokens, nt in cases(a.cases.split(","), tmp):
+            model.eval()
+            g = torch.Generator().manual_seed(tokens)
+            cfg = model.config
+            inputs = {
+                "x": torch.randn(tokens, cfg.in_channels, generator=g),
+                "txt": torch.randn(nt, cfg.joint_attention_dim, generator=g),
+                "pooled": torch.randn(cfg.pooled_projection_dim, generator=g),
+                "t": torch.tensor([0.7]),
+                "g": torch.tensor([3.5]),
+            }
+            inp = os.path.join(tmp, f"{name}-inputs.safetensors")
+            vel = os.path.join(tmp, f"{name}-velocity.safetensors")
+            save_file(inputs, inp)
+            env = dict(os.environ, RAYON_NUM_THREADS=str(a.threads))
+            runs, torch_runs = [], []
+            for r in range(a.rounds):
+                print(f"[{name}] round {r + 1}/{a.rounds}: engine, PyTorch", file=sys.stderr,
+                      flush=True)
+                res = subprocess.run([binary, "--weights", path, "--inputs", inp, "--axes",
+                                      ",".join(map(str, axes)), "--reps", str(a.reps),
+                                      "--out", vel],
+                                     env=env, check=True, capture_output=True, text=True)
+                runs.append(json.loads(res.stdout))
+                ms, ref = torch_time(model, inputs, a.reps)
+                torch_runs.append(ms)
+            eng = {"full_ms": median([e["full_ms"] for e in runs]),
+                   "subset_ms": {k: median([e["subset_ms"][k] for e in runs])
+                                 for k in runs[0]["subset_ms"]}}
+            torch_ms = median(torch_runs)
+            mine = load_file(vel)["velocity"]
+            mse = float(((mine - ref) ** 2).mean())
+            peak = float(ref.abs().max())
+            db = float("inf") if mse == 0 else 10 * math.log10(peak * peak / mse)
+            row = dict(case=name, tokens=tokens, text_tokens=nt, threads=a.threads,
+                       reps=a.reps, rounds=a.rounds, engine_ms=eng["full_ms"], torch_ms=torch_ms,
+                       engine_rounds=[e["full_ms"] for e in runs], torch_rounds=torch_runs,
+                       ratio=eng["full_ms"] / torch_ms, parity_db=db,
+                       subset_ms=eng["subset_ms"],
+                       subset_share={k: v / eng["full_ms"] / (int(k) / 100)
+                                     for k, v in eng["subset_ms"].items()})
+            rows.append(row)
+            print(json.dumps(row), file=sys.stderr, flush=True)
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT,
+                            capture_output=True, text=True).stdout.strip()
+    meta = dict(commit=commit, threads=a.threads, reps=a.reps, rounds=a.rounds,
+                torch=torch.__version__,
+                cpu=os.cpu_count())
+    with open(os.path.join(a.out, "speed.json"), "w") as f:
+        json.dump(dict(meta=meta, rows=rows), f, indent=1)
+    lines = [f"Commit {commit}, {a.threads} threads, median of {a.rounds} alternating rounds of "
+             f"{a.reps} runs each, PyTorch {torch.__version__}.",
+             "",
+             "| case | image / text tokens | engine ms | PyTorch ms | engine / PyTorch "
+             "| subset 25 / 50 / 75% (x share) | parity dB |",
+             "| --- | --- | --- | --- | --- | --- | --- |"]
+    for r in rows:
+        sub = " / ".join(f"{r['subset_share'][k]:.2f}" for k in ("25", "50", "75"))
+        lines.append(f"| {r['case']} | {r['tokens']} / {r['text_tokens']} | {r['engine_ms']:.1f} "
+                     f"| {r['torch_ms']:.1f} | {r['ratio']:.2f} | {sub} | {r['parity_db']:.1f} |")
+    md = "\n".join(lines) + "\n"
+    with open(os.path.join(a.out, "speed.md"), "w") as f:
+        f.write(md)
+    print(md)
+
+
+if __name__ == "__main__":
+    main()
