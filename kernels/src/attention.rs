@@ -40,14 +40,7 @@ pub fn attention_f32(
     out: &mut [f32],
     stats: &mut AttnStats<'_>,
 ) {
-    assert!(
-        heads > 0 && d % heads == 0,
-        "attention_f32: d not divisible by heads"
-    );
-    assert_eq!(q.len(), nq * d, "attention_f32: q is not nq x d");
-    assert_eq!(k.len(), nk * d, "attention_f32: k is not nk x d");
-    assert_eq!(v.len(), nk * d, "attention_f32: v is not nk x d");
-    assert_eq!(out.len(), nq * d, "attention_f32: out is not nq x d");
+    check_shapes("attention_f32", (q, nq), (k, v, nk), d, heads, out);
     if let Some((p, _)) = &stats.probs {
         assert_eq!(
             p.len(),
@@ -103,6 +96,26 @@ pub fn attention_f32(
             &mut st,
         );
     }
+}
+
+/// The shape checks both attention kernels make: `heads` divides `d`, `q` and `out` hold
+/// `nq x d` values, `k` and `v` `nk x d`. Panics naming `kernel` otherwise.
+pub(crate) fn check_shapes(
+    kernel: &str,
+    (q, nq): (&[f32], usize),
+    (k, v, nk): (&[f32], &[f32], usize),
+    d: usize,
+    heads: usize,
+    out: &[f32],
+) {
+    assert!(
+        heads > 0 && d % heads == 0,
+        "{kernel}: d not divisible by heads"
+    );
+    assert_eq!(q.len(), nq * d, "{kernel}: q is not nq x d");
+    assert_eq!(k.len(), nk * d, "{kernel}: k is not nk x d");
+    assert_eq!(v.len(), nk * d, "{kernel}: v is not nk x d");
+    assert_eq!(out.len(), nq * d, "{kernel}: out is not nq x d");
 }
 
 /// Queries per block of [`attention_f32`].

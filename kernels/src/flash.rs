@@ -7,6 +7,7 @@
 use gemm::{gemm, Parallelism};
 
 use crate::activation::exp_f32;
+use crate::attention::check_shapes;
 use crate::par::for_row_chunks;
 
 /// Queries per task and keys per tile: the best of 32-256 x 128-1536 for FLUX's heads of 128
@@ -30,14 +31,7 @@ pub fn flash_attention_f32(
     heads: usize,
     out: &mut [f32],
 ) {
-    assert!(
-        heads > 0 && d % heads == 0,
-        "flash_attention_f32: d not divisible by heads"
-    );
-    assert_eq!(q.len(), nq * d, "flash_attention_f32: q is not nq x d");
-    assert_eq!(k.len(), nk * d, "flash_attention_f32: k is not nk x d");
-    assert_eq!(v.len(), nk * d, "flash_attention_f32: v is not nk x d");
-    assert_eq!(out.len(), nq * d, "flash_attention_f32: out is not nq x d");
+    check_shapes("flash_attention_f32", (q, nq), (k, v, nk), d, heads, out);
     if nq == 0 {
         return;
     }

@@ -508,7 +508,7 @@ pub fn rms_rope(
     eps: f32,
 ) -> Result<Tensor> {
     if x.device().is_cpu() {
-        let x = if x.stride()[1] == 1 {
+        let x = if x.rank() == 2 && x.stride()[1] == 1 {
             x.clone()
         } else {
             x.contiguous()?
@@ -551,6 +551,25 @@ pub fn rms_rope_composed(
     Tensor::stack(&[r0, r1], 3)?.reshape((rows, d))
 }
 
+/// The `nq x d` queries and `nk x d` keys and values of an attention op, checked.
+#[allow(clippy::type_complexity)]
+fn qkv_slices<'a>(
+    op: &str,
+    (s1, l1): (&'a CpuStorage, &Layout),
+    (s2, l2): (&'a CpuStorage, &Layout),
+    (s3, l3): (&'a CpuStorage, &Layout),
+) -> Result<((usize, usize, usize), (&'a [f32], &'a [f32], &'a [f32]))> {
+    let (nq, d) = l1.shape().dims2()?;
+    let (nk, dk) = l2.shape().dims2()?;
+    if dk != d || l3.shape().dims2()? != (nk, d) {
+        candle_core::bail!("{op}: q is {nq}x{d}, k and v must be nk x {d}");
+    }
+    Ok((
+        (nq, nk, d),
+        (slice(s1, l1, op)?, slice(s2, l2, op)?, slice(s3, l3, op)?),
+    ))
+}
+
 struct Flash {
     heads: usize,
 }
@@ -568,16 +587,7 @@ impl CustomOp3 for Flash {
         s3: &CpuStorage,
         l3: &Layout,
     ) -> Result<(CpuStorage, Shape)> {
-        let (nq, d) = l1.shape().dims2()?;
-        let (nk, dk) = l2.shape().dims2()?;
-        if dk != d || l3.shape().dims2()? != (nk, d) {
-            candle_core::bail!("flash_attention: q is {nq}x{d}, k and v must be nk x {d}");
-        }
-        let (q, k, v) = (
-            slice(s1, l1, self.name())?,
-            slice(s2, l2, self.name())?,
-            slice(s3, l3, self.name())?,
-        );
+        let ((nq, nk, d), (q, k, v)) = qkv_slices("flash_attention", (s1, l1), (s2, l2), (s3, l3))?;
         let mut out = vec![0.0f32; nq * d];
         flash_attention_f32(q, nq, k, v, nk, d, self.heads, &mut out);
         Ok((CpuStorage::F32(out), Shape::from((nq, d))))
@@ -691,16 +701,7 @@ impl CustomOp3 for Attention<'_> {
         s3: &CpuStorage,
         l3: &Layout,
     ) -> Result<(CpuStorage, Shape)> {
-        let (nq, d) = l1.shape().dims2()?;
-        let (nk, dk) = l2.shape().dims2()?;
-        if dk != d || l3.shape().dims2()? != (nk, d) {
-            candle_core::bail!("attention: q is {nq}x{d}, k and v must be nk x {d}");
-        }
-        let (q, k, v) = (
-            slice(s1, l1, self.name())?,
-            slice(s2, l2, self.name())?,
-            slice(s3, l3, self.name())?,
-        );
+        let ((nq, nk, d), (q, k, v)) = qkv_slices("attention", (s1, l1), (s2, l2), (s3, l3))?;
         let groups = self.wants.key_groups.map_or(0, |g| g.1);
         let np = if self.wants.probs { nk } else { 0 };
         let width = d + groups + np;

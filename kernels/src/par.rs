@@ -108,19 +108,19 @@ mod tests {
 
     #[cfg(target_arch = "x86_64")]
     #[test]
-    fn tasks_run_in_the_callers_denormal_mode() {
-        crate::flush_denormals_to_zero();
-        let tiny = f32::MIN_POSITIVE / 4.0; // a denormal
-        let mut out = vec![1.0f32; 1 << 17];
-        for_row_chunks(&mut out, 1, 1 << 12, |_, c| {
-            for v in c {
-                // Flushed to zero under FTZ/DAZ; the denormal itself without.
-                *v = std::hint::black_box(tiny) * std::hint::black_box(1.0);
-            }
-        });
-        assert!(
-            out.iter().all(|&v| v == 0.0),
-            "a task ignored the caller's FTZ mode"
+    fn a_task_runs_in_the_mode_it_is_given_and_restores_its_own() {
+        // This test's thread starts without FTZ/DAZ; a denormal survives a multiplication.
+        let tiny = f32::MIN_POSITIVE / 4.0;
+        let product = || std::hint::black_box(tiny) * std::hint::black_box(1.0);
+        assert_ne!(product(), 0.0, "the test thread already flushes denormals");
+        let own = mxcsr();
+        let flushing = own | (1 << 15) | (1 << 6);
+        assert_eq!(
+            in_mode(flushing, product),
+            0.0,
+            "the given mode was not applied"
         );
+        assert_eq!(mxcsr(), own, "the thread's own mode was not restored");
+        assert_ne!(product(), 0.0);
     }
 }

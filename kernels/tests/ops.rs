@@ -260,6 +260,8 @@ fn rms_rope_refuses_odd_heads_and_bad_tables() {
     assert!(e.to_string().contains("even width"), "{e}");
     let e = rms_rope(&x, &randn(&[6], 43), &randn(&[3, 6], 42), 1, 1e-6).unwrap_err();
     assert!(e.to_string().contains("table"), "{e}");
+    // A tensor of another rank is an error, not a panic.
+    assert!(rms_rope(&randn(&[2, 2, 4], 44), &randn(&[4], 43), &table, 2, 1e-6).is_err());
 }
 
 #[test]
