@@ -196,90 +196,6 @@ pub fn layer_norm_plain(x: &Tensor, eps: f32) -> Result<Tensor> {
     xc.broadcast_div(&(var + eps as f64)?.sqrt()?)
 }
 
-struct BlasLinear {
-    bias: bool,
-}
-
-impl BlasLinear {
-    fn run(
-        &self,
-        x: (&CpuStorage, &Layout),
-        w: (&CpuStorage, &Layout),
-        b: Option<(&CpuStorage, &Layout)>,
-    ) -> Result<(CpuStorage, Shape)> {
-        let name = "blas_linear";
-        let (rows, inp) = x.1.shape().dims2()?;
-        let (out, w_in) = w.1.shape().dims2()?;
-        if w_in != inp {
-            candle_core::bail!("linear: x is {rows}x{inp}, weight {out}x{w_in}");
-        }
-        let (xs, ws) = (slice(x.0, x.1, name)?, slice(w.0, w.1, name)?);
-        let blas = match crate::blas::blas() {
-            Some(b) => b,
-            None => candle_core::bail!("linear: no BLAS loaded"),
-        };
-        let mut y = match b {
-            Some((bs, bl)) => {
-                let bias = slice(bs, bl, name)?;
-                if bias.len() != out {
-                    candle_core::bail!("linear: bias of {} for {out} outputs", bias.len());
-                }
-                let mut y = Vec::with_capacity(rows * out);
-                for _ in 0..rows {
-                    y.extend_from_slice(bias);
-                }
-                y
-            }
-            None => vec![0.0f32; rows * out],
-        };
-        // Blocks of rows in parallel, each one single-threaded sgemm.
-        let per = rows.div_ceil(rayon::current_num_threads().max(1)).max(16);
-        for_row_chunks(&mut y, out, per, |first, c| {
-            let n = c.len() / out;
-            blas.linear(
-                &xs[first * inp..(first + n) * inp],
-                ws,
-                c,
-                (n, inp, out),
-                self.bias,
-            );
-        });
-        Ok((CpuStorage::F32(y), Shape::from((rows, out))))
-    }
-}
-
-impl CustomOp2 for BlasLinear {
-    fn name(&self) -> &'static str {
-        "blas_linear"
-    }
-    fn cpu_fwd(
-        &self,
-        s1: &CpuStorage,
-        l1: &Layout,
-        s2: &CpuStorage,
-        l2: &Layout,
-    ) -> Result<(CpuStorage, Shape)> {
-        self.run((s1, l1), (s2, l2), None)
-    }
-}
-
-impl CustomOp3 for BlasLinear {
-    fn name(&self) -> &'static str {
-        "blas_linear"
-    }
-    fn cpu_fwd(
-        &self,
-        s1: &CpuStorage,
-        l1: &Layout,
-        s2: &CpuStorage,
-        l2: &Layout,
-        s3: &CpuStorage,
-        l3: &Layout,
-    ) -> Result<(CpuStorage, Shape)> {
-        self.run((s1, l1), (s2, l2), Some((s3, l3)))
-    }
-}
-
 /// Rows from which [`linear_fast`] calls a system BLAS: below, this crate's kernel was faster
 /// (TinyFLUX's 16-80 rows: 2.1 against 3.3 ms for a 16-row forward).
 const BLAS_MIN_ROWS: usize = 256;
@@ -291,19 +207,17 @@ const BLAS_MIN_ROWS: usize = 256;
 /// on other devices candle's matmul and a bias add.
 pub fn linear_fast(x: &Tensor, w: &Tensor, b: Option<&Tensor>) -> Result<Tensor> {
     let f32s = x.dtype() == DType::F32 && w.dtype() == DType::F32;
-    let big = x.rank() == 2 && x.dim(0)? >= BLAS_MIN_ROWS;
-    if x.device().is_cpu() && f32s && big && crate::blas::blas().is_some() {
-        let (x, w) = (x.contiguous()?, w.contiguous()?);
-        return match b {
-            Some(b) => x.apply_op3_no_bwd(&w, &b.contiguous()?, &BlasLinear { bias: true }),
-            None => x.apply_op2_no_bwd(&w, &BlasLinear { bias: false }),
-        };
-    }
     if x.device().is_cpu() && f32s && x.rank() == 2 {
+        let op = RowsLinear {
+            blas: match x.dim(0)? >= BLAS_MIN_ROWS {
+                true => crate::blas::blas(),
+                false => None,
+            },
+        };
         let (x, w) = (x.contiguous()?, w.contiguous()?);
         return match b {
-            Some(b) => x.apply_op3_no_bwd(&w, &b.contiguous()?, &RowsLinear),
-            None => x.apply_op2_no_bwd(&w, &RowsLinear),
+            Some(b) => x.apply_op3_no_bwd(&w, &b.contiguous()?, &op),
+            None => x.apply_op2_no_bwd(&w, &op),
         };
     }
     let y = x.matmul(&w.t()?)?;
@@ -313,18 +227,22 @@ pub fn linear_fast(x: &Tensor, w: &Tensor, b: Option<&Tensor>) -> Result<Tensor>
     }
 }
 
-/// [`linear_f32`] over blocks of rows in parallel: each row computed as the kernel computes
-/// it alone, so results do not depend on the machine's cache sizes, the thread count or the
-/// other rows (candle's matmul picks its blocking by CPU).
-struct RowsLinear;
+/// A linear layer over blocks of rows in parallel: [`linear_f32`] (each row computed as the
+/// kernel computes it alone, so results do not depend on the machine's cache sizes, the
+/// thread count or the other rows, where candle's matmul picks its blocking by CPU), or a
+/// single-threaded BLAS `sgemm` per block into rows that start as the bias.
+struct RowsLinear {
+    blas: Option<&'static crate::blas::Blas>,
+}
 
 impl RowsLinear {
     fn run(
+        &self,
         x: (&CpuStorage, &Layout),
         w: (&CpuStorage, &Layout),
         b: Option<(&CpuStorage, &Layout)>,
     ) -> Result<(CpuStorage, Shape)> {
-        let name = "rows_linear";
+        let name = "linear";
         let (rows, inp) = x.1.shape().dims2()?;
         let (out, w_in) = w.1.shape().dims2()?;
         let bias = match b {
@@ -337,18 +255,32 @@ impl RowsLinear {
             );
         }
         let (xs, ws) = (slice(x.0, x.1, name)?, slice(w.0, w.1, name)?);
-        let mut y = vec![0.0f32; rows * out];
-        for_row_chunks(&mut y, out, rows_per_task(rows), |first, c| {
+        let Some(blas) = self.blas else {
+            let mut y = vec![0.0f32; rows * out];
+            for_row_chunks(&mut y, out, rows_per_task(rows), |first, c| {
+                let n = c.len() / out;
+                linear_f32(
+                    &xs[first * inp..(first + n) * inp],
+                    n,
+                    inp,
+                    ws,
+                    bias,
+                    out,
+                    c,
+                );
+            });
+            return Ok((CpuStorage::F32(y), Shape::from((rows, out))));
+        };
+        let mut y = match bias {
+            Some(bias) => bias.repeat(rows),
+            None => vec![0.0f32; rows * out],
+        };
+        // One block of rows per thread, each one single-threaded sgemm.
+        let per = rows.div_ceil(rayon::current_num_threads().max(1)).max(16);
+        for_row_chunks(&mut y, out, per, |first, c| {
             let n = c.len() / out;
-            linear_f32(
-                &xs[first * inp..(first + n) * inp],
-                n,
-                inp,
-                ws,
-                bias,
-                out,
-                c,
-            );
+            let x = &xs[first * inp..(first + n) * inp];
+            blas.linear(x, ws, c, (n, inp, out), bias.is_some());
         });
         Ok((CpuStorage::F32(y), Shape::from((rows, out))))
     }
@@ -356,7 +288,7 @@ impl RowsLinear {
 
 impl CustomOp2 for RowsLinear {
     fn name(&self) -> &'static str {
-        "rows_linear"
+        "linear_rows"
     }
     fn cpu_fwd(
         &self,
@@ -365,13 +297,13 @@ impl CustomOp2 for RowsLinear {
         s2: &CpuStorage,
         l2: &Layout,
     ) -> Result<(CpuStorage, Shape)> {
-        Self::run((s1, l1), (s2, l2), None)
+        self.run((s1, l1), (s2, l2), None)
     }
 }
 
 impl CustomOp3 for RowsLinear {
     fn name(&self) -> &'static str {
-        "rows_linear"
+        "linear_rows"
     }
     fn cpu_fwd(
         &self,
@@ -382,7 +314,7 @@ impl CustomOp3 for RowsLinear {
         s3: &CpuStorage,
         l3: &Layout,
     ) -> Result<(CpuStorage, Shape)> {
-        Self::run((s1, l1), (s2, l2), Some((s3, l3)))
+        self.run((s1, l1), (s2, l2), Some((s3, l3)))
     }
 }
 

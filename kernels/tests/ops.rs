@@ -279,3 +279,37 @@ fn add_gated_matches_the_composed_form() {
     let e = add_gated(&randn(&[3, 4], 1), &randn(&[3, 5], 2), &randn(&[4], 3)).unwrap_err();
     assert!(e.to_string().contains("must match"), "{e}");
 }
+
+#[test]
+fn linear_fast_matches_candles_matmul_below_and_above_the_blas_rows() {
+    use flashdiff_kernels::ops::linear_fast;
+    // 300 rows reach the system BLAS where one is installed; 7 run the kernels' GEMM.
+    for rows in [7usize, 300] {
+        let (x, w, b) = (
+            randn(&[rows, 40], 61),
+            randn(&[24, 40], 62),
+            randn(&[24], 63),
+        );
+        let want = x.matmul(&w.t().unwrap()).unwrap();
+        close(
+            "linear_fast",
+            &linear_fast(&x, &w, None).unwrap(),
+            &want,
+            1e-5,
+        );
+        let want = want.broadcast_add(&b).unwrap();
+        close(
+            "linear_fast + bias",
+            &linear_fast(&x, &w, Some(&b)).unwrap(),
+            &want,
+            1e-5,
+        );
+    }
+    let e = linear_fast(
+        &randn(&[300, 40], 1),
+        &randn(&[24, 40], 2),
+        Some(&randn(&[5], 3)),
+    )
+    .unwrap_err();
+    assert!(e.to_string().contains("bias"), "{e}");
+}
