@@ -5,7 +5,7 @@
  * fd_last_error_detail() gives this thread's detail. Handles come from fd_<thing>_new and
  * go back with fd_<thing>_free(&handle), which NULLs the pointer. Thread safety is stated
  * on each handle type: fd_engine may be shared between threads (every call but
- * fd_engine_free), fd_layout read by many at once, the other handles used by one thread
+ * fd_engine_free; it runs the model on a thread of its own), fd_layout read by many at once, the other handles used by one thread
  * at a time. No call panics or aborts across this boundary.
  *
  * Signals and child processes: with fd_engine_config.processes the library starts worker
@@ -29,6 +29,57 @@
 /* major * 10000 + minor * 100 + patch, as fd_version() returns at run time */
 #define FLASHDIFF_VERSION (0 * 10000 + 1 * 100 + 0)
 #define FLASHDIFF_VERSION_STRING "0.1.0"
+
+/**
+ * How a request is executed: the value of fd_request_config.mode (`--mode` and the
+ * "mode" field by name).
+ */
+enum fd_mode {
+  /**
+   * The change budget deciding whole steps from the patches' changes. ("flashdiff")
+   */
+  FD_MODE_FLASHDIFF = 0,
+  /**
+   * Saliency patches, no skipping. ("no-skip")
+   */
+  FD_MODE_NO_SKIP = 1,
+  /**
+   * Full computation: ordinary sampling. ("full")
+   */
+  FD_MODE_FULL = 2,
+  /**
+   * NaivePatch: patches denoised independently and stitched. ("naive-patch")
+   */
+  FD_MODE_NAIVE_PATCH = 3,
+  /**
+   * Whole-step caching (TeaCache-style), thresholded by cache_threshold. ("teacache")
+   */
+  FD_MODE_TEACACHE = 4,
+  /**
+   * Regional: a computed step runs only the patches at their budget. ("per-patch")
+   */
+  FD_MODE_PER_PATCH = 5,
+  /**
+   * The automatic choice between regional and whole steps (the CLI's default). ("auto")
+   */
+  FD_MODE_AUTO = 6,
+  /**
+   * Region-adaptive sampling (RAS-style). ("ras")
+   */
+  FD_MODE_RAS = 7,
+  /**
+   * Ablation: as many patches as per-patch runs, drawn at random. ("random-patches")
+   */
+  FD_MODE_RANDOM_PATCHES = 8,
+  /**
+   * Ablation: the paper's memoryless patch gate. ("patch-gate")
+   */
+  FD_MODE_PATCH_GATE = 9,
+  /**
+   * DBCache (cache-dit's dual block cache), thresholded by cache_threshold. ("dbcache")
+   */
+  FD_MODE_DBCACHE = 10,
+};
 
 
 /**
@@ -225,9 +276,8 @@ typedef uint32_t fd_completion;
  *
  * Thread safety: one handle may be used from any number of threads at once for every
  * function except `fd_engine_free`, which must not overlap any other call on the handle.
- * `fd_engine_run` and `fd_engine_step` advance the engine; submits, cancels, polls and
- * result reads from other threads go in between its scheduling rounds (each round is one
- * monotask per worker: milliseconds for the built-in model).
+ * The engine runs on its own thread from the first submit; `fd_engine_run` and
+ * `fd_engine_step` wait for it.
  */
 typedef struct fd_engine fd_engine;
 
@@ -317,10 +367,8 @@ typedef struct fd_request_config {
    */
   uint64_t seed;
   /**
-   * 0 = FlashDiff's default rule (whole steps decided by patches), 1 = no skipping, 2 =
-   * full computation, 3 = NaivePatch, 4 = whole-step caching (TeaCache-style), 5 =
-   * regional (per-patch: a computed step runs only the patches at their budget), 6 = the
-   * automatic choice between 5 and 0 (the CLI's default).
+   * An `fd_mode`: how the request is executed (the header's `enum fd_mode` is generated
+   * from the runtime's list of modes).
    */
   uint32_t mode;
   /**
@@ -694,8 +742,9 @@ fd_status fd_engine_submit_n(const struct fd_engine *e,
  * "patches", "epsilon", "adaptive_epsilon", "max_skip", "budget" (a work budget in (0, 1]:
  * the request computes at most that fraction of full computation's work), "seed", "mode",
  * "layout", "reuse", "monotasks", "cache_threshold", "priority", "deadline_ms". Fields
- * left out take [`fd_request_config_default`]'s values. It is the way to set what
- * `fd_request_config` has no field for. `json_len` bytes of UTF-8 at `json`; "id",
+ * left out take [`fd_request_config_default`]'s values, except the warm-up: left out, it is
+ * the model's own, fitted to the steps (as over HTTP and JSON lines). It is the way to set
+ * what `fd_request_config` has no field for. `json_len` bytes of UTF-8 at `json`; "id",
  * "model" and the OpenAI image fields are refused (the id is the argument, the model the
  * engine's).
  *
@@ -708,9 +757,8 @@ fd_status fd_engine_submit_json(const struct fd_engine *e,
                                 size_t json_len);
 
 /**
- * Runs until no request is pending, including requests other threads submit meanwhile
- * (the results wait for `fd_engine_result`). Other threads' calls go in between its
- * scheduling rounds.
+ * Waits until no request is pending, including requests other threads submit meanwhile
+ * (the results wait for `fd_engine_result`).
  *
  * # Safety
  * `e` live.
@@ -718,11 +766,12 @@ fd_status fd_engine_submit_json(const struct fd_engine *e,
 fd_status fd_engine_run(const struct fd_engine *e);
 
 /**
- * Advances the engine by one scheduling round and returns at once when nothing is pending:
- * a serving loop calls it between admitting new requests. With worker threads or processes
- * it waits at most `timeout_ms` (at most 10000) for a worker to report; in-process it runs
- * one monotask (milliseconds for the built-in model). `pending_out` (NULL to skip) gets the
- * requests still pending; finished ones are ready for `fd_engine_result`.
+ * Waits until the engine completes its next scheduling round (one monotask per busy
+ * worker: milliseconds for the built-in model) or `timeout_ms` (at most 10000) passes, and
+ * returns at once when nothing is pending: a serving loop calls it between admitting new
+ * requests. `timeout_ms` 0 waits for the round, however long it takes. `pending_out` (NULL
+ * to skip) gets the requests still pending; finished ones are ready for
+ * `fd_engine_result`.
  *
  * # Safety
  * `e` live; `pending_out` NULL or writable.

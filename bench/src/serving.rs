@@ -16,12 +16,14 @@
 //! one level, and the report shows each level's completions, so a p99 that the lowest level
 //! pays for the others is told apart from one the engine is slower at.
 
+use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 
 use flashdiff_models::scene;
 use flashdiff_runtime::engine::{Engine, EngineError, Mode, RequestConfig, START_WINDOW_EXTRA};
+use flashdiff_runtime::service::{Reply, Service};
 use flashdiff_scheduler::sim::bursty_arrivals;
 
 use crate::{verdict, work, BenchConfig};
@@ -687,55 +689,65 @@ pub(crate) fn serve_shaped(
     // Model time spent (warm-up + compute of every request), and completion order.
     let (mut busy, mut order) = (0.0, Vec::with_capacity(n));
     let id_base = 1_000_000 + seed;
-    while done < n {
-        let now = start.elapsed().as_secs_f64();
-        while next < n && arrivals[next] <= now {
-            queue.push_back(next);
-            next += 1;
-        }
-        while let Some(&i) = queue.front() {
-            if fifo && engine.in_flight() >= slots {
-                break;
+    Service::scoped(engine, |service| {
+        let (tx, rx) = mpsc::channel();
+        let mut in_flight = 0usize;
+        while done < n {
+            let now = start.elapsed().as_secs_f64();
+            while next < n && arrivals[next] <= now {
+                queue.push_back(next);
+                next += 1;
             }
-            queue.pop_front();
-            let scene = scene::sample(seed + 500 + i as u64);
-            let (priority, deadline) = shape(i);
-            let c = RequestConfig {
-                seed: seed + i as u64,
-                priority,
-                deadline,
-                ..base.clone()
+            while let Some(&i) = queue.front() {
+                if fifo && in_flight >= slots {
+                    break;
+                }
+                queue.pop_front();
+                let scene = scene::sample(seed + 500 + i as u64);
+                let (priority, deadline) = shape(i);
+                let c = RequestConfig {
+                    seed: seed + i as u64,
+                    priority,
+                    deadline,
+                    ..base.clone()
+                };
+                let c = crate::budget_for_mode(c);
+                let id = id_base + i as u64;
+                service.submit(id, &scene::prompt_text(&scene), c, Reply::to(tx.clone()))?;
+                in_flight += 1;
+            }
+            // Until the next arrival, or a while when every request has arrived.
+            let wait = match next < n {
+                true => (arrivals[next] - now).clamp(0.0, 0.05),
+                false => 0.05,
             };
-            let c = crate::budget_for_mode(c);
-            engine.submit(id_base + i as u64, &scene::prompt_text(&scene), c)?;
-        }
-        if engine.in_flight() > 0 {
-            engine.poll(&mut |_| {}, Duration::from_millis(5));
-        } else if next < n {
-            std::thread::sleep(Duration::from_secs_f64(
-                (arrivals[next] - now).clamp(0.0, 0.05),
-            ));
-        }
-        let t = start.elapsed().as_secs_f64();
-        for r in engine.take_finished() {
-            let o = r.map_err(|(_, e)| e)?;
-            let i = (o.report.id - id_base) as usize;
-            latency.push(t - arrivals[i]);
-            of_request[i] = t - arrivals[i];
-            busy += (o.report.time.warmup + o.report.time.compute).as_secs_f64();
-            order.push(i);
-            work_sum += work(&o, base.steps);
-            if let Some(m) = o.report.deadline_met {
-                with_deadline += 1;
-                met += m as usize;
+            let first = match rx.recv_timeout(Duration::from_secs_f64(wait)) {
+                Ok(r) => r,
+                Err(_) => continue,
+            };
+            let t = start.elapsed().as_secs_f64();
+            for (_, r) in std::iter::once(first).chain(rx.try_iter()) {
+                in_flight -= 1;
+                let o = r?;
+                let i = (o.report.id - id_base) as usize;
+                latency.push(t - arrivals[i]);
+                of_request[i] = t - arrivals[i];
+                busy += (o.report.time.warmup + o.report.time.compute).as_secs_f64();
+                order.push(i);
+                work_sum += work(&o, base.steps);
+                if let Some(m) = o.report.deadline_met {
+                    with_deadline += 1;
+                    met += m as usize;
+                }
+                if let Some(e) = o.report.mean_epsilon() {
+                    eps_sum += e;
+                    eps_n += 1;
+                }
+                done += 1;
             }
-            if let Some(e) = o.report.mean_epsilon() {
-                eps_sum += e;
-                eps_n += 1;
-            }
-            done += 1;
         }
-    }
+        Ok::<(), EngineError>(())
+    })?;
     let makespan = start.elapsed().as_secs_f64() - arrivals[0].min(start.elapsed().as_secs_f64());
     latency.sort_by(f64::total_cmp);
     let pct = |q: f64| latency[((latency.len() as f64 * q) as usize).min(latency.len() - 1)];

@@ -1,20 +1,20 @@
 //! Engine exports: create an engine over the built-in model (or given weights), submit
 //! requests, advance it a round at a time or run it to completion, poll, read each image and
-//! report, cancel, free. The engine handle is shared between threads: its state sits behind
-//! a mutex that `fd_engine_run` releases between scheduling rounds.
+//! report, cancel, free. The engine runs on its own thread (a [`Mailbox`] over the
+//! runtime's service); the handle is shared between threads, and every call other than
+//! `fd_engine_free` may come from any of them at any time.
 
-use std::collections::HashMap;
 use std::ffi::CStr;
 use std::os::raw::c_char;
 use std::path::PathBuf;
-use std::sync::{Mutex, MutexGuard};
 use std::time::Duration;
 
 use flashdiff_runtime::engine::{
-    default_weights, Engine, EngineError, LayoutKind, Mode, Output, RequestConfig, Reuse,
+    default_weights, Engine, EngineError, LayoutKind, Mode, RequestConfig, Reuse,
 };
+use flashdiff_runtime::service::{Mailbox, MailboxError, Standing};
 
-use flashdiff_runtime::schema::{RequestFields, IMAGE_FIELDS};
+use flashdiff_runtime::schema::{Front, RequestFields};
 
 use crate::error::{boundary, boundary_value, fd_status, Fail};
 use crate::ptr;
@@ -52,10 +52,8 @@ pub struct fd_request_config {
     pub max_skip: u32,
     /// Noise seed.
     pub seed: u64,
-    /// 0 = FlashDiff's default rule (whole steps decided by patches), 1 = no skipping, 2 =
-    /// full computation, 3 = NaivePatch, 4 = whole-step caching (TeaCache-style), 5 =
-    /// regional (per-patch: a computed step runs only the patches at their budget), 6 = the
-    /// automatic choice between 5 and 0 (the CLI's default).
+    /// An `fd_mode`: how the request is executed (the header's `enum fd_mode` is generated
+    /// from the runtime's list of modes).
     pub mode: u32,
     /// 0 = saliency patches, 1 = uniform patches.
     pub layout: u32,
@@ -126,40 +124,31 @@ pub struct fd_report {
 ///
 /// Thread safety: one handle may be used from any number of threads at once for every
 /// function except `fd_engine_free`, which must not overlap any other call on the handle.
-/// `fd_engine_run` and `fd_engine_step` advance the engine; submits, cancels, polls and
-/// result reads from other threads go in between its scheduling rounds (each round is one
-/// monotask per worker: milliseconds for the built-in model).
+/// The engine runs on its own thread from the first submit; `fd_engine_run` and
+/// `fd_engine_step` wait for it.
 pub struct fd_engine {
-    state: Mutex<State>,
+    inner: Mailbox,
     /// Side of the model's square image, in pixels.
     side: u32,
 }
 
-struct State {
-    inner: Engine,
-    results: HashMap<u64, Result<Output, String>>,
-}
-
-impl State {
-    /// Moves what the engine finished into the results.
-    fn collect(&mut self) {
-        self.inner.collect_finished(&mut self.results);
-    }
-}
-
-impl fd_engine {
-    fn lock(&self) -> Result<MutexGuard<'_, State>, Fail> {
-        self.state.lock().map_err(|_| {
-            Fail::new(
-                fd_status::FD_ERR_PANIC,
-                "the engine is unusable: an earlier call on it panicked",
-            )
-        })
-    }
+fn from_mailbox(e: MailboxError) -> Fail {
+    let status = match &e {
+        MailboxError::Duplicate(_) => fd_status::FD_ERR_DUPLICATE_REQUEST,
+        MailboxError::Finished(_) => fd_status::FD_ERR_FINISHED,
+        MailboxError::Pending(_) => fd_status::FD_ERR_NOT_IDLE,
+        MailboxError::Unknown(_) => fd_status::FD_ERR_UNKNOWN_REQUEST,
+        MailboxError::Engine(e) => return from_engine_ref(e),
+    };
+    Fail::new(status, e.to_string())
 }
 
 fn from_engine(e: EngineError) -> Fail {
-    let status = match &e {
+    from_engine_ref(&e)
+}
+
+fn from_engine_ref(e: &EngineError) -> Fail {
+    let status = match e {
         EngineError::Weights(_) => fd_status::FD_ERR_CONFIG,
         EngineError::Prompt(_) => fd_status::FD_ERR_VALUE,
         EngineError::Model(_) => fd_status::FD_ERR_VALUE,
@@ -290,20 +279,9 @@ pub unsafe extern "C" fn fd_engine_new(
                     format!("model cannot decode: {e}"),
                 )
             })?;
+        let inner = Mailbox::start(inner).map_err(from_engine)?;
         // SAFETY: out non-NULL and writable (checked above; this function's contract).
-        unsafe {
-            ptr::write_handle(
-                out,
-                fd_engine {
-                    state: Mutex::new(State {
-                        inner,
-                        results: HashMap::new(),
-                    }),
-                    side,
-                },
-                "out",
-            )
-        }
+        unsafe { ptr::write_handle(out, fd_engine { inner, side }, "out") }
     })
 }
 
@@ -386,8 +364,9 @@ pub unsafe extern "C" fn fd_engine_submit_n(
 /// "patches", "epsilon", "adaptive_epsilon", "max_skip", "budget" (a work budget in (0, 1]:
 /// the request computes at most that fraction of full computation's work), "seed", "mode",
 /// "layout", "reuse", "monotasks", "cache_threshold", "priority", "deadline_ms". Fields
-/// left out take [`fd_request_config_default`]'s values. It is the way to set what
-/// `fd_request_config` has no field for. `json_len` bytes of UTF-8 at `json`; "id",
+/// left out take [`fd_request_config_default`]'s values, except the warm-up: left out, it is
+/// the model's own, fitted to the steps (as over HTTP and JSON lines). It is the way to set
+/// what `fd_request_config` has no field for. `json_len` bytes of UTF-8 at `json`; "id",
 /// "model" and the OpenAI image fields are refused (the id is the argument, the model the
 /// engine's).
 ///
@@ -410,44 +389,30 @@ pub unsafe extern "C" fn fd_engine_submit_json(
         };
         let bad = |msg: String| Fail::new(fd_status::FD_ERR_VALUE, msg);
         let f = RequestFields::from_json(bytes).map_err(|e| bad(e.to_string()))?;
-        if let Some(k) = f
-            .given()
-            .into_iter()
-            .find(|k| *k == "id" || *k == "model" || IMAGE_FIELDS.contains(k))
-        {
-            return Err(bad(format!(
-                "\"{k}\": not taken here (the id is fd_engine_submit_json's argument, the \
-                 model the engine's; image fields belong to HTTP)"
-            )));
-        }
-        let Some(prompt) = f.prompt.as_deref() else {
-            return Err(bad("\"prompt\": required".into()));
-        };
-        if prompt.contains('\0') {
-            return Err(bad("\"prompt\": has a NUL character".into()));
-        }
-        let rc = f.settings(&RequestConfig::default()).map_err(from_engine)?;
-        submit_config(e, id, prompt, rc)
+        let (prompt, rc) = f
+            .resolve(
+                Front::C,
+                &**e.inner.service().model(),
+                &RequestConfig::default(),
+                None,
+            )
+            .map_err(from_engine)?;
+        submit_config(e, id, &prompt, rc)
     })
 }
 
 fn submit(e: &fd_engine, id: u64, prompt: &str, c: &fd_request_config) -> Result<(), Fail> {
     {
-        let mode = match c.mode {
-            0 => Mode::FlashDiff,
-            1 => Mode::NoSkip,
-            2 => Mode::Full,
-            3 => Mode::NaivePatch,
-            4 => Mode::TeaCache,
-            5 => Mode::PerPatch,
-            6 => Mode::Auto,
-            m => {
-                return Err(Fail::new(
-                    fd_status::FD_ERR_VALUE,
-                    format!("mode {m}: must be 0 (flashdiff), 1 (no-skip), 2 (full), 3 (naive-patch), 4 (teacache), 5 (per-patch) or 6 (auto)"),
-                ))
-            }
-        };
+        let mode = Mode::of_code(c.mode).ok_or_else(|| {
+            let mut codes: Vec<(u32, &str)> =
+                Mode::ALL.iter().map(|m| (m.code(), m.name())).collect();
+            codes.sort_unstable();
+            let list: Vec<String> = codes.iter().map(|(c, n)| format!("{c} ({n})")).collect();
+            Fail::new(
+                fd_status::FD_ERR_VALUE,
+                format!("mode {}: must be one of {}", c.mode, list.join(", ")),
+            )
+        })?;
         let layout = match c.layout {
             0 => LayoutKind::Saliency,
             1 => LayoutKind::Uniform,
@@ -496,19 +461,11 @@ fn submit(e: &fd_engine, id: u64, prompt: &str, c: &fd_request_config) -> Result
 }
 
 fn submit_config(e: &fd_engine, id: u64, prompt: &str, rc: RequestConfig) -> Result<(), Fail> {
-    let e = &mut *e.lock()?;
-    if e.results.contains_key(&id) || e.inner.is_in_flight(id) {
-        return Err(Fail::new(
-            fd_status::FD_ERR_DUPLICATE_REQUEST,
-            format!("request {id} exists: release it first"),
-        ));
-    }
-    e.inner.submit(id, prompt, rc).map_err(from_engine)
+    e.inner.submit(id, prompt, rc).map_err(from_mailbox)
 }
 
-/// Runs until no request is pending, including requests other threads submit meanwhile
-/// (the results wait for `fd_engine_result`). Other threads' calls go in between its
-/// scheduling rounds.
+/// Waits until no request is pending, including requests other threads submit meanwhile
+/// (the results wait for `fd_engine_result`).
 ///
 /// # Safety
 /// `e` live.
@@ -517,28 +474,17 @@ pub unsafe extern "C" fn fd_engine_run(e: *const fd_engine) -> fd_status {
     boundary(|| {
         // SAFETY: this function's `# Safety` section: live engine.
         let e = unsafe { ptr::handle(e, "engine") }?;
-        while round(e, Duration::from_millis(5))? > 0 {}
+        e.inner.wait_all();
         Ok(())
     })
 }
 
-/// One scheduling round: each idle worker gets its next monotask (in-process workers run it
-/// before this returns); with worker threads or processes, waits up to `timeout` for one to
-/// report. Returns the requests still pending.
-fn round(e: &fd_engine, timeout: Duration) -> Result<usize, Fail> {
-    let mut st = e.lock()?;
-    if st.inner.in_flight() > 0 {
-        st.inner.poll(&mut |_| {}, timeout);
-    }
-    st.collect();
-    Ok(st.inner.in_flight())
-}
-
-/// Advances the engine by one scheduling round and returns at once when nothing is pending:
-/// a serving loop calls it between admitting new requests. With worker threads or processes
-/// it waits at most `timeout_ms` (at most 10000) for a worker to report; in-process it runs
-/// one monotask (milliseconds for the built-in model). `pending_out` (NULL to skip) gets the
-/// requests still pending; finished ones are ready for `fd_engine_result`.
+/// Waits until the engine completes its next scheduling round (one monotask per busy
+/// worker: milliseconds for the built-in model) or `timeout_ms` (at most 10000) passes, and
+/// returns at once when nothing is pending: a serving loop calls it between admitting new
+/// requests. `timeout_ms` 0 waits for the round, however long it takes. `pending_out` (NULL
+/// to skip) gets the requests still pending; finished ones are ready for
+/// `fd_engine_result`.
 ///
 /// # Safety
 /// `e` live; `pending_out` NULL or writable.
@@ -557,7 +503,11 @@ pub unsafe extern "C" fn fd_engine_step(
                 format!("timeout_ms {timeout_ms}: at most 10000"),
             ));
         }
-        let n = round(e, Duration::from_millis(timeout_ms.into()))?;
+        let wait = match timeout_ms {
+            0 => Duration::from_secs(3600),
+            t => Duration::from_millis(t.into()),
+        };
+        let n = e.inner.wait_round(wait);
         if !pending_out.is_null() {
             // SAFETY: pending_out non-NULL and writable (this function's contract).
             unsafe { ptr::write_out(pending_out, n, "pending_out") }?;
@@ -576,21 +526,7 @@ pub unsafe extern "C" fn fd_engine_cancel(e: *const fd_engine, id: u64) -> fd_st
     boundary(|| {
         // SAFETY: this function's `# Safety` section: live engine.
         let e = unsafe { ptr::handle(e, "engine") }?;
-        let st = &mut *e.lock()?;
-        if st.results.contains_key(&id) {
-            return Err(Fail::new(
-                fd_status::FD_ERR_FINISHED,
-                format!("request {id} already finished: read or release its result"),
-            ));
-        }
-        st.inner.cancel(id).map_err(|_| {
-            Fail::new(
-                fd_status::FD_ERR_UNKNOWN_REQUEST,
-                format!("request {id} was never submitted or was released"),
-            )
-        })?;
-        st.collect();
-        Ok(())
+        e.inner.cancel(id).map_err(from_mailbox)
     })
 }
 
@@ -607,14 +543,12 @@ pub unsafe extern "C" fn fd_engine_poll(
     boundary(|| {
         // SAFETY: this function's `# Safety` section: live engine, writable output.
         let e = unsafe { ptr::handle(e, "engine") }?;
-        let st = e.lock()?;
-        let s = match st.results.get(&id) {
-            Some(Ok(_)) => fd_request_state::FD_REQUEST_DONE,
-            Some(Err(_)) => fd_request_state::FD_REQUEST_FAILED,
-            None if st.inner.is_in_flight(id) => fd_request_state::FD_REQUEST_PENDING,
-            None => fd_request_state::FD_REQUEST_UNKNOWN,
+        let s = match e.inner.standing(id) {
+            Standing::Done => fd_request_state::FD_REQUEST_DONE,
+            Standing::Failed => fd_request_state::FD_REQUEST_FAILED,
+            Standing::Pending => fd_request_state::FD_REQUEST_PENDING,
+            Standing::Unknown => fd_request_state::FD_REQUEST_UNKNOWN,
         };
-        drop(st);
         // SAFETY: as above.
         unsafe { ptr::write_out(state_out, s, "state_out") }
     })
@@ -661,63 +595,57 @@ pub unsafe extern "C" fn fd_engine_result(
                 ptr::slice_mut(rgb_out, rgb_len, "rgb_out")?,
             )
         };
-        let st = e.lock()?;
-        let o = match st.results.get(&id) {
-            None if st.inner.is_in_flight(id) => {
-                return Err(Fail::new(
-                    fd_status::FD_ERR_NOT_IDLE,
-                    format!("request {id} is still pending: call fd_engine_run or fd_engine_step"),
-                ))
-            }
-            None => {
-                return Err(Fail::new(
-                    fd_status::FD_ERR_UNKNOWN_REQUEST,
-                    format!("request {id} was never submitted or was released"),
-                ))
-            }
-            Some(Err(why)) => {
-                return Err(Fail::new(
+        let read = e.inner.read(id, |r| {
+            let o = r.map_err(|why| {
+                Fail::new(
                     fd_status::FD_ERR_VALUE,
                     format!("request {id} failed: {why}"),
-                ))
+                )
+            })?;
+            if !rgb.is_empty() {
+                if rgb.len() != o.sample.rgb.len() {
+                    return Err(Fail::new(
+                        fd_status::FD_ERR_LENGTH,
+                        format!(
+                            "rgb_len is {}, the image has {} floats",
+                            rgb.len(),
+                            o.sample.rgb.len()
+                        ),
+                    ));
+                }
+                rgb.copy_from_slice(&o.sample.rgb);
             }
-            Some(Ok(o)) => o,
-        };
-        if !rgb.is_empty() {
-            if rgb.len() != o.sample.rgb.len() {
-                return Err(Fail::new(
-                    fd_status::FD_ERR_LENGTH,
-                    format!(
-                        "rgb_len is {}, the image has {} floats",
-                        rgb.len(),
-                        o.sample.rgb.len()
-                    ),
-                ));
+            if !report_out.is_null() {
+                let r = &o.report;
+                let ms = |d: std::time::Duration| d.as_secs_f64() * 1e3;
+                let rep = fd_report {
+                    id: r.id,
+                    steps: r.steps,
+                    warmup: r.warmup,
+                    patches: r.patches,
+                    patch_steps: r.patch_steps,
+                    computed: r.computed,
+                    latency_ms: ms(r.latency),
+                    warmup_ms: ms(r.time.warmup),
+                    partition_ms: ms(r.time.partition),
+                    gate_ms: ms(r.time.gate),
+                    schedule_ms: ms(r.time.schedule),
+                    compute_ms: ms(r.time.compute),
+                    queue_ms: ms(r.time.queue),
+                };
+                // SAFETY: report_out non-NULL and writable (this function's contract).
+                unsafe { ptr::write_out(report_out, rep, "report_out") }?;
             }
-            rgb.copy_from_slice(&o.sample.rgb);
+            Ok(())
+        });
+        match read {
+            Ok(r) => r,
+            Err(MailboxError::Pending(_)) => Err(Fail::new(
+                fd_status::FD_ERR_NOT_IDLE,
+                format!("request {id} is still pending: call fd_engine_run or fd_engine_step"),
+            )),
+            Err(e) => Err(from_mailbox(e)),
         }
-        if !report_out.is_null() {
-            let r = &o.report;
-            let ms = |d: std::time::Duration| d.as_secs_f64() * 1e3;
-            let rep = fd_report {
-                id: r.id,
-                steps: r.steps,
-                warmup: r.warmup,
-                patches: r.patches,
-                patch_steps: r.patch_steps,
-                computed: r.computed,
-                latency_ms: ms(r.latency),
-                warmup_ms: ms(r.time.warmup),
-                partition_ms: ms(r.time.partition),
-                gate_ms: ms(r.time.gate),
-                schedule_ms: ms(r.time.schedule),
-                compute_ms: ms(r.time.compute),
-                queue_ms: ms(r.time.queue),
-            };
-            // SAFETY: report_out non-NULL and writable (this function's contract).
-            unsafe { ptr::write_out(report_out, rep, "report_out") }?;
-        }
-        Ok(())
     })
 }
 
@@ -731,20 +659,13 @@ pub unsafe extern "C" fn fd_engine_release(e: *const fd_engine, id: u64) -> fd_s
     boundary(|| {
         // SAFETY: this function's `# Safety` section: live engine.
         let e = unsafe { ptr::handle(e, "engine") }?;
-        let st = &mut *e.lock()?;
-        if st.results.remove(&id).is_some() {
-            return Ok(());
-        }
-        Err(if st.inner.is_in_flight(id) {
-            Fail::new(
+        match e.inner.take(id) {
+            Ok(_) => Ok(()),
+            Err(MailboxError::Pending(_)) => Err(Fail::new(
                 fd_status::FD_ERR_NOT_IDLE,
                 format!("request {id} is still pending: cancel it or let it finish first"),
-            )
-        } else {
-            Fail::new(
-                fd_status::FD_ERR_UNKNOWN_REQUEST,
-                format!("request {id} was never submitted or was released"),
-            )
-        })
+            )),
+            Err(e) => Err(from_mailbox(e)),
+        }
     })
 }

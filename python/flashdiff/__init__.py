@@ -183,11 +183,13 @@ class Engine:
         return _output(self._e.generate(_request(prompt, settings)))
 
     def submit(self, prompt: str, **settings: Any) -> int:
-        """Admits a request; returns its id. Advance with :meth:`step`."""
+        """Admits a request; returns its id. It runs on the engine's own thread; wait
+        with :meth:`step`."""
         return self._e.submit(_request(prompt, settings))
 
     def step(self, timeout_ms: int = 5) -> int:
-        """One scheduling round; returns the requests still in flight."""
+        """Waits for the engine's next scheduling round (at most ``timeout_ms``; 0: the
+        round); returns the requests still in flight."""
         return self._e.step(timeout_ms)
 
     def poll(self, id: int) -> str:

@@ -4,9 +4,8 @@
 //! lines and HTTP take them; a lone request that gives none gets `flashdiff generate`'s
 //! defaults, so the same prompt and seed give the CLI's output bit for bit.
 
-use std::collections::HashMap;
 use std::path::PathBuf;
-use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use numpy::{PyArray1, PyArrayMethods};
@@ -14,32 +13,22 @@ use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict};
 
 use flashdiff_runtime::engine::{
-    fit_warmup, lone_request_patches, report_json, Engine as REngine, Output, RequestConfig,
+    lone_request_patches, report_json, Engine as REngine, Output, RequestConfig,
 };
 use flashdiff_runtime::media;
 use flashdiff_runtime::models::registry::{ModelSpec, BUILTIN_MODELS};
 use flashdiff_runtime::models::Kind;
-use flashdiff_runtime::schema::{RequestFields, IMAGE_FIELDS};
+use flashdiff_runtime::schema::{Front, RequestFields};
+use flashdiff_runtime::service::{Mailbox, MailboxError, Standing};
 
 use crate::fail;
 
-struct State {
-    inner: REngine,
-    results: HashMap<u64, Result<Output, String>>,
-    next_id: u64,
-}
-
-impl State {
-    fn collect(&mut self) {
-        self.inner.collect_finished(&mut self.results);
-    }
-}
-
-/// A serving engine over one model. Calls from several Python threads are safe: they take
-/// turns, and none holds the GIL while the model runs.
+/// A serving engine over one model. The model runs on the engine's own thread; calls from
+/// several Python threads are safe, and none holds the GIL while it waits for the engine.
 #[pyclass(module = "flashdiff._native", frozen)]
 pub struct Engine {
-    state: Mutex<State>,
+    inner: Mailbox,
+    next_id: AtomicU64,
     model: String,
     kind: Kind,
 }
@@ -53,53 +42,19 @@ fn kind_name(k: Kind) -> &'static str {
 }
 
 impl Engine {
-    /// Runs `f` on the engine's state with the GIL released: a thread waiting for the lock
-    /// never holds the GIL that the thread holding it needs to return.
-    fn with<T: Send>(
-        &self,
-        py: Python<'_>,
-        f: impl FnOnce(&mut State) -> Result<T, String> + Send,
-    ) -> PyResult<T> {
-        py.detach(|| {
-            let mut st = self.state.lock().map_err(|_| {
-                "the engine is unusable: an earlier call on it panicked".to_string()
-            })?;
-            f(&mut st)
-        })
-        .map_err(fail)
-    }
-
     /// The request a settings object (a JSON object of the schema's fields, `prompt`
     /// among them) describes, checked against the model.
-    fn request(&self, st: &State, json: &str) -> Result<(String, RequestConfig), String> {
+    fn request(&self, json: &str) -> Result<(String, RequestConfig), String> {
         let f = RequestFields::from_json(json.as_bytes()).map_err(|e| e.to_string())?;
-        for field in f.given() {
-            if field == "id" || IMAGE_FIELDS.contains(&field) {
-                return Err(format!(
-                    "\"{field}\": not a setting of a request from Python (the engine numbers \
-                     requests itself; n, size and the output format are the HTTP image API's)"
-                ));
-            }
-        }
-        if let Some(m) = &f.model {
-            if *m != self.model {
-                return Err(format!(
-                    "\"model\": {m:?}: this engine serves {:?} (make another Engine for another model)",
-                    self.model
-                ));
-            }
-        }
-        let prompt = f.prompt.clone().ok_or("\"prompt\": missing")?;
-        let model = st.inner.model();
+        let model = &**self.inner.service().model();
         let base = RequestConfig {
             patches: Some(lone_request_patches(model)),
             ..RequestConfig::default()
         };
-        let mut cfg = f.settings(&base).map_err(|e| e.to_string())?;
-        if f.warmup.is_none() {
-            cfg.warmup = fit_warmup(model.default_warmup(), cfg.steps);
-        }
-        st.inner.validate(&cfg).map_err(|e| e.to_string())?;
+        let (prompt, cfg) = f
+            .resolve(Front::Python, model, &base, None)
+            .map_err(|e| e.to_string())?;
+        flashdiff_runtime::engine::check_request(model, &cfg).map_err(|e| e.to_string())?;
         Ok((prompt, cfg))
     }
 
@@ -166,11 +121,8 @@ impl Engine {
             .map_err(fail)?;
         let kind = inner.model().kind();
         Ok(Self {
-            state: Mutex::new(State {
-                inner,
-                results: HashMap::new(),
-                next_id: 1,
-            }),
+            inner: Mailbox::start(inner).map_err(fail)?,
+            next_id: AtomicU64::new(1),
             model: model.to_string(),
             kind,
         })
@@ -191,13 +143,14 @@ impl Engine {
     /// Workers.
     #[getter]
     fn workers(&self, py: Python<'_>) -> PyResult<u32> {
-        self.with(py, |st| Ok(st.inner.workers()))
+        let _ = py;
+        Ok(self.inner.service().workers())
     }
 
     /// The settings a request would run with (a JSON object of the schema's fields), as a
     /// JSON object; raises on a bad field as `generate` would.
     fn settings(&self, py: Python<'_>, request: &str) -> PyResult<String> {
-        let (_, c) = self.with(py, |st| self.request(st, request))?;
+        let (_, c) = py.detach(|| self.request(request)).map_err(fail)?;
         Ok(serde_json::json!({
             "steps": c.steps,
             "warmup": c.warmup,
@@ -226,40 +179,34 @@ impl Engine {
     fn generate<'py>(&self, py: Python<'py>, request: &str) -> PyResult<Bound<'py, PyDict>> {
         let id = self.submit(py, request)?;
         loop {
-            let done = self.with(py, |st| {
-                if st.inner.in_flight() > 0 {
-                    st.inner.poll(&mut |_| {}, Duration::from_millis(50));
-                }
-                st.collect();
-                match st.results.remove(&id) {
-                    Some(r) => Ok(Some(r)),
-                    None if st.inner.is_in_flight(id) => Ok(None),
-                    None => Err(format!("request {id} vanished")),
-                }
-            })?;
-            match done {
-                Some(Ok(o)) => return self.output(py, &o),
-                Some(Err(e)) => return Err(fail(e)),
-                None => py.check_signals()?,
+            let standing = py.detach(|| self.inner.wait_for(id, Duration::from_millis(50)));
+            if standing != Standing::Pending {
+                break;
+            }
+            if let Err(e) = py.check_signals() {
+                let _ = self.inner.cancel(id);
+                let _ = self.inner.take(id);
+                return Err(e);
             }
         }
+        self.result(py, id)
     }
 
     /// Admits a request (a JSON object of the schema's fields); returns its id.
     fn submit(&self, py: Python<'_>, request: &str) -> PyResult<u64> {
-        self.with(py, |st| {
-            let (prompt, cfg) = self.request(st, request)?;
-            let id = st.next_id;
-            st.inner
+        py.detach(|| {
+            let (prompt, cfg) = self.request(request)?;
+            let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+            self.inner
                 .submit(id, &prompt, cfg)
                 .map_err(|e| e.to_string())?;
-            st.next_id += 1;
-            Ok(id)
+            Ok::<u64, String>(id)
         })
+        .map_err(fail)
     }
 
-    /// Advances the engine by one scheduling round, waiting at most `timeout_ms` for a
-    /// worker; returns the requests still in flight.
+    /// Waits until the engine completes a scheduling round, at most `timeout_ms`
+    /// (0: the round, however long); returns the requests still in flight.
     #[pyo3(signature = (timeout_ms=5))]
     fn step(&self, py: Python<'_>, timeout_ms: u32) -> PyResult<usize> {
         if timeout_ms > 10_000 {
@@ -267,56 +214,67 @@ impl Engine {
                 "timeout_ms {timeout_ms}: at most 10000 (call step again)"
             )));
         }
-        self.with(py, |st| {
-            if st.inner.in_flight() > 0 {
-                st.inner
-                    .poll(&mut |_| {}, Duration::from_millis(timeout_ms as u64));
-            }
-            st.collect();
-            Ok(st.inner.in_flight())
-        })
+        let wait = match timeout_ms {
+            0 => Duration::from_secs(3600),
+            t => Duration::from_millis(t.into()),
+        };
+        Ok(py.detach(|| self.inner.wait_round(wait)))
     }
 
     /// `pending`, `done`, `failed` (or cancelled) or `unknown` (never submitted, or its
     /// result already taken).
     fn poll(&self, py: Python<'_>, id: u64) -> PyResult<&'static str> {
-        self.with(py, |st| {
-            Ok(match st.results.get(&id) {
-                Some(Ok(_)) => "done",
-                Some(Err(_)) => "failed",
-                None if st.inner.is_in_flight(id) => "pending",
-                None => "unknown",
-            })
+        Ok(match py.detach(|| self.inner.standing(id)) {
+            Standing::Pending => "pending",
+            Standing::Done => "done",
+            Standing::Failed => "failed",
+            Standing::Unknown => "unknown",
         })
     }
 
     /// A finished request's output (as `generate` returns it), once: raises with the reason
     /// for a failed or cancelled one, and for one still pending or unknown.
     fn result<'py>(&self, py: Python<'py>, id: u64) -> PyResult<Bound<'py, PyDict>> {
-        let o = self.with(py, |st| match st.results.remove(&id) {
-            Some(r) => r,
-            None if st.inner.is_in_flight(id) => Err(format!(
-                "request {id} is still pending: call step() until poll() says done"
-            )),
-            None => Err(format!(
-                "request {id}: unknown (never submitted, or its result was already taken)"
-            )),
-        })?;
+        let o = match py.detach(|| self.inner.take(id)) {
+            Ok(Ok(o)) => o,
+            Ok(Err(why)) => return Err(fail(why)),
+            Err(MailboxError::Pending(_)) => {
+                return Err(fail(format!(
+                    "request {id} is still pending: call step() until poll() says done"
+                )))
+            }
+            Err(_) => {
+                return Err(fail(format!(
+                    "request {id}: unknown (never submitted, or its result was already taken)"
+                )))
+            }
+        };
         self.output(py, &o)
     }
 
     /// Cancels a request in flight; its result then raises "cancelled".
     fn cancel(&self, py: Python<'_>, id: u64) -> PyResult<()> {
-        self.with(py, |st| {
-            st.inner.cancel(id).map_err(|e| e.to_string())?;
-            st.collect();
-            Ok(())
-        })
+        py.detach(|| self.inner.cancel(id))
+            .map_err(|e| fail(e.to_string()))
     }
 }
 
 pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<Engine>()?;
     m.add("MODELS", BUILTIN_MODELS.to_vec())?;
+    // The engine's defaults, which `flashdiff.diffusers.enable` takes for its own.
+    let d = PyDict::new(m.py());
+    d.set_item(
+        "epsilon",
+        flashdiff_runtime::engine::ENGINE_DEFAULT_EPSILON as f64,
+    )?;
+    d.set_item("patches", flashdiff_runtime::engine::DEFAULT_PATCHES)?;
+    d.set_item(
+        "max_skip",
+        flashdiff_runtime::engine::ENGINE_DEFAULT_MAX_SKIP,
+    )?;
+    d.set_item("warmup", flashdiff_runtime::engine::DEFAULT_WARMUP)?;
+    d.set_item("steps", flashdiff_runtime::engine::DEFAULT_STEPS)?;
+    m.add("DEFAULTS", d)?;
     Ok(())
 }

@@ -22,6 +22,7 @@ pub mod image;
 pub mod media;
 pub mod proc;
 pub mod schema;
+pub mod service;
 pub mod state;
 
 pub use flashdiff_models as models;

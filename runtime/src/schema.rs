@@ -18,7 +18,9 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use crate::engine::{EngineError, LayoutKind, RequestConfig, Reuse};
+use flashdiff_models::Denoiser;
+
+use crate::engine::{fit_warmup, EngineError, LayoutKind, RequestConfig, Reuse};
 
 /// A count given as a number or as a word (`"auto"`, `"workers"`, `"per-patch"`).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -179,6 +181,66 @@ impl RequestFields {
         Ok(c)
     }
 
+    /// The request as `front` takes it, decided in one place for every front end: the
+    /// fields `front` refuses, the prompt (required), the model's name (the engine's own,
+    /// when given; JSON lines route by it before they get here) and the defaults: `base`
+    /// with these fields applied, and a warm-up left out taken from `warmup` (the
+    /// operator's) or else fitted from the model's default to the steps.
+    pub fn resolve(
+        &self,
+        front: Front,
+        model: &dyn Denoiser,
+        base: &RequestConfig,
+        warmup: Option<u32>,
+    ) -> Result<(String, RequestConfig), EngineError> {
+        if let Some((field, why)) = self
+            .given()
+            .into_iter()
+            .find_map(|f| front.refuses(f).map(|why| (f, why)))
+        {
+            return Err(EngineError::Refused {
+                field,
+                reason: why.to_string(),
+            });
+        }
+        let prompt = match self.prompt.as_deref() {
+            None => return Err(invalid("prompt", "is required (a string)".into())),
+            Some(p) if p.contains('\0') => {
+                return Err(invalid("prompt", "has a NUL character".into()))
+            }
+            Some(p) if front == Front::Http && p.trim().is_empty() => {
+                return Err(invalid("prompt", "is empty".into()))
+            }
+            Some(p) => p.to_string(),
+        };
+        if front != Front::Lines {
+            if let Some(m) = self.model.as_deref().filter(|m| *m != model.name()) {
+                return Err(invalid(
+                    "model",
+                    format!("{m:?}: this engine runs {:?}", model.name()),
+                ));
+            }
+        }
+        let mut cfg = self.settings(base)?;
+        if self.warmup.is_none() {
+            cfg.warmup = match warmup {
+                Some(w) if w >= cfg.steps => {
+                    return Err(invalid(
+                        "steps",
+                        format!(
+                            "{}: this server's --warmup {w} needs more; give a \"warmup\" \
+                             below {}",
+                            cfg.steps, cfg.steps
+                        ),
+                    ))
+                }
+                Some(w) => w,
+                None => fit_warmup(model.default_warmup(), cfg.steps),
+            };
+        }
+        Ok((prompt, cfg))
+    }
+
     /// The names of the fields that are set, for an interface that takes only some of them.
     pub fn given(&self) -> Vec<&'static str> {
         let v = serde_json::to_value(self).unwrap_or_default();
@@ -216,6 +278,41 @@ pub const FIELDS: [&str; 23] = [
     "output_format",
     "user",
 ];
+
+/// The interface a request came through, which decides the fields it may carry.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Front {
+    /// The HTTP server (OpenAI's image endpoint and the jobs API).
+    Http,
+    /// The JSON-lines server.
+    Lines,
+    /// The C ABI's `fd_engine_submit_json`.
+    C,
+    /// The Python package's `Engine`.
+    Python,
+}
+
+impl Front {
+    /// Why this front end refuses `field`, if it does.
+    pub fn refuses(self, field: &str) -> Option<&'static str> {
+        let image = IMAGE_FIELDS.contains(&field);
+        match (self, field) {
+            (Front::Http, "id") => Some("the server numbers its jobs itself"),
+            (Front::Lines, _) if image => {
+                Some("a field of the HTTP image endpoint, not of a JSON line")
+            }
+            (Front::C, _) if field == "id" || field == "model" || image => Some(
+                "not taken here (the id is fd_engine_submit_json's argument, the model the \
+                 engine's; image fields belong to HTTP)",
+            ),
+            (Front::Python, _) if field == "id" || image => Some(
+                "not a setting of a request from Python (the engine numbers requests itself; n, \
+                 size and the output format are the HTTP image API's)",
+            ),
+            _ => None,
+        }
+    }
+}
 
 /// The fields only OpenAI's image endpoint takes.
 pub const IMAGE_FIELDS: [&str; 5] = ["n", "size", "response_format", "output_format", "user"];
@@ -274,6 +371,109 @@ pub fn parse_layout(v: &str) -> Result<LayoutKind, EngineError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn model() -> std::sync::Arc<dyn Denoiser> {
+        flashdiff_models::registry::ModelSpec::builtin("tinydit")
+            .expect("the built-in model")
+            .load(&flashdiff_models::Device::Cpu)
+            .expect("its weights")
+            .into()
+    }
+
+    fn resolve(front: Front, json: &str, warmup: Option<u32>) -> Result<RequestConfig, String> {
+        let m = model();
+        RequestFields::from_json(json.as_bytes())
+            .and_then(|f| f.resolve(front, &*m, &RequestConfig::default(), warmup))
+            .map(|(_, c)| c)
+            .map_err(|e| e.to_string())
+    }
+
+    #[test]
+    fn every_front_fits_a_left_out_warmup_to_the_model_and_the_steps() {
+        let fronts = [Front::Http, Front::Lines, Front::C, Front::Python];
+        for front in fronts {
+            let c = resolve(front, r#"{"prompt": "a red circle", "steps": 4}"#, None).unwrap();
+            assert_eq!(c.warmup, 3, "{front:?}");
+            let c = resolve(front, r#"{"prompt": "a red circle", "steps": 40}"#, None).unwrap();
+            assert_eq!(c.warmup, model().default_warmup(), "{front:?}");
+            let c = resolve(front, r#"{"prompt": "a red circle", "warmup": 2}"#, Some(7));
+            assert_eq!(c.unwrap().warmup, 2, "{front:?}: the request's own");
+            let c = resolve(front, r#"{"prompt": "a red circle", "steps": 40}"#, Some(7));
+            assert_eq!(c.unwrap().warmup, 7, "{front:?}: the operator's");
+            let e = resolve(front, r#"{"prompt": "a red circle", "steps": 6}"#, Some(7));
+            assert!(e.unwrap_err().starts_with("\"steps\""), "{front:?}");
+        }
+    }
+
+    #[test]
+    fn each_front_refuses_its_own_fields_and_names_them() {
+        let cases = [
+            (
+                Front::Http,
+                r#"{"prompt": "a red circle", "id": 3}"#,
+                Some("id"),
+            ),
+            (Front::Http, r#"{"prompt": "a red circle", "n": 2}"#, None),
+            (Front::Http, r#"{"prompt": " "}"#, Some("prompt")),
+            (Front::Lines, r#"{"prompt": "a red circle", "id": 3}"#, None),
+            (
+                Front::Lines,
+                r#"{"prompt": "a red circle", "size": "64x64"}"#,
+                Some("size"),
+            ),
+            (
+                Front::Lines,
+                r#"{"prompt": "a red circle", "model": "tinyvideo"}"#,
+                None,
+            ),
+            (
+                Front::C,
+                r#"{"prompt": "a red circle", "id": 3}"#,
+                Some("id"),
+            ),
+            (
+                Front::C,
+                r#"{"prompt": "a red circle", "model": "tinydit"}"#,
+                Some("model"),
+            ),
+            (
+                Front::C,
+                r#"{"prompt": "a red circle", "user": "me"}"#,
+                Some("user"),
+            ),
+            (
+                Front::Python,
+                r#"{"prompt": "a red circle", "id": 3}"#,
+                Some("id"),
+            ),
+            (
+                Front::Python,
+                r#"{"prompt": "a red circle", "model": "tinydit"}"#,
+                None,
+            ),
+            (
+                Front::Python,
+                r#"{"prompt": "a red circle", "model": "tinyvideo"}"#,
+                Some("model"),
+            ),
+            (Front::Python, r#"{"steps": 3}"#, Some("prompt")),
+            (
+                Front::Python,
+                "{\"prompt\": \"a red\\u0000circle\"}",
+                Some("prompt"),
+            ),
+        ];
+        for (front, json, refused) in cases {
+            let r = resolve(front, json, None);
+            match refused {
+                None => assert!(r.is_ok(), "{front:?} {json}: {r:?}"),
+                Some(f) => {
+                    let e = r.expect_err(json);
+                    assert!(e.starts_with(&format!("\"{f}\"")), "{front:?} {json}: {e}");
+                }
+            }
+        }
+    }
 
     #[test]
     fn fields_apply_and_bad_ones_are_named() {

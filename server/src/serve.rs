@@ -6,11 +6,12 @@ use crate::args::*;
 use crate::generate::*;
 use crate::setup::*;
 use crate::{http, journal};
-use flashdiff_runtime::engine::{Engine, Output, RequestConfig};
+use flashdiff_runtime::engine::{Output, RequestConfig};
 use flashdiff_runtime::media;
 use flashdiff_runtime::models::scene;
 use flashdiff_runtime::models::Kind;
-use flashdiff_runtime::schema::{RequestFields, IMAGE_FIELDS};
+use flashdiff_runtime::schema::{Front, RequestFields};
+use flashdiff_runtime::service::{Reply, Service};
 
 pub(crate) fn json_str(s: &str) -> String {
     serde_json::Value::String(s.to_string()).to_string()
@@ -121,13 +122,13 @@ pub(crate) fn serve_lines(o: ServeArgs, base: RequestConfig) -> Result<(), Strin
     // Prompt and model of every request in flight (ids are unique across models).
     let mut prompts: std::collections::HashMap<u64, (String, usize)> =
         std::collections::HashMap::new();
+    let (done_tx, done_rx) = std::sync::mpsc::channel();
     let (wall0, cpu0) = (std::time::Instant::now(), cpu_time());
     let (mut n, mut served, mut open) = (0usize, 0u32, true);
     loop {
         // Admit every line that has arrived; wait for one only when nothing runs.
         loop {
-            let in_flight: usize = engines.iter().map(|e| e.engine.in_flight()).sum();
-            let msg = if in_flight == 0 && open {
+            let msg = if prompts.is_empty() && open {
                 rx.recv()
                     .map_err(|_| std::sync::mpsc::TryRecvError::Disconnected)
             } else {
@@ -146,28 +147,31 @@ pub(crate) fn serve_lines(o: ServeArgs, base: RequestConfig) -> Result<(), Strin
                 continue;
             }
             let fallback_id = n as u64;
-            let outcome = match parse_request(&line, &base, fallback_id) {
+            let outcome = match parse_request(&line, fallback_id) {
                 Ok((id, ..)) if prompts.contains_key(&id) => Some((
                     id,
                     format!("line {n}: request id {id} is already in flight"),
                 )),
-                Ok((id, prompt, cfg, model, warmup)) => {
-                    match engine_for(&mut engines, &o, model.as_deref()) {
-                        Ok(i) => {
-                            let engine = &mut engines[i].engine;
-                            let cfg =
-                                with_model_warmup(cfg, warmup.or(o.knobs.warmup), engine.model());
-                            match engine.submit(id, &prompt, cfg) {
-                                Ok(()) => {
-                                    prompts.insert(id, (prompt, i));
-                                    None
+                Ok((id, f)) => match engine_for(&mut engines, &o, f.model.as_deref()) {
+                    Ok(i) => {
+                        let service = &engines[i].service;
+                        let model = &**service.model();
+                        match f.resolve(Front::Lines, model, &base, o.knobs.warmup) {
+                            Ok((prompt, cfg)) => {
+                                let reply = Reply::to(done_tx.clone());
+                                match service.submit(id, &prompt, cfg, reply) {
+                                    Ok(()) => {
+                                        prompts.insert(id, (prompt, i));
+                                        None
+                                    }
+                                    Err(e) => Some((id, e.to_string())),
                                 }
-                                Err(e) => Some((id, e.to_string())),
                             }
+                            Err(e) => Some((id, format!("line {n}: {e}"))),
                         }
-                        Err(e) => Some((id, format!("line {n}: {e}"))),
                     }
-                }
+                    Err(e) => Some((id, format!("line {n}: {e}"))),
+                },
                 Err(e) => Some((fallback_id, format!("line {n}: {e}"))),
             };
             if let Some((id, e)) = outcome {
@@ -180,28 +184,34 @@ pub(crate) fn serve_lines(o: ServeArgs, base: RequestConfig) -> Result<(), Strin
                 .map_err(|e| e.to_string())?;
             }
         }
-        if engines.iter().all(|e| e.engine.in_flight() == 0) {
+        if prompts.is_empty() {
             if open {
                 continue;
             }
             break;
         }
-        for m in engines.iter_mut().filter(|m| m.engine.in_flight() > 0) {
-            m.engine
-                .poll(&mut |_| {}, std::time::Duration::from_millis(5));
-            for r in m.engine.take_finished() {
-                served += r.is_ok() as u32;
-                let line = result_line(r, &mut prompts, o.out_dir.as_deref(), m.kind)?;
-                writeln!(out, "{line}")
-                    .and_then(|_| out.flush())
-                    .map_err(|e| e.to_string())?;
-            }
+        let first = match done_rx.recv_timeout(std::time::Duration::from_millis(5)) {
+            Ok(r) => r,
+            Err(_) => continue,
+        };
+        for (id, r) in std::iter::once(first).chain(done_rx.try_iter()) {
+            served += r.is_ok() as u32;
+            let kind = prompts.get(&id).map_or(Kind::Image, |p| engines[p.1].kind);
+            let line = result_line(
+                r.map_err(|e| (id, e)),
+                &mut prompts,
+                o.out_dir.as_deref(),
+                kind,
+            )?;
+            writeln!(out, "{line}")
+                .and_then(|_| out.flush())
+                .map_err(|e| e.to_string())?;
         }
     }
     let (wall, cpu) = (wall0.elapsed().as_secs_f64(), cpu_time() - cpu0);
     eprintln!(
         "served {served} requests on {} worker(s) in {wall:.2} s wall, {cpu:.2} s CPU (CPU/wall {:.2}){}",
-        engines[0].engine.workers(),
+        engines[0].service.workers(),
         cpu / wall.max(1e-9),
         if engines.len() > 1 {
             format!("; {} models, each with its own workers", engines.len())
@@ -217,7 +227,7 @@ pub(crate) struct ModelEngine {
     /// The built-in model's name (`None`: the server's own, from --model or --weights).
     name: Option<String>,
     kind: Kind,
-    engine: Engine,
+    service: Service,
 }
 
 impl ModelEngine {
@@ -253,7 +263,7 @@ impl ModelEngine {
         Ok(Self {
             name: model.map(str::to_string),
             kind: engine.model().kind(),
-            engine,
+            service: Service::start(engine).map_err(|e| e.to_string())?,
         })
     }
 }
@@ -351,34 +361,15 @@ pub(crate) fn queue_order(s: &str) -> flashdiff_runtime::engine::QueueOrder {
 
 /// A request line: id, prompt, settings, the built-in model it names (`None`: the
 /// server's own) and the warm-up if the line gave one.
-type ParsedRequest = (u64, String, RequestConfig, Option<String>, Option<u32>);
-
-pub(crate) fn parse_request(
-    line: &str,
-    base: &RequestConfig,
-    fallback_id: u64,
-) -> Result<ParsedRequest, String> {
+/// A JSON line's id (`fallback_id` when it gives none) and fields; the model it names is
+/// one of the built-in models or the server's own.
+pub(crate) fn parse_request(line: &str, fallback_id: u64) -> Result<(u64, RequestFields), String> {
     let f = RequestFields::from_json(line.as_bytes()).map_err(|e| e.to_string())?;
-    if let Some(k) = f.given().into_iter().find(|k| IMAGE_FIELDS.contains(k)) {
+    if let Some(m) = f.model.as_deref().filter(|m| !MODELS.contains(m)) {
         return Err(format!(
-            "\"{k}\": a field of the HTTP image endpoint, not of a JSON line"
+            "\"model\" {m:?}: must be one of {}",
+            MODELS.join(", ")
         ));
     }
-    let prompt = f
-        .prompt
-        .clone()
-        .ok_or("\"prompt\" (a string) is required")?;
-    let cfg = f.settings(base).map_err(|e| e.to_string())?;
-    let model = match f.model.as_deref() {
-        None => None,
-        Some(m) if MODELS.contains(&m) => Some(m.to_string()),
-        Some(m) => {
-            return Err(format!(
-                "\"model\" {m:?}: must be one of {}",
-                MODELS.join(", ")
-            ))
-        }
-    };
-    let warmup = f.warmup.map(|w| w.min(u32::MAX as u64) as u32);
-    Ok((f.id.unwrap_or(fallback_id), prompt, cfg, model, warmup))
+    Ok((f.id.unwrap_or(fallback_id), f))
 }

@@ -209,8 +209,8 @@ int main(int argc, char **argv) {
   rq.warmup = 2;
   expect("submit unknown word", fd_engine_submit(eng, 1, "a red dragon on a white background", &rq), FD_ERR_VALUE, "dragon");
   expect("submit NULL prompt", fd_engine_submit(eng, 1, NULL, &rq), FD_ERR_NULL, "prompt");
-  rq.mode = 7;
-  expect("submit bad mode", fd_engine_submit(eng, 1, "a red circle top on a white background", &rq), FD_ERR_VALUE, "mode 7");
+  rq.mode = FD_MODE_DBCACHE + 1;
+  expect("submit bad mode", fd_engine_submit(eng, 1, "a red circle top on a white background", &rq), FD_ERR_VALUE, "mode 11");
   rq.mode = 0;
   rq.reuse = 2;
   expect("submit bad reuse", fd_engine_submit(eng, 1, "a red circle top on a white background", &rq), FD_ERR_VALUE, "reuse 2");

@@ -199,6 +199,17 @@ int main(int argc, char **argv) {
     FAIL("extrapolate2: %llu of %llu patch-steps computed, expected skipped steps\n",
          (unsigned long long)rep.computed, (unsigned long long)rep.patch_steps);
   check(fd_engine_release(engine, 303), "release 303");
+  /* A warm-up left out is the model's, fitted to the steps, as over HTTP and JSON lines:
+     four steps leave room for three, where the generic default would not fit. */
+  static const char fitted[] =
+      "{\"prompt\": \"a red circle left on a white background\", \"steps\": 4}";
+  check(fd_engine_submit_json(engine, 304, fitted, strlen(fitted)), "submit_json 304");
+  check(fd_engine_run(engine), "run 304");
+  check(fd_engine_result(engine, 304, NULL, 0, &rep), "result 304");
+  if (rep.steps != 4 || rep.warmup != 3)
+    FAIL("a left-out warm-up of 4 steps: %u warm-up steps of %u, expected 3 of 4\n",
+         (unsigned)rep.warmup, (unsigned)rep.steps);
+  check(fd_engine_release(engine, 304), "release 304");
   static const char *refused[][2] = {
       {"{\"prompt\": \"a red circle\", \"reuse\": \"extrapolate3\"}", "reuse"},
       {"{\"prompt\": \"a red circle\", \"budget\": 2}", "budget"},

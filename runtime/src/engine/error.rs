@@ -23,6 +23,14 @@ pub enum EngineError {
         /// The value and what it must be.
         reason: String,
     },
+    /// A field the interface a request came through does not take (the request schema's
+    /// name for it, and why).
+    Refused {
+        /// The field, as the request schema names it.
+        field: &'static str,
+        /// Why this interface does not take it.
+        reason: String,
+    },
     /// The request was cancelled before it finished.
     Cancelled(u64),
     /// Workers were lost: the request's monotask kept losing its worker, or no worker is
@@ -49,6 +57,7 @@ impl fmt::Display for EngineError {
             Self::Weights(e) => write!(f, "{e}"),
             Self::Prompt(e) => write!(f, "{e}"),
             Self::Invalid { field, reason } => write!(f, "\"{field}\" {reason}"),
+            Self::Refused { field, reason } => write!(f, "\"{field}\": {reason}"),
             Self::Cancelled(id) => write!(f, "request {id} was cancelled"),
             Self::WorkerLost(e) | Self::Config(e) | Self::Internal(e) => write!(f, "{e}"),
             Self::Partition(e) => write!(f, "partitioner: {e}"),

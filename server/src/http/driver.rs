@@ -1,135 +1,24 @@
-//! The engine's side: the driver thread that runs the engine between commands, and the
-//! finisher thread that encodes, stores and journals results off it.
+//! The server's side of the engine service: the finisher thread that encodes, stores and
+//! journals results, and the step handler that keeps the job table's progress.
 
 use super::*;
-
-/// A job the engine is done with, for the finisher thread.
-pub(super) enum Done {
-    Ok(Box<Output>),
-    Err(u64, Phase, String),
-}
+use flashdiff_runtime::service::{Finished, StepUpdate};
 
 /// The finisher's thread: encodes results, writes them and the journal, and updates the
 /// job table, so that the engine's thread does no disk I/O and never waits for a handler's
-/// lock. It ends when the driver does.
-pub(super) fn finish(rx: mpsc::Receiver<Done>, hub: Shared) {
-    for d in rx {
-        match d {
-            Done::Ok(o) => finish_ok(&hub, *o),
-            Done::Err(id, phase, msg) => finish_err(&hub, id, phase, msg),
-        }
-    }
-}
-
-/// The engine's thread: admits commands between scheduling rounds, runs monotasks, and
-/// records steps and results in the job table.
-pub(super) fn drive(
-    mut engine: Engine,
-    rx: mpsc::Receiver<Cmd>,
-    hub: Shared,
-    done: mpsc::Sender<Done>,
-) {
-    let mut open = true;
-    let g = engine.model().dims().grid;
-    let grid = [g.frames, g.height, g.width];
-    loop {
-        // Block for work only when idle.
-        let first = if engine.in_flight() == 0 {
-            if !open {
-                return;
-            }
-            match rx.recv() {
-                Ok(c) => Some(c),
-                Err(_) => {
-                    open = false;
-                    continue;
-                }
-            }
-        } else {
-            None
-        };
-        for cmd in first
-            .into_iter()
-            .chain(std::iter::from_fn(|| match rx.try_recv() {
-                Ok(c) => Some(c),
-                Err(mpsc::TryRecvError::Empty) => None,
-                Err(mpsc::TryRecvError::Disconnected) => {
-                    open = false;
-                    None
-                }
-            }))
-        {
-            match cmd {
-                Cmd::Submit {
-                    id,
-                    prompt,
-                    cond,
-                    cfg,
-                } => {
-                    if let Err(e) = engine.submit_conditioned(id, &prompt, cond, cfg) {
-                        let _ = done.send(Done::Err(id, Phase::Failed, e.to_string()));
-                    }
-                }
-                Cmd::Cancel(id) => {
-                    // Not in flight (finished meanwhile): nothing to do.
-                    let _ = engine.cancel(id);
-                }
-                Cmd::Resume { id, prompt, cfg } => resume_job(&mut engine, &done, id, &prompt, cfg),
+/// lock. It ends when the last reply sender is gone.
+pub(super) fn finish(rx: mpsc::Receiver<Finished>, hub: Shared) {
+    for (id, r) in rx {
+        match r {
+            Ok(o) => finish_ok(&hub, o),
+            Err(e) => {
+                let phase = match e {
+                    EngineError::Cancelled(_) => Phase::Cancelled,
+                    _ => Phase::Failed,
+                };
+                finish_err(&hub, id, phase, e.to_string())
             }
         }
-        if engine.in_flight() > 0 {
-            engine.poll(
-                &mut |ev| step_event(&hub, ev, grid),
-                Duration::from_millis(5),
-            );
-        }
-        // Also after a cancel that emptied the engine: its result is waiting here.
-        for r in engine.take_finished() {
-            let _ = done.send(match r {
-                Ok(o) => Done::Ok(Box::new(o)),
-                Err((id, e)) => {
-                    let phase = match e {
-                        EngineError::Cancelled(_) => Phase::Cancelled,
-                        _ => Phase::Failed,
-                    };
-                    Done::Err(id, phase, e.to_string())
-                }
-            });
-        }
-    }
-}
-
-/// Takes up a job the previous server left unfinished: from its checkpoint when there is a
-/// valid one, else from the start (the output is the same either way).
-pub(super) fn resume_job(
-    engine: &mut Engine,
-    done: &mpsc::Sender<Done>,
-    id: u64,
-    prompt: &str,
-    cfg: RequestConfig,
-) {
-    let path = engine
-        .checkpoint_dir()
-        .map(|d| checkpoint::path(d, id))
-        .filter(|p| p.exists());
-    if let Some(p) = path {
-        let resumed = checkpoint::read(&p)
-            .and_then(|c| match c.id == id {
-                true => Ok(c),
-                false => Err(format!("checkpoint {} is of request {}", p.display(), c.id)),
-            })
-            .map_err(EngineError::Config)
-            .and_then(|c| {
-                let step = c.step;
-                engine.resume(c).map(|()| step)
-            });
-        match resumed {
-            Ok(step) => return log::info!("job {id}: resumed at step {step}"),
-            Err(e) => log::warn!("job {id}: {e}; starting it again"),
-        }
-    }
-    if let Err(e) = engine.submit(id, prompt, cfg) {
-        let _ = done.send(Done::Err(id, Phase::Failed, e.to_string()));
     }
 }
 
@@ -146,7 +35,7 @@ pub(super) fn journal(
     }
 }
 
-pub(super) fn step_event(hub: &Hub, ev: &StepEvent, grid: [usize; 3]) {
+pub(super) fn step_event(hub: &Hub, ev: &StepUpdate, grid: [usize; 3]) {
     let (id, step, total) = (ev.id, ev.step, ev.steps);
     let Ok(mut jobs) = hub.jobs.lock() else {
         return;

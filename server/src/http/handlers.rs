@@ -240,8 +240,10 @@ pub(super) async fn delete_job(State(hub): State<Shared>, Path(raw): Path<String
             format!("job {id} already {}", phase.name()),
         );
     }
-    if let Ok(cmds) = hub.cmds.lock() {
-        let _ = cmds.send(Cmd::Cancel(id));
+    if let Ok(outbox) = hub.cmds.lock() {
+        if let Some(ob) = outbox.as_ref() {
+            let _ = ob.tx.send(Command::Cancel { id, done: None });
+        }
     }
     (
         StatusCode::ACCEPTED,

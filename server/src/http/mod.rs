@@ -1,12 +1,12 @@
 //! `flashdiff serve --port P`: the engine behind HTTP.
 //!
-//! One driver thread owns the [`Engine`] (it is `&mut` and runs the model); HTTP handlers on
-//! the tokio runtime check a request and condition its prompt (on a blocking thread, once),
-//! then hand it to the driver over a channel and read the job table. A request starts when
-//! it arrives: the driver admits it between scheduling rounds, so new requests join the ones
-//! in flight. Finished jobs go to a finisher thread, which encodes, saves and journals them:
-//! the driver does no disk I/O of results and never waits for the job table's lock while
-//! a result is written.
+//! The engine runs as the runtime's [`Service`] on its own thread; HTTP handlers on the
+//! tokio runtime check a request and condition its prompt (on a blocking thread, once), then
+//! send it to the service with the server's reply senders and read the job table. A request
+//! starts when it arrives: the service admits it between scheduling rounds, so new requests
+//! join the ones in flight. Step updates reach a step thread that keeps each job's progress;
+//! results reach a finisher thread, which encodes, saves and journals them: the engine's
+//! thread does no disk I/O and never takes the job table's lock.
 //!
 //! Endpoints: `POST /v1/images/generations` (OpenAI-compatible, waits for the images),
 //! `POST /v1/jobs`, `GET|DELETE /v1/jobs/{id}`, `GET /v1/jobs/{id}/events` (server-sent
@@ -39,12 +39,10 @@ use base64::Engine as _;
 use serde_json::{json, Value};
 use tokio::sync::{broadcast, watch};
 
-use flashdiff_runtime::checkpoint;
 use flashdiff_runtime::engine::{
-    check_request, from_config_record, to_config_record, Engine, EngineError, Output,
-    RequestConfig, StepEvent,
+    check_request, from_config_record, to_config_record, Engine, EngineError, Output, RequestConfig,
 };
-use flashdiff_runtime::schema::RequestFields;
+use flashdiff_runtime::schema::{Front, RequestFields};
 
 use crate::journal::{Entry, JobRecord, Store};
 
@@ -56,6 +54,7 @@ use driver::*;
 use flashdiff_runtime::image;
 use flashdiff_runtime::models::scene::IMAGE;
 use flashdiff_runtime::models::{Conditioning, Denoiser};
+use flashdiff_runtime::service::{Command, Reply, Service};
 use handlers::*;
 use request::*;
 
@@ -140,27 +139,16 @@ struct Metrics {
 /// Upper bounds of the step latency histogram, seconds.
 const STEP_BUCKETS: [f64; 8] = [0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.5];
 
-enum Cmd {
-    /// A new job, its prompt conditioned by the handler that checked it.
-    Submit {
-        id: u64,
-        prompt: String,
-        cond: Conditioning,
-        cfg: RequestConfig,
-    },
-    Cancel(u64),
-    /// A job the previous server left unfinished: from its checkpoint, else from the start.
-    Resume {
-        id: u64,
-        prompt: String,
-        cfg: RequestConfig,
-    },
+/// The engine's command queue and where its answers go; gone once the server drains.
+struct Outbox {
+    tx: mpsc::Sender<Command>,
+    reply: Reply,
 }
 
 struct Hub {
     jobs: Mutex<HashMap<u64, Job>>,
     next_id: AtomicU64,
-    cmds: Mutex<mpsc::Sender<Cmd>>,
+    cmds: Mutex<Option<Outbox>>,
     metrics: Metrics,
     cfg: HttpConfig,
     workers: u32,
@@ -201,35 +189,47 @@ fn bad(message: impl Into<String>) -> Response {
 
 /// Runs the server until SIGTERM/SIGINT; returns after draining.
 pub fn serve(mut engine: Engine, cfg: HttpConfig) -> Result<(), String> {
-    let (tx, rx) = mpsc::channel();
     let mut jobs = HashMap::new();
     let mut next_id = 1;
-    let store = match &cfg.state_dir {
-        None => None,
+    let (mut store, replayed) = match &cfg.state_dir {
+        None => (None, Vec::new()),
         Some(dir) => {
-            let (mut store, replayed) = Store::open(dir)?;
+            let (store, replayed) = Store::open(dir)?;
             engine
                 .set_checkpoint_dir(Some(store.checkpoints()), cfg.checkpoint_every)
                 .map_err(|e| e.to_string())?;
-            next_id = replayed.iter().map(|j| j.id + 1).max().unwrap_or(1);
-            let kept = restore(&store, replayed, &mut jobs, &tx, cfg.max_queue)?;
-            store.compact(&kept.0, &kept.1)?;
-            Some(Mutex::new(store))
+            (Some(store), replayed)
         }
     };
+    let workers = engine.workers();
+    let model = engine.model().name().to_string();
+    let checker = engine.shared_model();
+    let g = checker.dims().grid;
+    let grid = [g.frames, g.height, g.width];
+    let service = Service::start(engine).map_err(|e| e.to_string())?;
+    let (done_tx, done_rx) = mpsc::channel();
+    let (step_tx, step_rx) = mpsc::channel();
+    let outbox = Outbox {
+        tx: service.sender(),
+        reply: Reply::streaming(done_tx, step_tx),
+    };
+    if let Some(store) = &mut store {
+        next_id = replayed.iter().map(|j| j.id + 1).max().unwrap_or(1);
+        let kept = restore(store, replayed, &mut jobs, &outbox, cfg.max_queue)?;
+        store.compact(&kept.0, &kept.1)?;
+    }
     let hub = Arc::new(Hub {
         jobs: Mutex::new(jobs),
         next_id: AtomicU64::new(next_id),
-        cmds: Mutex::new(tx),
+        cmds: Mutex::new(Some(outbox)),
         metrics: Metrics::default(),
-        workers: engine.workers(),
-        model: engine.model().name().to_string(),
-        checker: engine.shared_model(),
+        workers,
+        model,
+        checker,
         cfg: cfg.clone(),
         accepting: std::sync::atomic::AtomicBool::new(true),
-        store,
+        store: store.map(Mutex::new),
     });
-    let (done_tx, done_rx) = mpsc::channel();
     let finisher = {
         let hub = hub.clone();
         std::thread::Builder::new()
@@ -237,12 +237,16 @@ pub fn serve(mut engine: Engine, cfg: HttpConfig) -> Result<(), String> {
             .spawn(move || finish(done_rx, hub))
             .map_err(|e| format!("cannot start the results thread: {e}"))?
     };
-    let driver = {
+    let stepper = {
         let hub = hub.clone();
         std::thread::Builder::new()
-            .name("flashdiff-driver".into())
-            .spawn(move || drive(engine, rx, hub, done_tx))
-            .map_err(|e| format!("cannot start the engine thread: {e}"))?
+            .name("flashdiff-steps".into())
+            .spawn(move || {
+                for u in step_rx {
+                    step_event(&hub, &u, grid);
+                }
+            })
+            .map_err(|e| format!("cannot start the step-event thread: {e}"))?
     };
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -266,14 +270,15 @@ pub fn serve(mut engine: Engine, cfg: HttpConfig) -> Result<(), String> {
             .await
             .map_err(|e| format!("HTTP server failed: {e}"))
     });
-    // Drain: the driver finishes what was admitted, then exits when the sender is dropped.
+    // Drain: the engine finishes what was admitted; the result and step threads end when
+    // the last reply sender is gone with it.
     hub.accepting.store(false, Relaxed);
-    if let Ok(mut tx) = hub.cmds.lock() {
-        let (dead, _) = mpsc::channel();
-        *tx = dead;
+    if let Ok(mut outbox) = hub.cmds.lock() {
+        *outbox = None;
     }
     drop(rt);
-    let _ = driver.join();
+    service.shutdown();
+    let _ = stepper.join();
     let _ = finisher.join();
     eprintln!("flashdiff: stopped");
     res
@@ -294,7 +299,7 @@ fn restore(
     store: &Store,
     replayed: Vec<JobRecord>,
     jobs: &mut HashMap<u64, Job>,
-    tx: &mpsc::Sender<Cmd>,
+    outbox: &Outbox,
     max_queue: usize,
 ) -> Result<(Vec<JobRecord>, Vec<u64>), String> {
     let keep = 4 * max_queue.max(1);
@@ -353,10 +358,11 @@ fn restore(
         if j.end.is_none() {
             let cfg =
                 from_config_record(&j.cfg).map_err(|e| format!("journal: job {}: {e}", j.id))?;
-            let _ = tx.send(Cmd::Resume {
+            let _ = outbox.tx.send(Command::Resume {
                 id: j.id,
                 prompt: j.prompt.clone(),
                 cfg,
+                reply: outbox.reply.clone(),
             });
             resumed += 1;
         }

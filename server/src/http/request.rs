@@ -20,12 +20,7 @@ pub(super) fn parse(
     cfg: &HttpConfig,
     model: &dyn Denoiser,
 ) -> Result<GenRequest, String> {
-    let side = model.image_size().unwrap_or((IMAGE, IMAGE));
-    let warmup = Warmups {
-        server: cfg.warmup,
-        model: model.default_warmup(),
-    };
-    let g = parse_fields(body, &cfg.base, warmup, model.name(), side)?;
+    let g = parse_fields(body, &cfg.base, cfg.warmup, model)?;
     check_request(model, &g.cfg).map_err(|e| e.to_string())?;
     let cond = model
         .condition(&g.prompt)
@@ -36,32 +31,20 @@ pub(super) fn parse(
     })
 }
 
-/// Where a request's warm-up comes from when it gives none.
-#[derive(Debug, Clone, Copy)]
-pub(super) struct Warmups {
-    /// The operator's `--warmup`.
-    pub(super) server: Option<u32>,
-    /// The model's default.
-    pub(super) model: u32,
-}
-
-/// `side`: `(width, height)` of the model's images; "size" asks for a whole multiple.
+/// The request's fields, checked: the settings (a warm-up left out is the operator's
+/// `warmup`, else the model's fitted to the steps), and the image fields against the size
+/// of the model's images ("size" asks for a whole multiple).
 pub(super) fn parse_fields(
     body: &[u8],
     base: &RequestConfig,
-    warmups: Warmups,
-    model: &str,
-    side: (usize, usize),
+    warmup: Option<u32>,
+    model: &dyn Denoiser,
 ) -> Result<GenRequest, String> {
     let f = RequestFields::from_json(body).map_err(|e| e.to_string())?;
-    if f.id.is_some() {
-        return Err("\"id\": the server numbers its jobs itself".into());
-    }
-    let prompt = match f.prompt.as_deref() {
-        Some(s) if !s.trim().is_empty() => s.to_string(),
-        Some(_) => return Err("\"prompt\" is empty".into()),
-        None => return Err("\"prompt\" is required".into()),
-    };
+    let (prompt, cfg) = f
+        .resolve(Front::Http, model, base, warmup)
+        .map_err(|e| e.to_string())?;
+    let side = model.image_size().unwrap_or((IMAGE, IMAGE));
     let n = match f.n {
         None => 1,
         Some(n @ 1..=4) => n as u32,
@@ -101,26 +84,6 @@ pub(super) fn parse_fields(
         return Err(format!(
             "\"output_format\" {f:?}: only \"png\" is supported"
         ));
-    }
-    if let Some(m) = f.model.as_deref().filter(|m| *m != model) {
-        return Err(format!("\"model\" {m:?}: this server runs {model:?}"));
-    }
-    // The warm-up a request leaves out: the operator's, else the model's (fitted to the
-    // steps); a request's own is checked with the other settings.
-    let given_warmup = f.warmup.is_some();
-    let mut cfg = f.settings(base).map_err(|e| e.to_string())?;
-    if !given_warmup {
-        cfg.warmup = match warmups.server {
-            Some(w) if w >= cfg.steps => {
-                return Err(format!(
-                    "\"steps\" {}: this server's --warmup {w} needs more; give a \"warmup\" \
-                     below {}",
-                    cfg.steps, cfg.steps
-                ))
-            }
-            Some(w) => w,
-            None => flashdiff_runtime::engine::fit_warmup(warmups.model, cfg.steps),
-        };
     }
     Ok(GenRequest {
         prompt,
@@ -191,13 +154,25 @@ pub(super) async fn admit(
     // The command queue's lock is held from reading each job's cancel flag until its
     // commands are sent, so a DELETE that set the flag after the read sends its cancel
     // after the submit.
-    let Ok(cmds) = hub.cmds.lock() else {
+    let Ok(outbox) = hub.cmds.lock() else {
         drop_jobs(hub, &ids);
         return Err(Box::new(error(
             StatusCode::INTERNAL_SERVER_ERROR,
             "internal",
             "queue poisoned",
         )));
+    };
+    let stopped = || {
+        Box::new(error(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "unavailable",
+            "the engine has stopped",
+        ))
+    };
+    let Some(ob) = outbox.as_ref() else {
+        drop(outbox);
+        drop_jobs(hub, &ids);
+        return Err(stopped());
     };
     let mut out = Vec::new();
     for (id, cfg, phase_rx) in admitted {
@@ -206,23 +181,21 @@ pub(super) async fn admit(
             .lock()
             .map(|jobs| jobs.get(&id).is_some_and(|j| j.cancelling))
             .unwrap_or(false);
-        let submit = Cmd::Submit {
+        let submit = Command::Submit {
             id,
             prompt: g.prompt.clone(),
-            cond: cond.clone(),
+            cond: Some(cond.clone()),
             cfg,
+            reply: ob.reply.clone(),
+            accepted: None,
         };
-        if cmds.send(submit).is_err() {
-            drop(cmds);
+        if ob.tx.send(submit).is_err() {
+            drop(outbox);
             drop_jobs(hub, &ids);
-            return Err(Box::new(error(
-                StatusCode::SERVICE_UNAVAILABLE,
-                "unavailable",
-                "the engine has stopped",
-            )));
+            return Err(stopped());
         }
         if cancelled {
-            let _ = cmds.send(Cmd::Cancel(id));
+            let _ = ob.tx.send(Command::Cancel { id, done: None });
         }
         hub.metrics.admitted.fetch_add(1, Relaxed);
         out.push((id, phase_rx));
@@ -313,7 +286,7 @@ mod tests {
     use super::*;
     use flashdiff_runtime::models::registry::ModelSpec;
 
-    fn hub(state: &std::path::Path) -> (Shared, mpsc::Receiver<Cmd>) {
+    fn hub(state: &std::path::Path) -> (Shared, mpsc::Receiver<Command>) {
         let model: Arc<dyn Denoiser> = ModelSpec::builtin("tinydit")
             .expect("the built-in model")
             .load(&flashdiff_runtime::models::Device::Cpu)
@@ -333,7 +306,10 @@ mod tests {
         let hub = Arc::new(Hub {
             jobs: Mutex::new(HashMap::new()),
             next_id: AtomicU64::new(1),
-            cmds: Mutex::new(tx),
+            cmds: Mutex::new(Some(Outbox {
+                tx,
+                reply: Reply::to(mpsc::channel().0),
+            })),
             metrics: Metrics::default(),
             workers: 1,
             model: model.name().into(),
@@ -398,11 +374,11 @@ mod tests {
         let admitted = rt.block_on(admitting).expect("admission");
         assert_eq!(admitted, Some(id));
         match rx.recv_timeout(Duration::from_secs(5)) {
-            Ok(Cmd::Submit { id: s, .. }) => assert_eq!(s, id),
+            Ok(Command::Submit { id: s, .. }) => assert_eq!(s, id),
             _ => panic!("expected the submit first"),
         }
         match rx.recv_timeout(Duration::from_secs(5)) {
-            Ok(Cmd::Cancel(c)) => assert_eq!(c, id),
+            Ok(Command::Cancel { id: c, .. }) => assert_eq!(c, id),
             _ => panic!("expected the cancel of a job cancelled while it was recorded"),
         }
         let bytes = std::fs::read(dir.join("journal")).expect("the journal");
