@@ -1,7 +1,7 @@
 //! A request's checkpoint: everything needed to continue it from its last committed step in
 //! another process (after the coordinator or server died): settings, prompt, step, patch
-//! layout, gate and budget state, extrapolation state, report counters and the committed regions of
-//! its state. One file per request, replaced atomically (written to a temporary name, then
+//! layout, gate state, extrapolation state, what the request's method remembers (its own
+//! record, named arrays), report counters and the committed regions of its state. One file per request, replaced atomically (written to a temporary name, then
 //! renamed) at every step boundary; mode 0600. Format: a 24-byte header (magic "FDCK",
 //! format version, payload length, CRC-32 of the payload) and an rkyv archive, mapped and
 //! validated (bytecheck) on open. Bytes that are truncated, flipped or of another version
@@ -13,7 +13,7 @@ use std::path::{Path, PathBuf};
 use rkyv::rancor::Error as RkyvError;
 
 const MAGIC: [u8; 4] = *b"FDCK";
-const VERSION: u32 = 7;
+const VERSION: u32 = 8;
 const HEADER: usize = 24;
 /// Largest checkpoint accepted (far above any model's request state today).
 pub const MAX_CHECKPOINT: u64 = 1 << 34;
@@ -68,29 +68,13 @@ mod records {
         pub steps: u64,
     }
 
-    /// FlashDiff's change budget: its settings, every patch's accumulated change and run of
-    /// skips, and the latent's accumulated change.
+    /// One named array of what a request's method remembers between steps: floats or
+    /// counts (one of the two is empty). Each method writes and reads its own names.
     #[derive(Archive, Serialize, Deserialize, Debug, Clone, PartialEq)]
-    pub struct BudgetRecord {
-        pub epsilon: f32,
-        pub share: f32,
-        pub max_skip: u32,
-        pub accumulated: Vec<f32>,
-        pub skipped_run: Vec<u32>,
-        /// The latent's accumulated change since the last computed step.
-        pub whole: f32,
-    }
-
-    /// A forecast series (DBCache's residual): last value, first and second divided
-    /// differences (empty below their order), the gap between the last two computations and
-    /// the step of the last.
-    #[derive(Archive, Serialize, Deserialize, Debug, Clone, PartialEq)]
-    pub struct SeriesRecord {
-        pub base: Vec<f32>,
-        pub slope: Vec<f32>,
-        pub curve: Vec<f32>,
-        pub gap: u32,
-        pub last: u32,
+    pub struct MemoryRecord {
+        pub name: String,
+        pub floats: Vec<f32>,
+        pub counts: Vec<u32>,
     }
 
     /// Extrapolation state of every token.
@@ -146,12 +130,9 @@ mod records {
         pub patches: u32,
         pub active: Vec<bool>,
         pub gate: GateRecord,
-        pub budget: Option<BudgetRecord>,
         pub track: Option<TrackRecord>,
-        pub tea: Option<(Vec<f32>, f32)>,
-        /// DBCache's forecast of its skipped blocks' residual.
-        pub series: Option<SeriesRecord>,
-        pub ras_dropped: Option<Vec<f32>>,
+        /// What the request's method remembers, as it wrote it.
+        pub memory: Vec<MemoryRecord>,
         pub report: ReportRecord,
         /// Committed regions, in [`super::SAVED_REGIONS`] order.
         pub regions: Vec<Vec<f32>>,
@@ -316,24 +297,19 @@ pub fn sample() -> Checkpoint {
             weights: vec![0.25; 4],
             steps: 2,
         },
-        budget: Some(BudgetRecord {
-            epsilon: 0.1,
-            share: 0.0,
-            max_skip: 3,
-            accumulated: vec![0.0, 0.05, f32::INFINITY, 0.0],
-            skipped_run: vec![0, 1, 0, 0],
-            whole: 0.02,
-        }),
         track: None,
-        tea: None,
-        series: Some(SeriesRecord {
-            base: vec![1.0, 2.0],
-            slope: vec![0.5, 0.0],
-            curve: Vec::new(),
-            gap: 2,
-            last: 5,
-        }),
-        ras_dropped: Some(vec![1.0, 2.0]),
+        memory: vec![
+            MemoryRecord {
+                name: "budget.accumulated".into(),
+                floats: vec![0.0, 0.05, f32::INFINITY, 0.0],
+                counts: Vec::new(),
+            },
+            MemoryRecord {
+                name: "budget.skipped_run".into(),
+                floats: Vec::new(),
+                counts: vec![0, 1, 0, 0],
+            },
+        ],
         report: ReportRecord {
             patches: 4,
             patch_steps: 8,

@@ -168,15 +168,18 @@ fn a_request_resumes_from_any_checkpoint_bit_identical() {
         // Damaged forecast state is refused, the real one still resumes.
         let (_, bytes) = saved.last().unwrap();
         let ck = checkpoint::decode(bytes).unwrap();
-        let series = ck.series.as_ref().expect("the residual's forecast");
-        assert_eq!(series.slope.is_empty(), reuse == Reuse::Stale);
+        let slope = &record(&ck, "dbcache.rest.slope").floats;
+        assert_eq!(slope.is_empty(), reuse == Reuse::Stale);
         let mut b = Engine::new(&default_weights(), 1).unwrap();
         let mut wrong = ck.clone();
-        wrong.series.as_mut().unwrap().base.pop();
+        record_mut(&mut wrong, "dbcache.rest.base").floats.pop();
         assert!(b.resume(wrong).unwrap_err().to_string().contains("damaged"));
         let mut wrong = ck.clone();
-        wrong.series.as_mut().unwrap().last = ck.step;
+        record_mut(&mut wrong, "dbcache.rest.steps").counts[1] = ck.step;
         assert!(b.resume(wrong).is_err());
+        let mut wrong = ck.clone();
+        wrong.memory.retain(|m| m.name != "dbcache.rest.curve");
+        assert!(b.resume(wrong).is_err(), "an incomplete forecast");
         let mut wrong = ck.clone();
         wrong.cfg.reuse = (reuse.order() + 1) % 3;
         assert!(b.resume(wrong).is_err(), "a forecast of another order");
@@ -184,20 +187,18 @@ fn a_request_resumes_from_any_checkpoint_bit_identical() {
         // another model's hidden size would be) is accepted on resume and refused by the
         // step that reads it, with what was wrong, instead of a panic.
         let mut other = ck.clone();
-        let s = other.series.as_mut().unwrap();
         let n = 64 * 3;
-        s.base = vec![0.0; n];
-        s.slope = if s.slope.is_empty() {
-            Vec::new()
-        } else {
-            vec![0.0; n]
-        };
-        s.curve = if s.curve.is_empty() {
-            Vec::new()
-        } else {
-            vec![0.0; n]
-        };
-        other.tea = other.tea.map(|(_, acc)| (vec![0.0; n], acc));
+        for name in [
+            "dbcache.rest.base",
+            "dbcache.rest.slope",
+            "dbcache.rest.curve",
+            "dbcache.front_residual",
+        ] {
+            let m = record_mut(&mut other, name);
+            if !m.floats.is_empty() {
+                m.floats = vec![0.0; n];
+            }
+        }
         b.resume(other).unwrap();
         let out = b.run(&mut |_| {});
         let err = out[0].as_ref().unwrap_err().1.to_string();
@@ -206,4 +207,22 @@ fn a_request_resumes_from_any_checkpoint_bit_identical() {
         assert!(b.run(&mut |_| {})[0].is_ok());
     }
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// The named array of a checkpoint's method memory.
+fn record<'a>(ck: &'a checkpoint::Checkpoint, name: &str) -> &'a checkpoint::MemoryRecord {
+    ck.memory
+        .iter()
+        .find(|m| m.name == name)
+        .unwrap_or_else(|| panic!("no {name} in the checkpoint"))
+}
+
+fn record_mut<'a>(
+    ck: &'a mut checkpoint::Checkpoint,
+    name: &str,
+) -> &'a mut checkpoint::MemoryRecord {
+    ck.memory
+        .iter_mut()
+        .find(|m| m.name == name)
+        .unwrap_or_else(|| panic!("no {name} in the checkpoint"))
 }

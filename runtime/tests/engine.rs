@@ -795,11 +795,15 @@ fn a_damaged_or_foreign_checkpoint_is_refused() {
     assert!(b.resume(wrong).is_err());
     let mut wrong = ck.clone();
     wrong
-        .budget
-        .as_mut()
+        .memory
+        .iter_mut()
+        .find(|m| m.name == "budget.accumulated")
         .expect("FlashDiff's budget")
-        .accumulated[0] = f32::NAN;
+        .floats[0] = f32::NAN;
     assert!(b.resume(wrong).is_err());
+    let mut wrong = ck.clone();
+    wrong.memory.retain(|m| m.name != "budget.skipped_run");
+    assert!(b.resume(wrong).is_err(), "an incomplete budget");
     // A damaged gate, in the checkpoint of a method that decides through it.
     a.submit(10, PROMPT, cfg(Mode::PatchGate)).unwrap();
     let gated = checkpoint::path(&dir, 10);

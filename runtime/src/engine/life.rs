@@ -158,19 +158,19 @@ impl Engine {
             },
             prompt: prompt.to_string(),
             submitted_unix: std::time::SystemTime::now(),
+            memory: methods::of(cfg.mode).memory(),
             cfg,
             submitted,
-            tea: None,
-            series: None,
-            budget: None,
-            ras_dropped: None,
             track: None,
             checkpointed: None,
         };
         self.requests.insert(id, req);
         Ok(())
     }
+}
 
+/// A request's life after admission: completed monotasks, the warm-up's end, the end.
+impl Engine {
     pub(super) fn account(&mut self, tag: Tag, d: Duration) {
         if let Some(r) = self.requests.get_mut(&tag.request) {
             if tag.monotask == WARMUP_MONOTASK {

@@ -130,6 +130,7 @@ impl fmt::Debug for Engine {
     }
 }
 
+/// Building an engine: its model, its workers.
 impl Engine {
     /// An engine over the model at `weights` with `workers` workers in this process: with
     /// one, monotasks run on the coordinator's thread; with more, on that many worker
@@ -288,7 +289,10 @@ impl Engine {
             submissions: 0,
         })
     }
+}
 
+/// What the engine runs and holds, and its settings.
+impl Engine {
     /// The model.
     pub fn model(&self) -> &dyn Denoiser {
         &*self.model
@@ -362,22 +366,6 @@ impl Engine {
     /// running anything.
     pub fn take_finished(&mut self) -> Vec<Result<Output, (u64, EngineError)>> {
         std::mem::take(&mut self.finished)
-    }
-
-    /// Moves the requests finished since the last call into `results`, by id: each output,
-    /// or its error's text. What a caller that polls by id (the C ABI, the Python package)
-    /// keeps between calls.
-    pub fn collect_finished(&mut self, results: &mut HashMap<u64, Result<Output, String>>) {
-        for r in self.take_finished() {
-            match r {
-                Ok(o) => {
-                    results.insert(o.report.id, Ok(o));
-                }
-                Err((id, e)) => {
-                    results.insert(id, Err(e.to_string()));
-                }
-            }
-        }
     }
 
     /// The active patches of a request's current step (after the gate decided it; empty

@@ -3,7 +3,6 @@
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use flashdiff_gate::budget::{Budget, BudgetConfig, BudgetState};
 use flashdiff_gate::choice::Execution;
 use flashdiff_gate::{Gate, GateConfig};
 use flashdiff_models::{Dims, ModelError, Tensor};
@@ -12,7 +11,6 @@ use flashdiff_partitioner::{Grid, PatchLayout};
 use super::forecast::Track;
 use super::methods;
 use super::request::Request;
-use super::series::Series;
 use super::Choice;
 use super::{
     check_request, create_private_dir, Engine, EngineError, LayoutKind, Report, RequestConfig,
@@ -87,14 +85,21 @@ impl Engine {
                 c.step, cfg.warmup, cfg.steps
             )));
         }
-        let uses_gate = methods::of(cfg.mode).uses_gate();
-        let (layout, gate, budget, track) = restore_policies(&c, self.model.dims(), uses_gate)
+        let method = methods::of(cfg.mode);
+        let (layout, gate, track) = restore_policies(&c, self.model.dims(), method.uses_gate())
             .map_err(|e| match e {
                 EngineError::Config(m) => bad(m),
                 e => e,
             })?;
-        let series =
-            restore_series(&c, self.model.dims().grid.tokens(), cfg.reuse.order()).map_err(bad)?;
+        let memory = method
+            .recall(&methods::Recall {
+                records: &c.memory,
+                tokens: self.model.dims().grid.tokens(),
+                patches: layout.patches() as usize,
+                step: c.step,
+                cfg: &cfg,
+            })
+            .map_err(bad)?;
         let cond = self.model.condition(&c.prompt)?;
         let context = Tensor::from_slice(&cond.context, cond.context.len(), self.model.device())
             .map_err(ModelError::from)?;
@@ -133,10 +138,7 @@ impl Engine {
                 report,
                 cfg,
                 submitted,
-                tea: c.tea,
-                series,
-                budget,
-                ras_dropped: c.ras_dropped,
+                memory,
                 track,
                 checkpointed: Some(Instant::now()),
             },
@@ -200,8 +202,8 @@ pub fn from_config_record(c: &checkpoint::ConfigRecord) -> Result<RequestConfig,
     })
 }
 
-/// A request's policies as a checkpoint restores them: layout, gate, budget, extrapolation.
-type Policies = (PatchLayout, Option<Gate>, Option<Budget>, Option<Track>);
+/// A request's policies as a checkpoint restores them: layout, gate, extrapolation.
+type Policies = (PatchLayout, Option<Gate>, Option<Track>);
 
 /// A checkpoint's patch layout, gate (`None` unless the method `uses_gate`; the record of
 /// one that does not is not read) and extrapolation state, each checked against the model
@@ -239,36 +241,11 @@ fn restore_policies(c: &Checkpoint, dims: &Dims, uses_gate: bool) -> Result<Poli
     {
         return Err(bad("gate and layout disagree on the patch count"));
     }
-    let budget = match &c.budget {
-        Some(b) => {
-            let budget = Budget::from_state(BudgetState {
-                cfg: BudgetConfig {
-                    epsilon: b.epsilon,
-                    share: b.share,
-                    max_skip: b.max_skip,
-                },
-                accumulated: b.accumulated.clone(),
-                skipped_run: b.skipped_run.clone(),
-                whole: b.whole,
-            })?;
-            if budget.patches() != layout.patches() as usize {
-                return Err(bad("budget and layout disagree on the patch count"));
-            }
-            Some(budget)
-        }
-        None => None,
-    };
     let tokens = g.tokens();
     let vel = tokens * dims.channels;
     let kv = dims.kv_layers * tokens * dims.kv_dim;
-    // TeaCache's block-0 input is tokens x the model's width.
-    if c.tea.as_ref().is_some_and(|(v, _)| v.len() % tokens != 0)
-        || c.ras_dropped.as_ref().is_some_and(|v| v.len() > tokens)
-    {
-        return Err(bad("cached velocities or RAS counts of the wrong size"));
-    }
     let Some(t) = &c.track else {
-        return Ok((layout, gate, budget, None));
+        return Ok((layout, gate, None));
     };
     let reuse = Reuse::of_code(c.cfg.reuse);
     let ok = [&t.k_base, &t.v_base_kv, &t.k_slope, &t.v_slope_kv]
@@ -298,40 +275,7 @@ fn restore_policies(c: &Checkpoint, dims: &Dims, uses_gate: bool) -> Result<Poli
         gap: t.gap.clone(),
         last: t.last.clone(),
     };
-    Ok((layout, gate, budget, Some(track)))
-}
-
-/// DBCache's residual forecast from a checkpoint (untrusted): its parts of one width, a
-/// whole number of rows per token, the request's order, and a last computation before the
-/// checkpoint's step. Its width against the model's hidden rows is checked by the step
-/// that reads it.
-fn restore_series(c: &Checkpoint, tokens: usize, order: u8) -> Result<Option<Series>, String> {
-    let Some(s) = &c.series else {
-        return Ok(None);
-    };
-    let series = Series {
-        base: s.base.clone(),
-        slope: s.slope.clone(),
-        curve: s.curve.clone(),
-        gap: s.gap,
-        last: s.last,
-    };
-    let n = series.base.len();
-    if !series.well_formed(order)
-        || n == 0
-        || n % tokens != 0
-        || c.tea.as_ref().is_some_and(|(v, _)| v.len() != n)
-        || series.last >= c.step
-    {
-        return Err(format!(
-            "the forecast of the skipped blocks is damaged ({n} values at order {}, for \
-             {tokens} tokens at order {order}, last computed at step {} of {})",
-            series.order(),
-            series.last,
-            c.step
-        ));
-    }
-    Ok(Some(series))
+    Ok((layout, gate, Some(track)))
 }
 
 /// Copies a checkpoint's committed regions into a fresh state, refusing wrong sizes.
@@ -447,17 +391,6 @@ fn to_checkpoint(id: u64, r: &Request) -> Option<Checkpoint> {
             weights: gate.weights,
             steps: gate.steps,
         },
-        budget: r.budget.as_ref().map(|b| {
-            let st = b.state();
-            checkpoint::BudgetRecord {
-                epsilon: st.cfg.epsilon,
-                share: st.cfg.share,
-                max_skip: st.cfg.max_skip,
-                accumulated: st.accumulated.clone(),
-                skipped_run: st.skipped_run.clone(),
-                whole: st.whole,
-            }
-        }),
         track: r.track.as_ref().map(|t| checkpoint::TrackRecord {
             kv_weight: t.kv_weight,
             k_base: t.kv_base[0].clone(),
@@ -470,15 +403,11 @@ fn to_checkpoint(id: u64, r: &Request) -> Option<Checkpoint> {
             gap: t.gap.clone(),
             last: t.last.clone(),
         }),
-        tea: r.tea.clone(),
-        series: r.series.as_ref().map(|s| checkpoint::SeriesRecord {
-            base: s.base.clone(),
-            slope: s.slope.clone(),
-            curve: s.curve.clone(),
-            gap: s.gap,
-            last: s.last,
-        }),
-        ras_dropped: r.ras_dropped.clone(),
+        memory: {
+            let mut m = Vec::new();
+            r.memory.save(&mut m);
+            m
+        },
         report: checkpoint::ReportRecord {
             patches: rep.patches,
             patch_steps: rep.patch_steps,

@@ -1,15 +1,15 @@
 //! A request in flight: its settings, its policies' state and its shared tensor state. The
-//! request's life (life.rs, step.rs) moves it; a skipping method (methods/) reads and writes it.
+//! request's life (life.rs, step.rs) moves it; a skipping method (methods/) reads and writes it,
+//! and keeps what it remembers between steps in the request's `memory`, which only it reads.
 
 use std::time::Instant;
 
-use flashdiff_gate::budget::Budget;
 use flashdiff_gate::Gate;
 use flashdiff_models::Tensor;
 use flashdiff_partitioner::PatchLayout;
 
 use super::forecast::Track;
-use super::series::Series;
+use super::methods::Memory;
 use super::{Report, RequestConfig};
 use crate::state::SharedState;
 
@@ -34,15 +34,9 @@ pub(super) struct Request {
     pub(super) active: Vec<bool>,
     pub(super) report: Report,
     pub(super) submitted: Instant,
-    /// TeaCache: block 0's modulated input at the previous step, and the accumulated change;
-    /// DBCache: its first block's residual at the last computed step.
-    pub(super) tea: Option<(Vec<f32>, f32)>,
-    /// DBCache: the forecast of the residual its skipped blocks add.
-    pub(super) series: Option<Series>,
-    /// FlashDiff's change budget, from the first step after the partition.
-    pub(super) budget: Option<Budget>,
-    /// RAS: per 2x2 region, the steps it was left out (its starvation term).
-    pub(super) ras_dropped: Option<Vec<f32>>,
+    /// What the request's method remembers between steps (its own type; see
+    /// [`super::methods::Memory`]).
+    pub(super) memory: Box<dyn Memory>,
     /// Extrapolation state ([`RequestConfig::reuse`]), from the first commit on.
     pub(super) track: Option<Track>,
     /// When its last checkpoint was written.

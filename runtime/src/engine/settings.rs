@@ -195,92 +195,7 @@ impl std::str::FromStr for Reuse {
 /// regional execution to requests whose patches change an order of magnitude more unevenly.
 pub const AUTO_DISPERSION: f32 = 0.5;
 
-/// How a request is executed.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Mode {
-    /// Saliency patches under a change budget: each patch accumulates the relative change of
-    /// block 0's input since it last ran; a step runs (every patch) once the latent's
-    /// accumulated change (the patches' weighted by their share of that input) reaches
-    /// `epsilon`, or one patch alone twice that, or a patch K skips, else it is forecast for
-    /// every token.
-    FlashDiff,
-    /// Saliency patches, no skipping, displaced K/V.
-    NoSkip,
-    /// One patch, every step: ordinary sampling.
-    Full,
-    /// Uniform patches denoised independently (attention inside the patch only) and stitched
-    /// each step, no skipping: the NaivePatch baseline.
-    NaivePatch,
-    /// Whole-step caching (TeaCache / first-block-cache style): the whole step is skipped,
-    /// advancing on the forecast (or, `extrapolate` off, the last) velocity, while the
-    /// accumulated relative L1 change of block 0's modulated input stays under
-    /// `cache_threshold`, at most `max_skip` (K) steps in a row, as FlashDiff's budget (K at
-    /// least the step count: the threshold alone, as TeaCache's authors run it).
-    TeaCache,
-    /// DBCache (cache-dit's dual block cache, F1B0): the first block runs every step; while
-    /// the relative L1 change of its residual since the last computed step stays under
-    /// `cache_threshold`, the other blocks are skipped and their residual is forecast
-    /// (reused as last computed with [`Reuse::Stale`]). Needs a model that runs its blocks
-    /// apart ([`flashdiff_models::Denoiser::depth`]). Its steps run on the engine's own
-    /// thread, not on the workers: a comparison baseline, which holds the engine for the
-    /// length of its steps when other requests are in flight.
-    DbCache,
-    /// Region-adaptive sampling (RAS-style): each step recomputes the `ras_ratio` share of 2x2
-    /// token regions whose velocity changed most, the rest reuse their velocity and K/V
-    /// (forecast, or with `extrapolate` off as last computed); dense steps at about 45% and
-    /// 80% of the steps and at the end.
-    Ras,
-    /// The ablation of the per-patch choice: as many patches per step as the change budget
-    /// per patch ([`Mode::PerPatch`]) runs, drawn at random (seeded by the request's seed
-    /// and the step).
-    RandomPatches,
-    /// Ablation: the change budget per patch (a computed step runs only the patches that
-    /// reached `epsilon`, the others forecast with their K/V).
-    PerPatch,
-    /// The change budget of [`Mode::FlashDiff`], run regionally or in whole steps as the
-    /// request's own patches changed: at the first step after the warm-up whose change it
-    /// observes, a request whose patches' changes disperse at least [`AUTO_DISPERSION`]
-    /// continues as [`Mode::PerPatch`] (only the patches at their budget run), any other as
-    /// [`Mode::FlashDiff`] (whole steps). The report says which and why.
-    Auto,
-    /// Ablation: the paper's memoryless patch gate (a patch runs while its share of the
-    /// steps' importance change is at least `epsilon`; one patch at least every step).
-    PatchGate,
-}
-
-impl Mode {
-    /// Every mode, in the order the help texts list them.
-    pub const ALL: [Mode; 11] = [
-        Mode::FlashDiff,
-        Mode::Auto,
-        Mode::NoSkip,
-        Mode::Full,
-        Mode::NaivePatch,
-        Mode::TeaCache,
-        Mode::Ras,
-        Mode::RandomPatches,
-        Mode::PerPatch,
-        Mode::PatchGate,
-        Mode::DbCache,
-    ];
-
-    /// The mode's name on every interface (`--mode`, the `mode` field, checkpoints).
-    pub fn name(self) -> &'static str {
-        match self {
-            Mode::FlashDiff => "flashdiff",
-            Mode::Auto => "auto",
-            Mode::NoSkip => "no-skip",
-            Mode::Full => "full",
-            Mode::NaivePatch => "naive-patch",
-            Mode::TeaCache => "teacache",
-            Mode::Ras => "ras",
-            Mode::RandomPatches => "random-patches",
-            Mode::PerPatch => "per-patch",
-            Mode::PatchGate => "patch-gate",
-            Mode::DbCache => "dbcache",
-        }
-    }
-}
+pub use super::methods::Mode;
 
 impl std::str::FromStr for Mode {
     type Err = String;
@@ -439,15 +354,11 @@ pub fn check_request(model: &dyn Denoiser, cfg: &RequestConfig) -> Result<(), En
         if !(f.is_finite() && f > 0.0 && f <= 1.0) {
             return bad("budget", format!("{f}: must be in (0, 1]"));
         }
-        if !matches!(cfg.mode, Mode::FlashDiff | Mode::Auto | Mode::PerPatch) {
-            return bad(
-                "budget",
-                format!(
-                    "{f}: a work budget applies to modes flashdiff, auto and per-patch only (mode {} has its own knob)",
-                    cfg.mode.name()
-                ),
-            );
-        }
+    }
+    // What the request's method itself cannot run with (a work budget it has no use for, a
+    // model it cannot run).
+    super::methods::of(cfg.mode).check(model, cfg)?;
+    if let Some(f) = cfg.budget {
         let fixed = cfg.warmup + FINAL_FULL_STEPS;
         if flashdiff_gate::pace::computes_for(f, cfg.steps) < fixed {
             // The least budget, rounded up to what is shown, so the number given is one
@@ -476,16 +387,6 @@ pub fn check_request(model: &dyn Denoiser, cfg: &RequestConfig) -> Result<(), En
         return bad(
             "cache_threshold",
             format!("{}: must be finite and >= 0", cfg.cache_threshold),
-        );
-    }
-    if cfg.mode == Mode::DbCache && model.depth() <= super::methods::FRONT_BLOCKS {
-        return bad(
-            "mode",
-            format!(
-                "dbcache runs the model's first block alone; {} runs its blocks only all \
-                 together",
-                model.name()
-            ),
         );
     }
     if cfg.monotasks == Some(0) {

@@ -199,7 +199,10 @@ impl Engine {
             ));
         }
     }
+}
 
+/// Worker supervision: events, hangs, losses and replacements.
+impl Engine {
     /// Handles one event from the workers, waiting at most `timeout` (less when a busy
     /// worker's hang limit comes first); kills workers silent past their limit.
     fn wait_worker(&mut self, progress: &mut dyn FnMut(&StepEvent), timeout: Duration) {

@@ -12,7 +12,11 @@ use std::time::Instant;
 
 use flashdiff_models::{Denoiser, ModelError, StepInput, Tensor};
 
-use super::{below_skip_cap, euler, relative_l1, step_tensors, Method};
+use super::{
+    below_skip_cap, counts, euler, floats, memory_of, no_work_budget, relative_l1, step_tensors,
+    Memory, Method, Recall,
+};
+use crate::checkpoint::MemoryRecord;
 use crate::engine::request::Request;
 use crate::engine::series::Series;
 use crate::engine::{EngineError, LayoutKind, RequestConfig, FINAL_FULL_STEPS};
@@ -24,7 +28,101 @@ pub const FRONT_BLOCKS: usize = 1;
 
 pub(super) struct DbCache;
 
+/// The first block's residual at the last computed step, and the forecast of the residual
+/// the skipped blocks add.
+#[derive(Default)]
+struct Remembered {
+    residual: Option<Vec<f32>>,
+    series: Option<Series>,
+}
+
+impl Memory for Remembered {
+    fn save(&self, out: &mut Vec<MemoryRecord>) {
+        if let Some(r) = &self.residual {
+            out.push(floats("dbcache.front_residual", r));
+        }
+        if let Some(s) = &self.series {
+            out.push(floats("dbcache.rest.base", &s.base));
+            out.push(floats("dbcache.rest.slope", &s.slope));
+            out.push(floats("dbcache.rest.curve", &s.curve));
+            out.push(counts("dbcache.rest.steps", &[s.gap, s.last]));
+        }
+    }
+
+    fn as_any_mut(&mut self) -> &mut dyn std::any::Any {
+        self
+    }
+}
+
 impl Method for DbCache {
+    fn memory(&self) -> Box<dyn Memory> {
+        Box::new(Remembered::default())
+    }
+
+    /// Its parts of one width, a whole number of rows per token, the request's order, and
+    /// a last computation before the step it continues from. Its width against the model's
+    /// hidden rows is checked by the step that reads it.
+    fn recall(&self, rec: &Recall) -> Result<Box<dyn Memory>, String> {
+        let residual = rec.floats("dbcache.front_residual").map(<[f32]>::to_vec);
+        let order = rec.cfg.reuse.order();
+        let parts = (
+            rec.floats("dbcache.rest.base"),
+            rec.floats("dbcache.rest.slope"),
+            rec.floats("dbcache.rest.curve"),
+            rec.counts("dbcache.rest.steps"),
+        );
+        let series = match parts {
+            (None, None, None, None) => None,
+            (Some(base), Some(slope), Some(curve), Some(&[gap, last])) => Some(Series {
+                base: base.to_vec(),
+                slope: slope.to_vec(),
+                curve: curve.to_vec(),
+                gap,
+                last,
+            }),
+            _ => return Err("the forecast of the skipped blocks is incomplete".into()),
+        };
+        let tokens = rec.tokens.max(1);
+        if residual.as_ref().is_some_and(|r| r.len() % tokens != 0) {
+            return Err("the first block's residual is not a whole number of token rows".into());
+        }
+        if let Some(s) = &series {
+            let n = s.base.len();
+            if !s.well_formed(order)
+                || n == 0
+                || n % tokens != 0
+                || residual.as_ref().is_some_and(|r| r.len() != n)
+                || s.last >= rec.step
+            {
+                return Err(format!(
+                    "the forecast of the skipped blocks is damaged ({n} values at order {}, \
+                     for {tokens} tokens at order {order}, last computed at step {} of {})",
+                    s.order(),
+                    s.last,
+                    rec.step
+                ));
+            }
+        }
+        Ok(Box::new(Remembered { residual, series }))
+    }
+
+    /// A model that runs its blocks apart, deeper than the blocks that decide; no work
+    /// budget (its threshold sets its work).
+    fn check(&self, model: &dyn Denoiser, cfg: &RequestConfig) -> Result<(), EngineError> {
+        no_work_budget(cfg)?;
+        if model.depth() <= FRONT_BLOCKS {
+            return Err(EngineError::Invalid {
+                field: "mode",
+                reason: format!(
+                    "dbcache runs the model's first block alone; {} runs its blocks only all \
+                     together",
+                    model.name()
+                ),
+            });
+        }
+        Ok(())
+    }
+
     fn partition(&self, cfg: &RequestConfig, _: u32) -> (u32, bool) {
         (1, cfg.layout == LayoutKind::Uniform)
     }
@@ -56,7 +154,14 @@ impl Method for DbCache {
         let embedded = model.front(&x, step, 0)?;
         let front = model.front(&x, step, FRONT_BLOCKS)?;
         let residual = flat(&front - &embedded)?;
-        if let Some(s) = r.series.as_ref().filter(|s| s.base.len() != residual.len()) {
+        let final_full = r.step + FINAL_FULL_STEPS >= r.cfg.steps;
+        let below_cap = below_skip_cap(r);
+        let memory = memory_of::<Remembered>(&mut r.memory)?;
+        if let Some(s) = memory
+            .series
+            .as_ref()
+            .filter(|s| s.base.len() != residual.len())
+        {
             // Only a damaged or foreign checkpoint gets here: the model's hidden rows are
             // not what the forecast was made of.
             return Err(EngineError::Config(format!(
@@ -65,42 +170,41 @@ impl Method for DbCache {
                 residual.len()
             )));
         }
-        let final_full = r.step + FINAL_FULL_STEPS >= r.cfg.steps;
-        let change = match &r.tea {
-            Some((prev, _)) if prev.len() == residual.len() => relative_l1(&residual, prev),
+        let change = match &memory.residual {
+            Some(prev) if prev.len() == residual.len() => relative_l1(&residual, prev),
             _ => f32::INFINITY,
         };
-        let skip = change < r.cfg.cache_threshold
-            && below_skip_cap(r)
-            && !final_full
-            && r.series.is_some();
-        let hidden = if skip {
-            let series = r.series.as_ref().expect("checked above");
-            let mut rest = vec![0.0f32; series.base.len()];
-            series.predict(r.step, &mut rest);
-            Tensor::from_vec(rest, front.dims(), model.device())
-                .and_then(|rest| &front + rest)
-                .map_err(ModelError::from)?
-        } else {
-            let hidden = model.rest(&front, step, FRONT_BLOCKS)?;
-            let rest = flat(&hidden - &front)?;
-            match r.series.as_mut() {
-                Some(s) => {
-                    if r.step > s.last + 1 {
-                        // Resuming after skips: how wrong the forecast residual would be.
-                        let mut predicted = vec![0.0f32; rest.len()];
-                        s.predict(r.step, &mut predicted);
-                        for (&p, &f) in predicted.iter().zip(&rest) {
-                            r.report.reuse_err2 += ((f - p) as f64).powi(2);
-                            r.report.reuse_norm2 += (f as f64).powi(2);
-                        }
-                    }
-                    s.update(&rest, r.step)
-                }
-                None => r.series = Some(Series::start(rest, r.step, r.cfg.reuse.order())),
+        let skip =
+            change < r.cfg.cache_threshold && below_cap && !final_full && memory.series.is_some();
+        let hidden = match (&mut memory.series, skip) {
+            (Some(series), true) => {
+                let mut rest = vec![0.0f32; series.base.len()];
+                series.predict(r.step, &mut rest);
+                Tensor::from_vec(rest, front.dims(), model.device())
+                    .and_then(|rest| &front + rest)
+                    .map_err(ModelError::from)?
             }
-            r.tea = Some((residual, 0.0));
-            hidden
+            (series, _) => {
+                let hidden = model.rest(&front, step, FRONT_BLOCKS)?;
+                let rest = flat(&hidden - &front)?;
+                match series {
+                    Some(s) => {
+                        if r.step > s.last + 1 {
+                            // Resuming after skips: how wrong the forecast residual would be.
+                            let mut predicted = vec![0.0f32; rest.len()];
+                            s.predict(r.step, &mut predicted);
+                            for (&p, &f) in predicted.iter().zip(&rest) {
+                                r.report.reuse_err2 += ((f - p) as f64).powi(2);
+                                r.report.reuse_norm2 += (f as f64).powi(2);
+                            }
+                        }
+                        s.update(&rest, r.step)
+                    }
+                    None => *series = Some(Series::start(rest, r.step, r.cfg.reuse.order())),
+                }
+                memory.residual = Some(residual);
+                hidden
+            }
         };
         let v = flat(model.output(&hidden, step))?;
         if v.len() != tokens * channels {

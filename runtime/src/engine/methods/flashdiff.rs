@@ -6,7 +6,9 @@
 //! `share` says which patches a computed step runs: 0 (FlashDiff) every patch, 1 (the
 //! per-patch ablation) only those at the budget, the others standing in with forecast K/V
 //! and velocity; with `auto` the request sets it itself from the first step change it
-//! observes (`flashdiff_gate::choice`). A request with a work
+//! observes (`flashdiff_gate::choice`). `pick` says which patches of a regional step run:
+//! those at their budget, or (the ablation of that choice, `random-patches`) as many drawn
+//! at random. A request with a work
 //! budget F computes `floor(F * steps)` steps: which ones the work target
 //! (`flashdiff_gate::pace`) decides from the same accumulated change.
 
@@ -17,15 +19,61 @@ use flashdiff_gate::choice::{choose, dispersion, Execution};
 use flashdiff_gate::pace::{computes_for, Pace};
 use flashdiff_models::Denoiser;
 
-use super::{adaptive_epsilon, block0_input, forecast_whole_step, Method};
+use super::{
+    adaptive_epsilon, block0_input, counts, floats, forecast_whole_step, memory_of, no_work_budget,
+    random_patches, saliency_patches, Memory, Method, Recall,
+};
+use crate::checkpoint::MemoryRecord;
 use crate::engine::request::Request;
-use crate::engine::{Choice, EngineError, LayoutKind, RequestConfig, FINAL_FULL_STEPS};
+use crate::engine::{Choice, EngineError, RequestConfig, FINAL_FULL_STEPS};
 
 pub(super) struct FlashDiff {
     /// The budget's share (see the module docs).
     pub(super) share: f32,
     /// Whether the request chooses the share itself ([`crate::engine::Mode::Auto`]).
     pub(super) auto: bool,
+    /// Which patches a regional step runs.
+    pub(super) pick: Pick,
+}
+
+/// Which patches a regional step runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Pick {
+    /// Those at their budget.
+    AtBudget,
+    /// As many as are at their budget, drawn at random (seeded by the request's seed and the
+    /// step): the ablation of the per-patch choice.
+    AtRandom,
+}
+
+/// What the change budget remembers: block 0's modulated input at the previous step, and
+/// the budget (from the first step after the partition).
+#[derive(Default)]
+struct Remembered {
+    before: Option<Vec<f32>>,
+    budget: Option<Budget>,
+}
+
+impl Memory for Remembered {
+    fn save(&self, out: &mut Vec<MemoryRecord>) {
+        if let Some(b) = &self.before {
+            out.push(floats("block0.input", b));
+        }
+        if let Some(b) = &self.budget {
+            let st = b.state();
+            out.push(floats(
+                "budget.settings",
+                &[st.cfg.epsilon, st.cfg.share, st.whole],
+            ));
+            out.push(counts("budget.max_skip", &[st.cfg.max_skip]));
+            out.push(floats("budget.accumulated", &st.accumulated));
+            out.push(counts("budget.skipped_run", &st.skipped_run));
+        }
+    }
+
+    fn as_any_mut(&mut self) -> &mut dyn std::any::Any {
+        self
+    }
 }
 
 impl FlashDiff {
@@ -43,7 +91,8 @@ impl FlashDiff {
         let layout = r.layout.as_ref().expect("partitioned");
         let patches = layout.patches() as usize;
         let tokens = layout.patch_of().len();
-        let budget = match &mut r.budget {
+        let memory = memory_of::<Remembered>(&mut r.memory)?;
+        let budget = match &mut memory.budget {
             Some(b) => b,
             slot => slot.insert(Budget::new(
                 patches,
@@ -55,7 +104,7 @@ impl FlashDiff {
             )?),
         };
         let mut rate = 0.0f32;
-        if let Some((before, _)) = &r.tea {
+        if let Some(before) = &memory.before {
             let step = step_change(
                 &now,
                 before,
@@ -108,7 +157,7 @@ impl FlashDiff {
         if !computed {
             budget.ran(&r.active)?;
         }
-        r.tea = Some((now, 0.0));
+        memory.before = Some(now);
         r.report.time.gate += t0.elapsed();
         Ok(computed)
     }
@@ -141,11 +190,60 @@ fn pace(
 }
 
 impl Method for FlashDiff {
+    fn memory(&self) -> Box<dyn Memory> {
+        Box::new(Remembered::default())
+    }
+
+    /// The budget is checked against the request's patches; an input of another width is
+    /// refused by the first step that reads it.
+    fn recall(&self, rec: &Recall) -> Result<Box<dyn Memory>, String> {
+        let before = rec.floats("block0.input").map(<[f32]>::to_vec);
+        if before
+            .as_ref()
+            .is_some_and(|b| b.len() % rec.tokens.max(1) != 0)
+        {
+            return Err("block 0's remembered input is not a whole number of token rows".into());
+        }
+        let parts = (
+            rec.floats("budget.settings"),
+            rec.counts("budget.max_skip"),
+            rec.floats("budget.accumulated"),
+            rec.counts("budget.skipped_run"),
+        );
+        let budget = match parts {
+            (None, None, None, None) => None,
+            (Some(&[epsilon, share, whole]), Some(&[max_skip]), Some(acc), Some(run)) => {
+                let b = Budget::from_state(flashdiff_gate::budget::BudgetState {
+                    cfg: BudgetConfig {
+                        epsilon,
+                        share,
+                        max_skip,
+                    },
+                    accumulated: acc.to_vec(),
+                    skipped_run: run.to_vec(),
+                    whole,
+                })
+                .map_err(|e| format!("change budget: {e}"))?;
+                if b.patches() != rec.patches {
+                    return Err("budget and layout disagree on the patch count".into());
+                }
+                Some(b)
+            }
+            _ => return Err("the change budget's record is incomplete".into()),
+        };
+        Ok(Box::new(Remembered { before, budget }))
+    }
+
+    /// A work budget is one of its knobs, except for the random ablation.
+    fn check(&self, _: &dyn Denoiser, cfg: &RequestConfig) -> Result<(), EngineError> {
+        match self.pick {
+            Pick::AtRandom => no_work_budget(cfg),
+            Pick::AtBudget => Ok(()),
+        }
+    }
+
     fn partition(&self, cfg: &RequestConfig, adaptive_r: u32) -> (u32, bool) {
-        (
-            cfg.patches.unwrap_or(adaptive_r),
-            cfg.layout == LayoutKind::Uniform,
-        )
+        saliency_patches(cfg, adaptive_r)
     }
 
     fn epsilon(&self, cfg: &RequestConfig) -> f32 {
@@ -169,7 +267,8 @@ impl Method for FlashDiff {
         Ok(true)
     }
 
-    /// The patches were decided in `skip_step`; the budget learns that they ran.
+    /// The patches were decided in `skip_step` (at random, as many, for the ablation); the
+    /// budget learns that they ran.
     fn choose(
         &self,
         _: &dyn Denoiser,
@@ -177,7 +276,15 @@ impl Method for FlashDiff {
         _: f32,
         _: bool,
     ) -> Result<(), EngineError> {
-        r.budget.as_mut().expect("decided").ran(&r.active)?;
+        if self.pick == Pick::AtRandom {
+            random_patches::draw(&mut r.active, r.cfg.seed, r.step);
+        }
+        let memory = memory_of::<Remembered>(&mut r.memory)?;
+        let budget = memory
+            .budget
+            .as_mut()
+            .ok_or_else(|| EngineError::Internal("a step chosen before it was decided".into()))?;
+        budget.ran(&r.active)?;
         Ok(())
     }
 

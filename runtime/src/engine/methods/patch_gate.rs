@@ -4,30 +4,24 @@
 
 use flashdiff_models::Denoiser;
 
-use super::flashdiff::FlashDiff;
-use super::{gate_choose, Method};
+use super::{gate_choose, saliency_patches, Method};
 use crate::engine::request::Request;
 use crate::engine::{EngineError, RequestConfig};
 
 pub(super) struct PatchGate;
 
-/// Partitions, ε and forecasting as FlashDiff has them; only the choice differs.
-const FLASHDIFF: FlashDiff = FlashDiff {
-    share: 0.0,
-    auto: false,
-};
-
+/// Partitions, ε and forecasting as the change budget has them; only the choice differs.
 impl Method for PatchGate {
     fn partition(&self, cfg: &RequestConfig, adaptive_r: u32) -> (u32, bool) {
-        FLASHDIFF.partition(cfg, adaptive_r)
+        saliency_patches(cfg, adaptive_r)
     }
 
     fn epsilon(&self, cfg: &RequestConfig) -> f32 {
-        FLASHDIFF.epsilon(cfg)
+        cfg.epsilon
     }
 
     fn forecasts(&self, cfg: &RequestConfig) -> bool {
-        FLASHDIFF.forecasts(cfg)
+        cfg.reuse.forecasts()
     }
 
     fn choose(

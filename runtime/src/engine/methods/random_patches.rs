@@ -1,68 +1,22 @@
 //! Random patches, the ablation of the per-patch choice: the change budget per patch
 //! ([`Mode::PerPatch`](crate::engine::Mode::PerPatch)) decides whether a step is computed and
 //! how many patches run, but which ones is drawn at random (seeded by the request's seed and
-//! the step), everything else equal; the budget restarts the drawn patches.
+//! the step), everything else equal; the budget restarts the drawn patches. The method is
+//! the change budget with this draw as its pick ([`super::flashdiff::Pick::AtRandom`]).
 
-use flashdiff_models::Denoiser;
 use rand::rngs::StdRng;
 use rand::SeedableRng;
 
-use super::flashdiff::FlashDiff;
-use super::Method;
-use crate::engine::request::Request;
-use crate::engine::{EngineError, RequestConfig};
-
-pub(super) struct RandomPatches;
-
-const PER_PATCH: FlashDiff = FlashDiff {
-    share: 1.0,
-    auto: false,
-};
-
-impl Method for RandomPatches {
-    fn partition(&self, cfg: &RequestConfig, adaptive_r: u32) -> (u32, bool) {
-        PER_PATCH.partition(cfg, adaptive_r)
-    }
-
-    fn epsilon(&self, cfg: &RequestConfig) -> f32 {
-        PER_PATCH.epsilon(cfg)
-    }
-
-    fn forecasts(&self, cfg: &RequestConfig) -> bool {
-        PER_PATCH.forecasts(cfg)
-    }
-
-    fn skip_step(
-        &self,
-        model: &dyn Denoiser,
-        r: &mut Request,
-        load: f32,
-    ) -> Result<bool, EngineError> {
-        PER_PATCH.skip_step(model, r, load)
-    }
-
-    fn choose(
-        &self,
-        _: &dyn Denoiser,
-        r: &mut Request,
-        _: f32,
-        _: bool,
-    ) -> Result<(), EngineError> {
-        let k = r.active.iter().filter(|&&a| a).count();
-        let patches = r.active.len();
-        if k < patches {
-            let mut rng = StdRng::seed_from_u64(step_seed(r.cfg.seed, r.step));
-            r.active.fill(false);
-            for p in rand::seq::index::sample(&mut rng, patches, k) {
-                r.active[p] = true;
-            }
+/// Replaces the active patches with as many drawn at random (all of them stay all).
+pub(super) fn draw(active: &mut [bool], seed: u64, step: u32) {
+    let k = active.iter().filter(|&&a| a).count();
+    let patches = active.len();
+    if k < patches {
+        let mut rng = StdRng::seed_from_u64(step_seed(seed, step));
+        active.fill(false);
+        for p in rand::seq::index::sample(&mut rng, patches, k) {
+            active[p] = true;
         }
-        r.budget.as_mut().expect("decided").ran(&r.active)?;
-        Ok(())
-    }
-
-    fn uses_gate(&self) -> bool {
-        false
     }
 }
 

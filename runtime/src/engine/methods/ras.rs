@@ -16,14 +16,47 @@
 use flashdiff_models::Denoiser;
 use flashdiff_partitioner::{Grid, PatchLayout};
 
-use super::Method;
+use super::{floats, memory_of, Memory, Method, Recall};
+use crate::checkpoint::MemoryRecord;
 use crate::engine::request::Request;
 use crate::engine::{EngineError, RequestConfig};
 use crate::state::Region;
 
 pub(super) struct Ras;
 
+/// Per 2x2 region, the steps it was left out (its starvation term).
+#[derive(Default)]
+struct Remembered {
+    dropped: Option<Vec<f32>>,
+}
+
+impl Memory for Remembered {
+    fn save(&self, out: &mut Vec<MemoryRecord>) {
+        if let Some(d) = &self.dropped {
+            out.push(floats("ras.dropped", d));
+        }
+    }
+
+    fn as_any_mut(&mut self) -> &mut dyn std::any::Any {
+        self
+    }
+}
+
 impl Method for Ras {
+    fn memory(&self) -> Box<dyn Memory> {
+        Box::new(Remembered::default())
+    }
+
+    /// No more counts than tokens; their number against the latent's regions is checked by
+    /// the step that reads them.
+    fn recall(&self, rec: &Recall) -> Result<Box<dyn Memory>, String> {
+        let dropped = rec.floats("ras.dropped").map(<[f32]>::to_vec);
+        if dropped.as_ref().is_some_and(|d| d.len() > rec.tokens) {
+            return Err("RAS's starvation counts outnumber the tokens".into());
+        }
+        Ok(Box::new(Remembered { dropped }))
+    }
+
     fn partition(&self, _: &RequestConfig, _: u32) -> (u32, bool) {
         (2, true)
     }
@@ -91,7 +124,8 @@ fn select(model: &dyn Denoiser, r: &mut Request, final_full: bool) -> Result<(),
         sum[region_of(t)] += sc;
         members[region_of(t)] += 1;
     }
-    let dropped = r.ras_dropped.get_or_insert_with(|| vec![0.0; count]);
+    let memory = memory_of::<Remembered>(&mut r.memory).map_err(|e| e.to_string())?;
+    let dropped = memory.dropped.get_or_insert_with(|| vec![0.0; count]);
     if dropped.len() != count {
         return Err(format!(
             "RAS's starvation counts cover {} regions, the latent has {count}",

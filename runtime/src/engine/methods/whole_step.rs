@@ -12,13 +12,55 @@ use std::time::Instant;
 
 use flashdiff_models::Denoiser;
 
-use super::{below_skip_cap, block0_input, forecast_whole_step, relative_l1, Method};
+use super::{
+    below_skip_cap, block0_input, floats, forecast_whole_step, memory_of, relative_l1, Memory,
+    Method, Recall,
+};
+use crate::checkpoint::MemoryRecord;
 use crate::engine::request::Request;
 use crate::engine::{EngineError, LayoutKind, RequestConfig};
 
 pub(super) struct WholeStep;
 
+/// Block 0's modulated input at the previous step, and the change accumulated since the
+/// last computed step.
+#[derive(Default)]
+struct Remembered {
+    before: Option<(Vec<f32>, f32)>,
+}
+
+impl Memory for Remembered {
+    fn save(&self, out: &mut Vec<MemoryRecord>) {
+        if let Some((input, acc)) = &self.before {
+            out.push(floats("block0.input", input));
+            out.push(floats("caching.accumulated", &[*acc]));
+        }
+    }
+
+    fn as_any_mut(&mut self) -> &mut dyn std::any::Any {
+        self
+    }
+}
+
 impl Method for WholeStep {
+    fn memory(&self) -> Box<dyn Memory> {
+        Box::new(Remembered::default())
+    }
+
+    fn recall(&self, rec: &Recall) -> Result<Box<dyn Memory>, String> {
+        let before = match (
+            rec.floats("block0.input"),
+            rec.floats("caching.accumulated"),
+        ) {
+            (None, None) => None,
+            (Some(input), Some(&[acc])) if input.len() % rec.tokens.max(1) == 0 => {
+                Some((input.to_vec(), acc))
+            }
+            _ => return Err("whole-step caching's record is damaged".into()),
+        };
+        Ok(Box::new(Remembered { before }))
+    }
+
     fn partition(&self, cfg: &RequestConfig, _: u32) -> (u32, bool) {
         (1, cfg.layout == LayoutKind::Uniform)
     }
@@ -38,12 +80,14 @@ impl Method for WholeStep {
         let t0 = Instant::now();
         let m = block0_input(model, r)?;
         let final_full = r.step + crate::engine::FINAL_FULL_STEPS >= r.cfg.steps;
-        let acc = match &r.tea {
+        let below_cap = below_skip_cap(r);
+        let memory = memory_of::<Remembered>(&mut r.memory)?;
+        let acc = match &memory.before {
             Some((prev, acc)) => acc + relative_l1(&m, prev),
             None => f32::INFINITY,
         };
-        let skip = acc < r.cfg.cache_threshold && below_skip_cap(r) && !final_full;
-        r.tea = Some((m, if skip { acc } else { 0.0 }));
+        let skip = acc < r.cfg.cache_threshold && below_cap && !final_full;
+        memory.before = Some((m, if skip { acc } else { 0.0 }));
         r.report.time.gate += t0.elapsed();
         if skip {
             forecast_whole_step(model, r);
