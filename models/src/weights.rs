@@ -111,6 +111,7 @@ pub struct Weights {
     arena: std::sync::OnceLock<(candle_core::Tensor, HashMap<String, usize>)>,
 }
 
+/// Opening a file and reading its raw values.
 impl Weights {
     /// Maps and validates a safetensors file.
     pub fn open(path: &Path) -> Result<Self, WeightsError> {
@@ -242,7 +243,10 @@ impl Weights {
             }
         }
     }
+}
 
+/// Tensors on a device: checked, converted and copied once into one arena.
+impl Weights {
     /// Tensor `name`, checked against `shape`, as an f32 candle tensor on `device`.
     pub fn tensor(
         &self,

@@ -6,6 +6,8 @@ import numpy as np
 import numpy.typing as npt
 
 MODELS: List[str]
+# The engine's defaults: epsilon, patches, max_skip, warmup, steps.
+DEFAULTS: Dict[str, Any]
 
 class Error(ValueError): ...
 

@@ -75,6 +75,17 @@ def test_settings_are_the_request_schema(engine):
         assert text in str(e.value), (bad, str(e.value))
 
 
+def test_the_diffusers_adapter_defaults_are_the_engines(engine):
+    import inspect
+
+    import flashdiff.diffusers
+
+    given = {k: p.default for k, p in inspect.signature(flashdiff.diffusers.enable).parameters.items()}
+    d = engine.settings("x", mode="flashdiff")
+    for k in ("epsilon", "patches", "max_skip", "warmup"):
+        assert given[k] == pytest.approx(d[k]), (k, given[k], d[k])
+
+
 def test_skipping_work_follows_epsilon(engine):
     full = engine.generate(PROMPT, mode="full", steps=20)
     lazy = engine.generate(PROMPT, epsilon=1.0, steps=20)

@@ -5,7 +5,8 @@ use candle_core::{Module, Tensor};
 use candle_nn::{LayerNorm, VarBuilder};
 use flashdiff_kernels::ops::{self, AttnWants};
 
-use super::{Lin, Loader};
+use super::load::Loader;
+use super::Lin;
 use crate::ModelError;
 
 #[derive(Debug)]

@@ -1,59 +1,37 @@
-"""FlashDiff inside a diffusers pipeline.
-
->>> from diffusers import FluxPipeline                          # doctest: +SKIP
->>> import flashdiff.diffusers
->>> pipe = FluxPipeline.from_pretrained("black-forest-labs/FLUX.1-dev")   # doctest: +SKIP
->>> flashdiff.diffusers.enable(pipe, epsilon=0.1, patches=16)  # doctest: +SKIP
->>> image = pipe("a red fox in the snow").images[0]            # doctest: +SKIP
->>> flashdiff.diffusers.report(pipe)                           # doctest: +SKIP
-
-What it does to each call, per sample (each row of the transformer's batch, so classifier-free
-guidance and batches give every sample what it would get alone):
-
-1. The first ``warmup`` steps run in full. The last of them also measures how much every
-   image token attends to the prompt's salient words (the pipeline's T5 pieces mapped to
-   words) in the joint attention (FLUX's dual-stream blocks, SD3's joint blocks) or the
-   cross-attention (Wan); that saliency map (a frames x height x width one for Wan's video
-   latents) is cut into ``patches`` patches by the Rust partitioner.
-2. Each later step decides which patches run. By FlashDiff's change budget (``rule
-   "budget"``, the engine's rule and the default): every patch adds up the relative change
-   of the first block's modulated input over its tokens since it last ran; a step runs once
-   a patch has used up ``epsilon`` or waited ``max_skip`` steps, and otherwise every token
-   advances on its forecast velocity without calling the transformer. Or by the paper's gate
-   (``rule "gate"``), from each patch's self-attention mass (the refinement importance,
-   measured in the last joint or self-attention block). The transformer runs on the chosen
-   patches' image tokens only (their RoPE angles or position embeddings gathered with them)
-   and the whole text stream; attention reads the other image tokens' K/V from a per-block
-   cache, forecast along their slope; skipped tokens' velocity is forecast the same way. The
-   last step runs every patch.
-3. Few-step models (at most 8 steps) run unchanged unless ``force=True``, with a warning.
-
-It is installed per pipeline instance, through the attention-processor API and a wrapper of
-the transformer's ``forward``; classes are never patched. ``disable`` puts back what was
-there. State is per call (a call is recognised by the scheduler's new ``timesteps``) and is
-sized by the call's real step count. One device-to-host read per sample per step (the
-patches' changes or importance) and one host-to-device copy (the active tokens' indices).
-
-Supported: ``FluxPipeline``, ``StableDiffusion3Pipeline`` (SD3 and SD3.5), ``WanPipeline``
-(Wan 2.1 text-to-video; Wan 2.2's second, low-noise transformer is left as it is, and
-per-token timesteps are refused) and their transformers (driven by a scheduler the caller
-passes). Other pipelines are refused with an error that says so.
-"""
+"""The adapter common to every family: per-call and per-sample state, the change budget and
+the gate, forecasts, the shared attention processor, and ``enable`` / ``disable`` / ``report``."""
 
 from __future__ import annotations
 
+
 import types
+
+
 import warnings
+
+
 from typing import Any, Dict, List, Optional
+
 
 import numpy as np
 
-from . import Budget, Error, Gate, partition_saliency, salient_mask
+
+from .. import Budget, Error, Gate, partition_saliency, salient_mask
+from .._native import DEFAULTS
+
 
 _ATTR = "_flashdiff_adapter"
 
+
 # The transformers FlashDiff runs inside, by class name.
 _KINDS = {"FluxTransformer2DModel": "flux", "SD3Transformer2DModel": "sd3", "WanTransformer3DModel": "wan"}
+
+def _families() -> Dict[str, Any]:
+    """Each family's module, by kind: it installs its processors and ``forward``."""
+    from . import flux, sd3, wan
+
+    return {"flux": flux, "sd3": sd3, "wan": wan}
+
 
 
 def _torch():
@@ -121,27 +99,10 @@ class _Adapter:
         names = list(self.saved_processors)
         self.kind = _KINDS[type(transformer).__name__]
         self.sd3 = self.kind == "sd3"
-        self.hooks = []
-        if self.kind == "wan":
-            # Self-attention over the image tokens (K/V cached, importance read in the last
-            # block); the cross-attention to the prompt gives the saliency map.
-            self.dual = []
-            self.importance_block = [n for n in names if ".attn1." in n][-1]
-            procs = {n: (_WanCrossProcessor if ".attn2." in n else _WanSelfProcessor)(self, n) for n in names}
-            self.hooks = [transformer.rope.register_forward_hook(_gather_rope(self)),
-                          transformer.patch_embedding.register_forward_hook(_gather_patches(self)),
-                          transformer.proj_out.register_forward_hook(_scatter_tokens(self))]
-            forward = _forward_wan
-        else:
-            # The joint (image + text) attention blocks: where saliency and importance are read.
-            self.dual = [n for n in names if n.startswith("transformer_blocks.") and ".attn." in n]
-            self.importance_block = self.dual[-1] if self.dual else names[-1]
-            proc = _SD3Processor if self.sd3 else _Processor
-            procs = {n: proc(self, n) for n in names}
-            forward = _forward_sd3 if self.sd3 else _forward
-            if self.sd3:
-                self.hooks = [transformer.pos_embed.register_forward_hook(_gather_tokens(self)),
-                              transformer.proj_out.register_forward_hook(_scatter_tokens(self))]
+        self.hooks: List[Any] = []
+        self.dual: List[str] = []
+        family = _families()[self.kind]
+        procs, forward = family.install(self, transformer, names)
         transformer.set_attn_processor(procs)
         transformer.forward = types.MethodType(forward, transformer)
         if pipe is not None and hasattr(pipe, "encode_prompt"):
@@ -366,54 +327,6 @@ class _Processor:
         return r / row.sizes_t.to(probs.dtype) ** 2
 
 
-def _forward(self: Any, hidden_states: Any, encoder_hidden_states: Any = None, pooled_projections: Any = None,
-             timestep: Any = None, img_ids: Any = None, txt_ids: Any = None, guidance: Any = None,
-             joint_attention_kwargs: Any = None, return_dict: bool = True, **kw: Any) -> Any:
-    torch = _torch()
-    a: _Adapter = getattr(self, _ATTR)
-    call = a.begin()
-
-    def orig(hs: Any, ehs: Any, pooled: Any, t: Any, ids: Any, g: Any) -> Any:
-        return a.orig_forward(hs, encoder_hidden_states=ehs, pooled_projections=pooled, timestep=t,
-                              img_ids=ids, txt_ids=txt_ids, guidance=g,
-                              joint_attention_kwargs=joint_attention_kwargs, return_dict=False, **kw)[0]
-
-    if call.plain:
-        a.ctx = None
-        out = orig(hidden_states, encoder_hidden_states, pooled_projections, timestep, img_ids, guidance)
-    else:
-        if img_ids.ndim == 3:
-            img_ids = img_ids[0]
-        n, warm, text = call.step, a.s["warmup"], encoder_hidden_states.shape[1]
-        batch = hidden_states.shape[0]
-        outs = []
-        for b in range(batch):
-            sl = slice(b, b + 1)
-            row = call.rows.setdefault((call.branch, b), _Row())
-            args = (encoder_hidden_states[sl], pooled_projections[sl], timestep[sl],
-                    None if guidance is None else guidance[sl])
-            if n < warm:
-                ctx = _Ctx(row, "record", n, text)
-                ctx.want_saliency = n == warm - 1
-                if ctx.want_saliency:
-                    ctx.salient = a.salient_tokens(b, batch, text, hidden_states.device)
-                a.ctx = ctx
-                o = orig(hidden_states[sl], args[0], args[1], args[2], img_ids, args[3])
-                a.ctx = None
-                _record_velocity(a, row, o[0].detach(), n)
-                if ctx.want_saliency:
-                    h = int(img_ids[:, 1].max().item()) + 1
-                    w = int(img_ids[:, 2].max().item()) + 1
-                    _partition(a, row, (h, w), img_ids.device)
-                    if row.budget is not None:
-                        row.signal = _flux_signal(self, hidden_states[sl], args)
-            else:
-                o = _partial(a, call, row, hidden_states[sl], img_ids, args, text, orig)
-            outs.append(o)
-        out = torch.cat(outs, 0)
-    return _output(out, return_dict)
-
-
 def _record_velocity(a: "_Adapter", row: _Row, v: Any, n: int) -> None:
     torch = _torch()
     if row.vel is None:
@@ -422,22 +335,6 @@ def _record_velocity(a: "_Adapter", row: _Row, v: Any, n: int) -> None:
             row.vel += [torch.zeros_like(v), torch.zeros((v.shape[0],), dtype=torch.long, device=v.device)]
     else:
         _refresh(row.vel, torch.arange(v.shape[0], device=v.device), v, n)
-
-
-def _flux_signal(t: Any, hs: Any, args: Any) -> Any:
-    """The first double-stream block's modulated input of every image token (tokens x width):
-    the change the budget adds up, what whole-step caching watches."""
-    torch = _torch()
-    _, pooled, timestep, guidance = args
-    with torch.no_grad():
-        x = t.x_embedder(hs)
-        ts = timestep.to(x.dtype) * 1000
-        if guidance is None:
-            temb = t.time_text_embed(ts, pooled)
-        else:
-            temb = t.time_text_embed(ts, guidance.to(x.dtype) * 1000, pooled)
-        m = t.transformer_blocks[0].norm1(x, emb=temb)[0]
-    return m[0].detach().float()
 
 
 def _partition(a: _Adapter, row: _Row, grid: Any, dev: Any) -> None:
@@ -515,85 +412,6 @@ def _decide(a: _Adapter, call: _Call, row: _Row, signal: Any) -> Any:
     return active, idx, last, _vel_forecast(a, row, call.step)
 
 
-def _partial(a: _Adapter, call: _Call, row: _Row, hs: Any, img_ids: Any, args: Any, text: int, orig: Any) -> Any:
-    n = call.step
-    active, idx, last, vel = _decide(a, call, row, lambda: _flux_signal(a.transformer, hs, args))
-    if vel is not None:
-        return vel.unsqueeze(0).to(hs.dtype)
-    ctx = _Ctx(row, "partial", n, text)
-    ctx.active_tokens = idx
-    a.ctx = ctx
-    try:
-        o = orig(hs[:, idx], args[0], args[1], args[2], img_ids[idx], args[3])
-    finally:
-        a.ctx = None
-    fresh = o[0].detach()
-    vel = _vel_forecast(a, row, n)
-    vel[idx] = fresh
-    _refresh(row.vel, idx, fresh, n)
-    row.computed.append(int(idx.numel()))
-    _observe(row, ctx, active, last)
-    return vel.unsqueeze(0).to(o.dtype)
-
-
-class _SD3Processor(_Processor):
-    """SD3 / SD3.5's joint attention (image rows first, then text; no RoPE) and their
-    image-only second attention, with FlashDiff's K/V cache. Rows are put text first, the
-    shared layout of the cache, for the attention, and back after."""
-
-    def __call__(self, attn: Any, hidden_states: Any, encoder_hidden_states: Any = None,
-                 attention_mask: Any = None, *args: Any, **kwargs: Any) -> Any:
-        if self.a.ctx is None:  # a call FlashDiff leaves alone: the processor it replaced
-            return self.a.saved_processors[self.name](attn, hidden_states, encoder_hidden_states,
-                                                      attention_mask, *args, **kwargs)
-        torch = _torch()
-        import torch.nn.functional as F
-
-        b, heads = hidden_states.shape[0], attn.heads
-
-        def split(x: Any) -> Any:
-            return x.view(b, -1, heads, x.shape[-1] // heads)  # (B, L, H, D)
-
-        q, k, v = split(attn.to_q(hidden_states)), split(attn.to_k(hidden_states)), split(attn.to_v(hidden_states))
-        if attn.norm_q is not None:
-            q = attn.norm_q(q)
-        if attn.norm_k is not None:
-            k = attn.norm_k(k)
-        n_img = q.shape[1]
-        if encoder_hidden_states is not None:
-            eq = split(attn.add_q_proj(encoder_hidden_states))
-            ek = split(attn.add_k_proj(encoder_hidden_states))
-            ev = split(attn.add_v_proj(encoder_hidden_states))
-            if attn.norm_added_q is not None:
-                eq = attn.norm_added_q(eq)
-            if attn.norm_added_k is not None:
-                ek = attn.norm_added_k(ek)
-            q, k, v = torch.cat([eq, q], 1), torch.cat([ek, k], 1), torch.cat([ev, v], 1)
-        k, v = self.keys_values(self.a.ctx, q, k, v)
-        out = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2))
-        out = out.transpose(1, 2).reshape(b, -1, heads * q.shape[-1]).to(q.dtype)
-        text = out.shape[1] - n_img
-        img = attn.to_out[1](attn.to_out[0](out[:, text:]))
-        if encoder_hidden_states is None:
-            return img
-        txt = out[:, :text]
-        if not attn.context_pre_only:
-            txt = attn.to_add_out(txt)
-        return img, txt
-
-
-def _gather_tokens(a: _Adapter) -> Any:
-    """After SD3's patch embedding (positions added): only the active tokens go on."""
-
-    def hook(module: Any, inputs: Any, out: Any) -> Any:
-        ctx = a.ctx
-        if ctx is None or ctx.mode != "partial":
-            return out
-        return out[:, ctx.active_tokens]
-
-    return hook
-
-
 def _scatter_tokens(a: _Adapter) -> Any:
     """Before SD3's unpatchify: the computed tokens' outputs among every other token's
     forecast, which the row keeps (token space: patch x patch x channels)."""
@@ -614,34 +432,6 @@ def _scatter_tokens(a: _Adapter) -> Any:
         return vel.unsqueeze(0).to(out.dtype)
 
     return hook
-
-
-def _forward_sd3(self: Any, hidden_states: Any, encoder_hidden_states: Any = None, pooled_projections: Any = None,
-                 timestep: Any = None, block_controlnet_hidden_states: Any = None, joint_attention_kwargs: Any = None,
-                 return_dict: bool = True, skip_layers: Any = None) -> Any:
-    a: _Adapter = getattr(self, _ATTR)
-    call = a.begin()
-
-    def orig(hs: Any, ehs: Any, pooled: Any, t: Any) -> Any:
-        return a.orig_forward(hs, encoder_hidden_states=ehs, pooled_projections=pooled, timestep=t,
-                              block_controlnet_hidden_states=block_controlnet_hidden_states,
-                              joint_attention_kwargs=joint_attention_kwargs, return_dict=False,
-                              skip_layers=skip_layers)[0]
-
-    if call.plain:
-        a.ctx = None
-        out = orig(hidden_states, encoder_hidden_states, pooled_projections, timestep)
-    else:
-        if block_controlnet_hidden_states is not None:
-            raise Error("flashdiff.diffusers: ControlNet residuals are not supported with FlashDiff enabled")
-        text, p = encoder_hidden_states.shape[1], self.config.patch_size
-        grid = (hidden_states.shape[-2] // p, hidden_states.shape[-1] // p)
-        samples = [(hidden_states[b:b + 1], encoder_hidden_states[b:b + 1], pooled_projections[b:b + 1],
-                    timestep[b:b + 1]) for b in range(hidden_states.shape[0])]
-        out = _hooked_batch(a, call, samples, text, grid, hidden_states.device, run=orig,
-                            signal=lambda args: _sd3_signal(self, args),
-                            unpatchify=lambda v: _unpatchify_sd3(self, v, grid))
-    return _output(out, return_dict)
 
 
 def _output(out: Any, return_dict: bool) -> Any:
@@ -705,157 +495,6 @@ def _hooked_row(a: _Adapter, call: _Call, row: _Row, b: int, batch: int, text: i
     return o
 
 
-def _sd3_signal(t: Any, args: Any) -> Any:
-    """SD3's first joint block's modulated input of every image token (tokens x width)."""
-    torch = _torch()
-    hs, _, pooled, timestep = args
-    with torch.no_grad():
-        x = t.pos_embed(hs)
-        temb = t.time_text_embed(timestep, pooled)
-        m = t.transformer_blocks[0].norm1(x, emb=temb)[0]
-    return m[0].detach().float()
-
-
-def _unpatchify_sd3(t: Any, v: Any, grid: Any) -> Any:
-    """(1, h * w, p * p * c) token rows to SD3's (1, c, h * p, w * p) output."""
-    torch = _torch()
-    (h, w), p, c = grid, t.config.patch_size, t.out_channels
-    v = torch.einsum("nhwpqc->nchpwq", v.reshape(1, h, w, p, p, c))
-    return v.reshape(1, c, h * p, w * p)
-
-
-def _wan_rope(x: Any, cos: Any, sin: Any) -> Any:
-    """Rotates each (even, odd) pair of `x`'s last dimension by the angle whose cosine and
-    sine the pair's entries of `cos` and `sin` hold (Wan's interleaved RoPE)."""
-    torch = _torch()
-    even, odd = x.unflatten(-1, (-1, 2)).unbind(-1)
-    c, s = cos[..., 0::2], sin[..., 1::2]
-    out = torch.empty_like(x)
-    out[..., 0::2] = even * c - odd * s
-    out[..., 1::2] = even * s + odd * c
-    return out.type_as(x)
-
-
-class _WanSelfProcessor(_Processor):
-    """Wan's self-attention over the image tokens (sequence dim 1: (B, L, H, D)), with
-    FlashDiff's K/V cache."""
-
-    def __call__(self, attn: Any, hidden_states: Any, encoder_hidden_states: Any = None,
-                 attention_mask: Any = None, rotary_emb: Any = None) -> Any:
-        if self.a.ctx is None:  # a call FlashDiff leaves alone: the processor it replaced
-            return self.a.saved_processors[self.name](attn, hidden_states, encoder_hidden_states,
-                                                      attention_mask, rotary_emb)
-        from diffusers.models.transformers import transformer_wan as tw
-
-        q, k, v = tw._get_qkv_projections(attn, hidden_states, None)
-        q = attn.norm_q(q).unflatten(2, (attn.heads, -1))
-        k = attn.norm_k(k).unflatten(2, (attn.heads, -1))
-        v = v.unflatten(2, (attn.heads, -1))
-        if rotary_emb is not None:
-            q, k = _wan_rope(q, *rotary_emb), _wan_rope(k, *rotary_emb)
-        k, v = self.keys_values(self.a.ctx, q, k, v)
-        out = tw.dispatch_attention_fn(q, k, v, attn_mask=attention_mask, backend=self._attention_backend)
-        out = out.flatten(2, 3).type_as(q)
-        return attn.to_out[1](attn.to_out[0](out))
-
-
-class _WanCrossProcessor(_Processor):
-    """Wan's cross-attention to the prompt, unchanged; at the last warm-up step it also adds
-    up how much every image token attends to the prompt's salient words."""
-
-    def __call__(self, attn: Any, hidden_states: Any, encoder_hidden_states: Any = None,
-                 attention_mask: Any = None, rotary_emb: Any = None) -> Any:
-        ctx = self.a.ctx
-        if ctx is not None and ctx.want_saliency:
-            from diffusers.models.transformers import transformer_wan as tw
-
-            text = encoder_hidden_states
-            if attn.add_k_proj is not None:  # image-to-video: the prompt's rows follow the image's
-                text = text[:, text.shape[1] - ctx.text:]
-            q, k, _ = tw._get_qkv_projections(attn, hidden_states, text)
-            q = attn.norm_q(q).unflatten(2, (attn.heads, -1))
-            k = attn.norm_k(k).unflatten(2, (attn.heads, -1))
-            probs = self.attention_probs(q, k)  # (N, T)
-            sal = ctx.salient
-            m = probs[:, sal].mean(dim=1) if bool(sal.any()) else probs.mean(dim=1)
-            row = ctx.row
-            row.saliency = m if row.saliency is None else row.saliency + m
-        return self.a.saved_processors[self.name](attn, hidden_states, encoder_hidden_states,
-                                                  attention_mask, rotary_emb)
-
-
-def _gather_rope(a: _Adapter) -> Any:
-    """Wan's rotary angles of the active tokens only."""
-
-    def hook(module: Any, inputs: Any, out: Any) -> Any:
-        ctx = a.ctx
-        if ctx is None or ctx.mode != "partial":
-            return out
-        return tuple(f[:, ctx.active_tokens] for f in out)
-
-    return hook
-
-
-def _gather_patches(a: _Adapter) -> Any:
-    """After Wan's patch embedding, (B, C, F, H, W): the active tokens as (B, C, n, 1, 1),
-    which the transformer flattens into its n rows."""
-
-    def hook(module: Any, inputs: Any, out: Any) -> Any:
-        ctx = a.ctx
-        if ctx is None or ctx.mode != "partial":
-            return out
-        return out.flatten(2)[:, :, ctx.active_tokens][..., None, None]
-
-    return hook
-
-
-def _wan_signal(t: Any, args: Any) -> Any:
-    """Wan's first block's modulated self-attention input of every token (tokens x width)."""
-    torch = _torch()
-    hs, timestep, ehs, image = args
-    with torch.no_grad():
-        x = t.patch_embedding(hs).flatten(2).transpose(1, 2)
-        _, proj, _, _ = t.condition_embedder(timestep, ehs, image)
-        block = t.blocks[0]
-        shift, scale = (block.scale_shift_table + proj.unflatten(1, (6, -1)).float()).chunk(6, dim=1)[:2]
-        m = block.norm1(x.float()) * (1 + scale) + shift
-    return m[0].detach().float()
-
-
-def _unpatchify_wan(t: Any, v: Any, grid: Any) -> Any:
-    """(1, f * h * w, pt * ph * pw * c) token rows to Wan's (1, c, f * pt, h * ph, w * pw)."""
-    (f, h, w), (pt, ph, pw) = grid, t.config.patch_size
-    v = v.reshape(1, f, h, w, pt, ph, pw, -1).permute(0, 7, 1, 4, 2, 5, 3, 6)
-    return v.flatten(6, 7).flatten(4, 5).flatten(2, 3)
-
-
-def _forward_wan(self: Any, hidden_states: Any, timestep: Any = None, encoder_hidden_states: Any = None,
-                 encoder_hidden_states_image: Any = None, return_dict: bool = True,
-                 attention_kwargs: Any = None) -> Any:
-    a: _Adapter = getattr(self, _ATTR)
-    call = a.begin()
-
-    def orig(hs: Any, t: Any, ehs: Any, image: Any) -> Any:
-        return a.orig_forward(hs, timestep=t, encoder_hidden_states=ehs, encoder_hidden_states_image=image,
-                              return_dict=False, attention_kwargs=attention_kwargs)[0]
-
-    if call.plain:
-        a.ctx = None
-        out = orig(hidden_states, timestep, encoder_hidden_states, encoder_hidden_states_image)
-    else:
-        if timestep.ndim == 2:
-            raise Error("flashdiff.diffusers: per-token timesteps (Wan 2.2 TI2V) are not supported")
-        pt, ph, pw = self.config.patch_size
-        grid = (hidden_states.shape[2] // pt, hidden_states.shape[3] // ph, hidden_states.shape[4] // pw)
-        image = encoder_hidden_states_image
-        samples = [(hidden_states[b:b + 1], timestep[b:b + 1], encoder_hidden_states[b:b + 1],
-                    None if image is None else image[b:b + 1]) for b in range(hidden_states.shape[0])]
-        out = _hooked_batch(a, call, samples, encoder_hidden_states.shape[1], grid, hidden_states.device, run=orig,
-                            signal=lambda args: _wan_signal(self, args),
-                            unpatchify=lambda v: _unpatchify_wan(self, v, grid))
-    return _output(out, return_dict)
-
-
 def _parts(target: Any) -> Any:
     transformer = getattr(target, "transformer", None)
     if transformer is None:
@@ -863,7 +502,8 @@ def _parts(target: Any) -> Any:
     return target, transformer, getattr(target, "scheduler", None)
 
 
-def enable(target: Any, epsilon: float = 0.1, patches: int = 16, max_skip: int = 3, warmup: int = 5,
+def enable(target: Any, epsilon: float = DEFAULTS["epsilon"], patches: int = DEFAULTS["patches"],
+           max_skip: int = DEFAULTS["max_skip"], warmup: int = DEFAULTS["warmup"],
            reuse: str = "extrapolate", force: bool = False, scheduler: Any = None,
            rule: str = "budget") -> None:
     """Enables FlashDiff on a ``FluxPipeline``, ``StableDiffusion3Pipeline`` or ``WanPipeline``
