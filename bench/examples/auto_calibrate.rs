@@ -7,7 +7,7 @@
 //! `cargo run --release -p flashdiff-bench --example auto_calibrate -- MODEL [PROMPTS]`
 //! (seeds from 10000: the studies' validation seeds, never their test seeds).
 
-use flashdiff_models::scene;
+use flashdiff_models::families::tinydit::scene;
 use flashdiff_runtime::engine::{builtin_weights, Engine, Mode, RequestConfig, Reuse};
 
 /// The regional and whole-step settings the studies choose at work 0.25-0.5.

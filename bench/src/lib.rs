@@ -28,7 +28,7 @@ use serde_json::{json, Value};
 use flashdiff_scheduler::sim::{bursty_arrivals, simulate, ActiveModel, SimRequest};
 use flashdiff_scheduler::SchedulerConfig;
 
-use flashdiff_models::scene::{self, IMAGE};
+use flashdiff_models::families::tinydit::scene::{self, IMAGE};
 use flashdiff_models::{euler_full_step, ModelError, Tensor};
 use flashdiff_runtime::engine::{
     Engine, EngineError, LayoutKind, Mode, Output, RequestConfig, Reuse,

@@ -21,7 +21,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 
-use flashdiff_models::scene;
+use flashdiff_models::families::tinydit::scene;
 use flashdiff_runtime::engine::{Engine, EngineError, Mode, RequestConfig, START_WINDOW_EXTRA};
 use flashdiff_runtime::service::{Reply, Service};
 use flashdiff_scheduler::sim::bursty_arrivals;

@@ -7,7 +7,7 @@
 use std::process::Command;
 use std::time::Instant;
 
-use flashdiff_models::scene;
+use flashdiff_models::families::tinydit::scene;
 use flashdiff_runtime::engine::{Engine, EngineError, Mode, RequestConfig, DEFAULT_PATCHES};
 
 use crate::{verdict, work, BenchConfig};

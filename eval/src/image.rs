@@ -3,7 +3,9 @@
 //! pixels held to `models/tinydit/shapes.py`'s `check`, at 64 and 128 (TinyFLUX-L and -XL) to
 //! `models/tinyflux/scenes.py`'s, each by a golden test.
 
-use flashdiff_models::scene::{shape_mask_on, Scene, COLOURS, IMAGE, POSITIONS, RADIUS};
+use flashdiff_models::families::tinydit::scene::{
+    shape_mask_on, Scene, COLOURS, IMAGE, POSITIONS, RADIUS,
+};
 
 /// The pixel box (y0, y1, x0, x1) of a position's cell on a `side`-pixel canvas.
 fn cell_box(side: usize, position: usize) -> (usize, usize, usize, usize) {
@@ -54,7 +56,7 @@ impl Rules {
     }
 }
 
-/// Best-matching shape (index into [`flashdiff_models::scene::SHAPES`], among `shapes`) of a
+/// Best-matching shape (index into [`flashdiff_models::families::tinydit::scene::SHAPES`], among `shapes`) of a
 /// 32x32 mask: template IoU at each of `radii` around the mask's centroid; `None` under
 /// `min_pixels` pixels.
 pub fn classify_among(

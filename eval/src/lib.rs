@@ -8,7 +8,7 @@
 //!   training data's own checker) by golden tests.
 //!
 //! ```
-//! use flashdiff_models::scene;
+//! use flashdiff_models::families::tinydit::scene;
 //! let s = scene::sample(7);
 //! assert!(flashdiff_eval::image::check(&scene::render(&s), &s).all());
 //! assert_eq!(flashdiff_eval::metrics::psnr(&[0.5; 12], &[0.5; 12]), f64::INFINITY);

@@ -1,7 +1,7 @@
 //! The sound checker of the built-in audio model: how many events, their kinds, their pitches,
 //! in order, from short-time spectra. Held to `models/tinyaudio/sounds.py`'s `check`.
 
-use flashdiff_models::sounds::{Event, FRAMES, HOP, KINDS, PITCHES, RATE};
+use flashdiff_models::families::tinydit::sounds::{Event, FRAMES, HOP, KINDS, PITCHES, RATE};
 use rustfft::{num_complex::Complex, FftPlanner};
 
 /// Magnitude spectra (`n / 2 + 1` bins) of Hann-windowed (numpy's symmetric `hanning`)

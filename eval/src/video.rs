@@ -1,8 +1,8 @@
 //! The clip checker of the built-in video model: background, each object's presence, place,
 //! shape and motion over the clip's frames. Held to `models/tinyvideo/clips.py`'s `check`.
 
-use flashdiff_models::clips::{Clip, FRAMES, MOTIONS, SHAPES};
-use flashdiff_models::scene::{COLOURS, IMAGE, POSITIONS};
+use flashdiff_models::families::tinydit::clips::{Clip, FRAMES, MOTIONS, SHAPES};
+use flashdiff_models::families::tinydit::scene::{COLOURS, IMAGE, POSITIONS};
 
 use crate::image::{classify_among, colour_labels};
 

@@ -6,7 +6,10 @@ use std::collections::HashMap;
 use std::path::PathBuf;
 
 use flashdiff_eval::{image, sound, video};
-use flashdiff_models::{clips, scene, sounds, Weights};
+use flashdiff_models::{
+    families::tinydit::clips, families::tinydit::scene, families::tinydit::sounds,
+    io::weights::Weights,
+};
 
 fn golden() -> Weights {
     golden_file("golden.safetensors")

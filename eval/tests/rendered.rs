@@ -3,7 +3,7 @@
 
 mod image_checker {
     use flashdiff_eval::image;
-    use flashdiff_models::scene::*;
+    use flashdiff_models::families::tinydit::scene::*;
 
     #[test]
     fn parses_and_checks_rendered_scenes() {
@@ -44,7 +44,7 @@ mod image_checker {
 
 mod video_checker {
     use flashdiff_eval::video;
-    use flashdiff_models::clips::*;
+    use flashdiff_models::families::tinydit::clips::*;
 
     const PROMPT: &str =
         "a red circle top left moving right and a blue square bottom still on a white background";
@@ -88,7 +88,7 @@ mod video_checker {
 
 mod sound_checker {
     use flashdiff_eval::sound;
-    use flashdiff_models::sounds::*;
+    use flashdiff_models::families::tinydit::sounds::*;
 
     #[test]
     fn the_checker_hears_each_kind_and_pitch_and_the_order() {

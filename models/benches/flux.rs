@@ -15,8 +15,8 @@ use std::time::Duration;
 
 use candle_core::{DType, Device, Tensor};
 use criterion::{black_box, criterion_group, criterion_main, BenchmarkId, Criterion};
-use flashdiff_models::flux::{Flux, FluxConfig, Rows};
-use flashdiff_models::var_builder_from;
+use flashdiff_models::families::flux::{Flux, FluxConfig, Rows};
+use flashdiff_models::io::shards::var_builder_from;
 use flashdiff_models::ModelError;
 
 fn config() -> FluxConfig {

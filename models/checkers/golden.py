@@ -1,6 +1,6 @@
 """Golden verdicts of the Python checkers (the evaluations' ground truth), for the Rust ports
-to agree with: models/src/scene.rs against models/tinydit/shapes.py, models/src/clips.rs
-against models/tinyvideo/clips.py, models/src/sounds.rs against models/tinyaudio/sounds.py.
+to agree with: models/src/families/tinydit/scene.rs against models/tinydit/shapes.py, models/src/families/tinydit/clips.rs
+against models/tinyvideo/clips.py, models/src/families/tinydit/sounds.rs against models/tinyaudio/sounds.py.
 
     python3 models/checkers/golden.py --out models/checkers/golden.safetensors \
         --decode-out models/checkers/decode_golden.safetensors
@@ -11,7 +11,7 @@ and checked against the original prompt, so that both verdicts occur. Samples ar
 f16 and the Python verdicts are taken on the f16-rounded values the Rust test reads.
 
 --decode-out also writes sounds.decode of a fixed latent (tokens x bands, silent for its
-first 10 frames), for the Rust additive synthesis (models/src/tinydit.rs) to match.
+first 10 frames), for the Rust additive synthesis (models/src/families/tinydit/) to match.
 """
 import argparse
 import json

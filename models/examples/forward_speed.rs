@@ -18,7 +18,7 @@ use std::path::PathBuf;
 use std::time::Instant;
 
 use candle_core::{Device, Tensor};
-use flashdiff_models::flux::{FluxCheckpoint, Rows};
+use flashdiff_models::families::flux::{FluxCheckpoint, Rows};
 
 fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(f64::total_cmp);

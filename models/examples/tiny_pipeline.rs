@@ -18,7 +18,7 @@ fn main() -> ExitCode {
         return ExitCode::from(2);
     };
     let dir = std::path::Path::new(dir);
-    use flashdiff_models::pipeline::tiny;
+    use flashdiff_models::pipelines::tiny;
     let written = match model.as_str() {
         "flux-dev" => tiny::write_flux(dir, true),
         "flux-schnell" => tiny::write_flux(dir, false),

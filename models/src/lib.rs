@@ -21,26 +21,14 @@ use std::fmt;
 
 pub use candle_core::{DType, Device, Tensor};
 
-mod checkpoint;
-pub mod clips;
-pub mod flux;
-mod joint;
-pub mod joint_denoiser;
-pub mod mmdit;
-pub mod pieces;
-pub mod pipeline;
-pub mod registry;
-pub mod sao;
-pub mod scene;
-pub mod sounds;
-mod tinydit;
-pub mod tinyflux;
-pub mod wan;
-mod weights;
+use families::tinydit::scene;
+use io::weights::WeightsError;
 
-pub use checkpoint::{var_builder_from, MappedWeights};
-pub use tinydit::{synthesize, unpatchify, AudioSpec, Config, TinyDit};
-pub use weights::{Weights, WeightsError};
+pub mod decoders;
+pub mod encoders;
+pub mod families;
+pub mod io;
+pub mod pipelines;
 
 /// The latent grid in tokens: an image has one frame, audio one frame of one row.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -4,7 +4,9 @@
 
 use std::path::PathBuf;
 
-use flashdiff_models::{device, Denoiser, Device, KvCache, Patches, StepInput, Tensor, TinyDit};
+use flashdiff_models::{
+    device, families::tinydit::TinyDit, Denoiser, Device, KvCache, Patches, StepInput, Tensor,
+};
 
 /// This crate's folder: cargo sets `CARGO_MANIFEST_DIR` when it runs a test, and so does
 /// `scripts/gpu-run.sh` for this test's binary staged on another machine.
@@ -108,9 +110,9 @@ fn cuda_matches_the_cpu_or_says_it_skipped() {
 /// FLUX on the golden file's inputs, on `dev` with its linear layers in `dtype`: the full
 /// forward's velocity, and the half-subset forward's rows with the full one's rows.
 fn flux_run(dev: &Device, dtype: flashdiff_models::DType) -> (Vec<f32>, Vec<f32>, Vec<f32>) {
-    use flashdiff_models::flux::{FluxCheckpoint, Rows};
+    use flashdiff_models::families::flux::{FluxCheckpoint, Rows};
     let path = manifest_dir().join("reference/flux_golden.safetensors");
-    let g = flashdiff_models::Weights::open(&path).unwrap();
+    let g = flashdiff_models::io::weights::Weights::open(&path).unwrap();
     let t = |n: &str| {
         let (s, v) = g.get_any(n).unwrap();
         Tensor::from_slice(v, s, dev).unwrap()
@@ -174,7 +176,7 @@ fn flux_on_cuda_matches_diffusers_or_says_it_skipped() {
         }
     };
     let path = manifest_dir().join("reference/flux_golden.safetensors");
-    let g = flashdiff_models::Weights::open(&path).unwrap();
+    let g = flashdiff_models::io::weights::Weights::open(&path).unwrap();
     let want = g.get_any("golden.out").unwrap().1.to_vec();
     let (full, sub, rows) = flux_run(&gpu, DType::F32);
     let w = worst(&full, &want);

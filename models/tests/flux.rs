@@ -8,8 +8,8 @@ use candle_core::{DType, Device, Tensor};
 use candle_nn::{VarBuilder, VarMap};
 use candle_transformers::models::flux::model as reference;
 use candle_transformers::models::flux::WithForward;
-use flashdiff_models::flux::{Flux, FluxConfig, Rows};
-use flashdiff_models::var_builder_from;
+use flashdiff_models::families::flux::{Flux, FluxConfig, Rows};
+use flashdiff_models::io::shards::var_builder_from;
 use flashdiff_models::ModelError;
 
 mod common;
@@ -331,8 +331,8 @@ fn bad_inputs_are_errors_that_say_what_is_wrong() {
 
 // ---- checkpoints ----
 
-use flashdiff_models::flux::{FluxCheckpoint, FluxLayout};
-use flashdiff_models::Weights;
+use flashdiff_models::families::flux::{FluxCheckpoint, FluxLayout};
+use flashdiff_models::io::weights::Weights;
 use std::path::{Path, PathBuf};
 
 fn golden_path() -> PathBuf {

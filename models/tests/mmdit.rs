@@ -5,8 +5,8 @@
 use std::path::Path;
 
 use candle_core::{Device, Tensor};
-use flashdiff_models::mmdit::{Mmdit, MmditConfig, Rows};
-use flashdiff_models::{ModelError, Weights};
+use flashdiff_models::families::mmdit::{Mmdit, MmditConfig, Rows};
+use flashdiff_models::{io::weights::Weights, ModelError};
 
 mod common;
 use common::{max_abs, max_diff, t};
@@ -280,7 +280,7 @@ fn a_current_text_cache_leaves_the_subset_forward_exact() {
 
 // ---- checkpoints ----
 
-use flashdiff_models::mmdit::{MmditCheckpoint, MmditLayout};
+use flashdiff_models::families::mmdit::{MmditCheckpoint, MmditLayout};
 
 fn reference(name: &str) -> std::path::PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("reference/{name}.safetensors"))

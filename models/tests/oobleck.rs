@@ -5,9 +5,9 @@
 mod common;
 
 use candle_core::Device;
-use flashdiff_models::pipeline::oobleck::{official_name, Oobleck, OobleckConfig};
-use flashdiff_models::var_builder_from;
-use flashdiff_models::Weights;
+use flashdiff_models::decoders::oobleck::{official_name, Oobleck, OobleckConfig};
+use flashdiff_models::io::shards::var_builder_from;
+use flashdiff_models::io::weights::Weights;
 
 use common::{max_abs, max_diff, t};
 
@@ -111,7 +111,7 @@ fn bad_latents_and_configs_are_errors() {
         &var_builder_from(
             |n: &str, s: &[usize]| {
                 if n.contains("res_unit2.conv1.weight_g") {
-                    Err(flashdiff_models::WeightsError::Missing(n.into()).into())
+                    Err(flashdiff_models::io::weights::WeightsError::Missing(n.into()).into())
                 } else {
                     Ok(g.tensor(n, s, &Device::Cpu)?)
                 }

@@ -4,7 +4,10 @@
 
 use std::path::PathBuf;
 
-use flashdiff_models::{Denoiser, Device, KvCache, Patches, StepInput, Tensor, TinyDit, Weights};
+use flashdiff_models::{
+    families::tinydit::TinyDit, io::weights::Weights, Denoiser, Device, KvCache, Patches,
+    StepInput, Tensor,
+};
 
 fn root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..")
@@ -339,7 +342,7 @@ fn batched_step_conditioning_equals_one_time_at_a_time_bit_for_bit() {
 /// unpatchify of its own tokens (frame-major order, as `video_model.py` patchifies).
 #[test]
 fn video_weights_load_as_frames() {
-    use flashdiff_models::{Denoiser, Kind, TinyDit};
+    use flashdiff_models::{families::tinydit::TinyDit, Denoiser, Kind};
     let path =
         std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tinyvideo/tinyvideo.safetensors");
     let m = TinyDit::load(&path, &candle_core::Device::Cpu).unwrap();
@@ -355,7 +358,11 @@ fn video_weights_load_as_frames() {
     let s = m.decode(&latent).unwrap();
     assert_eq!((s.frames, s.width, s.height), (8, 32, 32));
     for f in [0usize, 5] {
-        let want = flashdiff_models::unpatchify(&latent[f * 16 * 192..(f + 1) * 16 * 192], 4, 8);
+        let want = flashdiff_models::families::tinydit::unpatchify(
+            &latent[f * 16 * 192..(f + 1) * 16 * 192],
+            4,
+            8,
+        );
         assert_eq!(s.frame(f), &want[..]);
     }
     // Salient words: the model's own function words ("moving") are not.

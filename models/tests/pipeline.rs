@@ -7,9 +7,11 @@ mod common;
 use std::path::{Path, PathBuf};
 
 use candle_core::{DType, Device, Tensor};
-use flashdiff_models::joint_denoiser::Schedule;
-use flashdiff_models::pieces::words_from_pieces;
-use flashdiff_models::pipeline::{self, tiny, PipelineOptions, TextTokenizer, Vae};
+use flashdiff_models::decoders::vae::Vae;
+use flashdiff_models::encoders::text::TextTokenizer;
+use flashdiff_models::families::joint::denoiser::Schedule;
+use flashdiff_models::families::joint::pieces::words_from_pieces;
+use flashdiff_models::pipelines::{self as pipeline, tiny, PipelineOptions};
 use flashdiff_models::Denoiser;
 
 fn scratch(name: &str) -> PathBuf {
@@ -82,10 +84,15 @@ fn encoders_read_through_our_checkpoint_reader_equal_candles_own_loader() {
         .unwrap();
     // The context's first rows are txt_in(T5 states): compare the states themselves through
     // the encoder the pipeline built.
-    let enc =
-        flashdiff_models::pipeline::FluxText::load(&d, 512, candle_core::DType::F32, &Device::Cpu)
-            .unwrap();
-    let got = flashdiff_models::flux::PromptEncoder::encode(&enc, "a red dishwasher").unwrap();
+    let enc = flashdiff_models::encoders::text::FluxText::load(
+        &d,
+        512,
+        candle_core::DType::F32,
+        &Device::Cpu,
+    )
+    .unwrap();
+    let got =
+        flashdiff_models::families::flux::PromptEncoder::encode(&enc, "a red dishwasher").unwrap();
     let diff = common::max_diff(&got.states, &want);
     assert!(diff == 0.0, "T5 states differ by {diff}");
     assert_eq!(got.pooled.dims(), [32]);
@@ -94,8 +101,9 @@ fn encoders_read_through_our_checkpoint_reader_equal_candles_own_loader() {
     // bf16's unit roundoff is 8x f16's; measured 0.33 vs 0.046 relative RMS (7.1x) on the
     // small pipeline's seeded weights (unseeded, f16's error ranged up to 0.12).
     let states = |dtype| {
-        let enc = flashdiff_models::pipeline::FluxText::load(&d, 512, dtype, &Device::Cpu).unwrap();
-        let s = flashdiff_models::flux::PromptEncoder::encode(&enc, "a red dishwasher")
+        let enc =
+            flashdiff_models::encoders::text::FluxText::load(&d, 512, dtype, &Device::Cpu).unwrap();
+        let s = flashdiff_models::families::flux::PromptEncoder::encode(&enc, "a red dishwasher")
             .unwrap()
             .states;
         assert_eq!(s.dtype(), DType::F32);
@@ -142,10 +150,14 @@ fn the_small_pipelines_weights_are_the_same_on_every_write() {
 fn the_pooled_vector_is_the_end_of_text_state_and_depends_on_the_prompt() {
     let d = scratch("pool");
     tiny::write_flux(&d, true).unwrap();
-    let enc =
-        flashdiff_models::pipeline::FluxText::load(&d, 64, candle_core::DType::F32, &Device::Cpu)
-            .unwrap();
-    let e = |p: &str| flashdiff_models::flux::PromptEncoder::encode(&enc, p).unwrap();
+    let enc = flashdiff_models::encoders::text::FluxText::load(
+        &d,
+        64,
+        candle_core::DType::F32,
+        &Device::Cpu,
+    )
+    .unwrap();
+    let e = |p: &str| flashdiff_models::families::flux::PromptEncoder::encode(&enc, p).unwrap();
     let (a, b) = (e("a red cat"), e("a blue cat"));
     let d2 = (a.pooled - b.pooled)
         .unwrap()
@@ -304,8 +316,8 @@ fn a_wrong_folder_gets_an_error_that_says_what_is_wrong() {
 
 #[test]
 fn a_grid_too_large_or_overflowing_is_refused() {
-    use flashdiff_models::flux::{FluxCheckpoint, FluxDenoiser};
-    use flashdiff_models::pipeline::FluxText;
+    use flashdiff_models::encoders::text::FluxText;
+    use flashdiff_models::families::flux::{FluxCheckpoint, FluxDenoiser};
     let d = scratch("grid");
     tiny::write_flux(&d, false).unwrap();
     for grid in [(1, 1 << 10, 1 << 9), (usize::MAX, 2, 2), (0, 4, 4)] {
@@ -330,7 +342,7 @@ fn a_grid_too_large_or_overflowing_is_refused() {
 /// (CLIP-L), penultimate states and projected pooled vector.
 #[test]
 fn clip_with_projection_equals_transformers() {
-    use flashdiff_models::pipeline::ClipWithProjection;
+    use flashdiff_models::encoders::clip::ClipWithProjection;
     let toks = scratch("cliptok");
     tiny::write_flux(&toks, true).unwrap();
     for (file, act) in [
@@ -380,10 +392,10 @@ fn clip_with_projection_equals_transformers() {
 /// output is linear in the scale.
 #[test]
 fn sd3_encodes_as_diffusers_joins_and_guides_between_two_passes() {
-    use flashdiff_models::joint_denoiser::PromptEncoder as _;
-    use flashdiff_models::mmdit::MmditCheckpoint;
-    use flashdiff_models::mmdit::Sd3Denoiser;
-    use flashdiff_models::pipeline::Sd3Text;
+    use flashdiff_models::encoders::sd3::Sd3Text;
+    use flashdiff_models::families::joint::denoiser::PromptEncoder as _;
+    use flashdiff_models::families::mmdit::MmditCheckpoint;
+    use flashdiff_models::families::mmdit::Sd3Denoiser;
     use flashdiff_models::StepInput;
     let d = scratch("sd3");
     tiny::write_sd3(&d, true).unwrap();
@@ -393,7 +405,7 @@ fn sd3_encodes_as_diffusers_joins_and_guides_between_two_passes() {
     assert_eq!(e.states.dims(), [32 + 20, 32]);
     assert_eq!(
         e.pieces[..32],
-        vec![pipeline::CLIP_PIECE.to_string(); 32][..]
+        vec![flashdiff_models::encoders::sd3::CLIP_PIECE.to_string(); 32][..]
     );
     // CLIP-L (8) + CLIP-G (16) = 24 columns, then zeros up to T5's 32.
     let pad = e.states.narrow(0, 0, 32).unwrap().narrow(1, 24, 8).unwrap();
@@ -424,7 +436,8 @@ fn sd3_encodes_as_diffusers_joins_and_guides_between_two_passes() {
                 .load(Some(4), &Device::Cpu)
                 .unwrap();
             let text = Sd3Text::load(&d, 256, candle_core::DType::F32, &Device::Cpu).unwrap();
-            let text: Box<dyn flashdiff_models::joint_denoiser::PromptEncoder> = if empty {
+            let text: Box<dyn flashdiff_models::families::joint::denoiser::PromptEncoder> = if empty
+            {
                 Box::new(EmptyPrompt(text))
             } else {
                 Box::new(text)
@@ -500,13 +513,16 @@ fn sd3_encodes_as_diffusers_joins_and_guides_between_two_passes() {
 /// The empty prompt's encoding under a prompt's pieces (so that it has words): the pass
 /// classifier-free guidance runs second.
 #[derive(Debug)]
-struct EmptyPrompt(flashdiff_models::pipeline::Sd3Text);
+struct EmptyPrompt(flashdiff_models::encoders::sd3::Sd3Text);
 
-impl flashdiff_models::joint_denoiser::PromptEncoder for EmptyPrompt {
+impl flashdiff_models::families::joint::denoiser::PromptEncoder for EmptyPrompt {
     fn encode(
         &self,
         prompt: &str,
-    ) -> Result<flashdiff_models::joint_denoiser::EncodedPrompt, flashdiff_models::ModelError> {
+    ) -> Result<
+        flashdiff_models::families::joint::denoiser::EncodedPrompt,
+        flashdiff_models::ModelError,
+    > {
         let mut e = self.0.encode("")?;
         e.pieces = self.0.encode(prompt)?.pieces;
         Ok(e)

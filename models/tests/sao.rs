@@ -3,8 +3,8 @@
 //! structure), and its token-subset forward against the full one.
 
 use candle_core::{Device, Tensor};
-use flashdiff_models::sao::{Rows, Sao, SaoConfig};
-use flashdiff_models::var_builder_from;
+use flashdiff_models::families::sao::{Rows, Sao, SaoConfig};
+use flashdiff_models::io::shards::var_builder_from;
 
 mod common;
 use common::{max_abs, max_diff, t};
@@ -151,7 +151,7 @@ fn bad_configs_weights_and_inputs_are_errors_that_say_why() {
 }
 
 /// Runs a loaded DiT on the golden inputs (every frame); its velocity.
-fn golden_velocity(m: &Sao, w: &flashdiff_models::Weights) -> Tensor {
+fn golden_velocity(m: &Sao, w: &flashdiff_models::io::weights::Weights) -> Tensor {
     let ctx = m
         .context(&t(w, "golden.enc"), &t(w, "golden.global"))
         .unwrap();
@@ -179,7 +179,7 @@ fn golden_velocity(m: &Sao, w: &flashdiff_models::Weights) -> Tensor {
 /// reproduce diffusers' output; bf16 compute stays near it.
 #[test]
 fn both_checkpoint_layouts_reproduce_diffusers() {
-    use flashdiff_models::sao::{SaoCheckpoint, SaoLayout};
+    use flashdiff_models::families::sao::{SaoCheckpoint, SaoLayout};
     let w = common::golden("sao_golden");
     let want = t(&w, "golden.out");
     for (file, layout) in [

@@ -8,10 +8,11 @@ mod common;
 use std::path::PathBuf;
 
 use candle_core::{DType, Device, Tensor};
-use flashdiff_models::flux::PromptEncoder;
-use flashdiff_models::joint_denoiser::Schedule;
-use flashdiff_models::pipeline::audio::{SaoText, SECONDS_PIECE, T5_TOKENS};
-use flashdiff_models::pipeline::{self, tiny, PipelineOptions, TextTokenizer, AUDIO};
+use flashdiff_models::encoders::text::TextTokenizer;
+use flashdiff_models::families::flux::PromptEncoder;
+use flashdiff_models::families::joint::denoiser::Schedule;
+use flashdiff_models::pipelines::audio::{SaoText, SECONDS_PIECE, T5_TOKENS};
+use flashdiff_models::pipelines::{self as pipeline, tiny, PipelineOptions, AUDIO};
 use flashdiff_models::Kind;
 
 use common::{max_diff, t};
@@ -162,9 +163,9 @@ fn the_pipeline_is_an_audio_denoiser_that_decodes_stereo() {
 /// subfolder), with its value: the release's single-file layout, written out here as the
 /// release stores it (see `models/reference/sao_official.py` for the DiT's part).
 fn release_tensors(d: &std::path::Path) -> Vec<(String, Tensor)> {
-    use flashdiff_models::pipeline::oobleck::official_name;
+    use flashdiff_models::decoders::oobleck::official_name;
     let read = |sub: &str| {
-        let w = flashdiff_models::Weights::open(
+        let w = flashdiff_models::io::weights::Weights::open(
             &d.join(sub).join("diffusion_pytorch_model.safetensors"),
         )
         .unwrap();

@@ -2,13 +2,13 @@
 
 use std::path::PathBuf;
 
-use flashdiff_models::Weights;
+use flashdiff_models::io::weights::Weights;
 
 /// The audio model decodes as `sounds.decode` does (additive synthesis with the constants
 /// the weights file ships), and its grid is one row of 64 time frames.
 #[test]
 fn the_sound_decoder_matches_sounds_py() {
-    use flashdiff_models::{Denoiser, Kind, TinyDit};
+    use flashdiff_models::{families::tinydit::TinyDit, Denoiser, Kind};
     let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
     let m = TinyDit::load(
         &root.join("tinyaudio/tinyaudio.safetensors"),

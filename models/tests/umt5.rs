@@ -4,8 +4,8 @@
 mod common;
 
 use candle_core::{DType, Device};
-use flashdiff_models::pipeline::umt5::{Umt5Config, Umt5Encoder};
-use flashdiff_models::var_builder_from;
+use flashdiff_models::encoders::umt5::{Umt5Config, Umt5Encoder};
+use flashdiff_models::io::shards::var_builder_from;
 
 use common::{max_abs, max_diff, t};
 

@@ -5,9 +5,9 @@
 use std::path::Path;
 
 use candle_core::{Device, Tensor};
-use flashdiff_models::var_builder_from;
-use flashdiff_models::wan::{Rows, Wan, WanConfig};
-use flashdiff_models::Weights;
+use flashdiff_models::families::wan::{Rows, Wan, WanConfig};
+use flashdiff_models::io::shards::var_builder_from;
+use flashdiff_models::io::weights::Weights;
 
 mod common;
 use common::{max_abs, max_diff, t};
@@ -150,7 +150,7 @@ fn bad_configs_and_inputs_are_errors_that_say_why() {
 /// back with diffusers' own converter), also under ComfyUI's prefix.
 #[test]
 fn both_checkpoint_layouts_reproduce_diffusers() {
-    use flashdiff_models::wan::{WanCheckpoint, WanLayout};
+    use flashdiff_models::families::wan::{WanCheckpoint, WanLayout};
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("reference");
     let tmp =
         std::env::temp_dir().join(format!("flashdiff-wan-{}.safetensors", std::process::id()));

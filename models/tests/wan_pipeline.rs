@@ -6,11 +6,12 @@ mod common;
 use std::path::PathBuf;
 
 use candle_core::{DType, Device};
-use flashdiff_models::flux::PromptEncoder;
-use flashdiff_models::joint_denoiser::Schedule;
-use flashdiff_models::pipeline::umt5::Umt5Encoder;
-use flashdiff_models::pipeline::wan::{WanText, WAN_TOKENS};
-use flashdiff_models::pipeline::{self, tiny, PipelineOptions, TextTokenizer, VIDEO};
+use flashdiff_models::encoders::text::TextTokenizer;
+use flashdiff_models::encoders::umt5::Umt5Encoder;
+use flashdiff_models::families::flux::PromptEncoder;
+use flashdiff_models::families::joint::denoiser::Schedule;
+use flashdiff_models::pipelines::wan::{WanText, WAN_TOKENS};
+use flashdiff_models::pipelines::{self as pipeline, tiny, PipelineOptions, VIDEO};
 use flashdiff_models::Kind;
 
 use common::{max_abs, max_diff};

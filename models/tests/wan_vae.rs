@@ -5,7 +5,7 @@
 mod common;
 
 use candle_core::Device;
-use flashdiff_models::pipeline::wan_vae::{WanVae, WanVaeConfig};
+use flashdiff_models::decoders::wan_vae::{WanVae, WanVaeConfig};
 
 use common::{max_diff, t};
 

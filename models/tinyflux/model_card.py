@@ -34,7 +34,7 @@ same FLUX transformer code and joint-attention adapter as the released FLUX.1
 (`flashdiff generate --model tinyflux`), and diffusers runs it as it is, so FlashDiff and
 diffusers' own caches can be measured on one model whose attention means something.
 
-## Architecture (`flux_model.py`; run by FlashDiff in `models/src/tinyflux.rs`)
+## Architecture (`flux_model.py`; run by FlashDiff in `models/src/pipelines/tinyflux.rs`)
 
 | | |
 | --- | --- |

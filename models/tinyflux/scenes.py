@@ -8,7 +8,7 @@ one ("on a blue striped background", "on a white gradient background"). Every pr
 shade (halfway to mid-grey by SHADE), which the checker still reads as the background colour.
 
 The Rust side re-implements the vocabulary, the parser, the shade and the checker
-(models/src/scene.rs); keep the two in step.
+(models/src/families/tinydit/scene.rs); keep the two in step.
 """
 import numpy as np
 

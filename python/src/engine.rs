@@ -16,7 +16,7 @@ use flashdiff_runtime::engine::{
     lone_request_patches, report_json, Engine as REngine, Output, RequestConfig,
 };
 use flashdiff_runtime::media;
-use flashdiff_runtime::models::registry::{ModelSpec, BUILTIN_MODELS};
+use flashdiff_runtime::models::pipelines::registry::{ModelSpec, BUILTIN_MODELS};
 use flashdiff_runtime::models::Kind;
 use flashdiff_runtime::schema::{Front, RequestFields};
 use flashdiff_runtime::service::{Mailbox, MailboxError, Standing};

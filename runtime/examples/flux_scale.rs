@@ -9,10 +9,10 @@
 use std::sync::Arc;
 
 use flashdiff_runtime::engine::{Engine, RequestConfig};
-use flashdiff_runtime::models::flux::{
+use flashdiff_runtime::models::families::flux::{
     EncodedPrompt, Flux, FluxConfig, FluxDenoiser, PromptEncoder,
 };
-use flashdiff_runtime::models::var_builder_from;
+use flashdiff_runtime::models::io::shards::var_builder_from;
 use flashdiff_runtime::models::{Denoiser, Device, ModelError, Tensor};
 
 /// Deterministic values in [-scale, scale).

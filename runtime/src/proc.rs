@@ -19,7 +19,7 @@ use std::sync::Arc;
 
 use crate::exec::{self, Task};
 use crate::state::{SharedState, StateLayout};
-use flashdiff_models::registry::ModelSpec;
+use flashdiff_models::pipelines::registry::ModelSpec;
 use flashdiff_models::{Denoiser, Device};
 use flashdiff_scheduler::HandOff;
 use rkyv::rancor::Error as RkyvError;

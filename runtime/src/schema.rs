@@ -373,7 +373,7 @@ mod tests {
     use super::*;
 
     fn model() -> std::sync::Arc<dyn Denoiser> {
-        flashdiff_models::registry::ModelSpec::builtin("tinydit")
+        flashdiff_models::pipelines::registry::ModelSpec::builtin("tinydit")
             .expect("the built-in model")
             .load(&flashdiff_models::Device::Cpu)
             .expect("its weights")

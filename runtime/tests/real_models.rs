@@ -7,8 +7,10 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use flashdiff_runtime::engine::{Engine, Mode, RequestConfig};
-use flashdiff_runtime::models::flux::{EncodedPrompt, FluxCheckpoint, FluxDenoiser, PromptEncoder};
-use flashdiff_runtime::models::var_builder_from;
+use flashdiff_runtime::models::families::flux::{
+    EncodedPrompt, FluxCheckpoint, FluxDenoiser, PromptEncoder,
+};
+use flashdiff_runtime::models::io::shards::var_builder_from;
 use flashdiff_runtime::models::{Denoiser, Device, ModelError, Tensor};
 
 /// SentencePiece-like pieces ("▁word"), padded with `<pad>`; each piece's state and the
@@ -149,7 +151,7 @@ fn flux_denoiser_refuses_bad_inputs_with_reasons() {
 /// engine the same way.
 #[test]
 fn sd35_runs_through_the_engine_skips_and_is_deterministic() {
-    use flashdiff_runtime::models::mmdit::{MmditCheckpoint, Sd3Denoiser};
+    use flashdiff_runtime::models::families::mmdit::{MmditCheckpoint, Sd3Denoiser};
     let golden = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
         .join("../models/reference/sd35_golden.safetensors");
     let mmdit = MmditCheckpoint::open(&golden)
@@ -204,8 +206,8 @@ fn sd35_runs_through_the_engine_skips_and_is_deterministic() {
 /// partition, gate and subset forwards work on 3-D grids of a real video architecture.
 #[test]
 fn wan_runs_through_the_engine_on_a_video_grid() {
-    use flashdiff_runtime::models::wan::{Wan, WanConfig, WanDenoiser};
-    use flashdiff_runtime::models::{Kind, Weights};
+    use flashdiff_runtime::models::families::wan::{Wan, WanConfig, WanDenoiser};
+    use flashdiff_runtime::models::{io::weights::Weights, Kind};
     let golden = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
         .join("../models/reference/wan_golden.safetensors");
     let w = Weights::open(&golden).unwrap();
@@ -293,7 +295,7 @@ fn cfg_for(mode: Mode) -> RequestConfig {
 /// equals Euler on the shifted times written out here, and differs from the uniform steps.
 #[test]
 fn the_engine_steps_on_the_models_schedule() {
-    use flashdiff_runtime::models::joint_denoiser::Schedule;
+    use flashdiff_runtime::models::families::joint::denoiser::Schedule;
     use flashdiff_runtime::models::StepInput;
     let golden = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
         .join("../models/reference/flux_golden.safetensors");

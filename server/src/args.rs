@@ -318,7 +318,7 @@ pub(crate) const MODELS: [&str; 11] = [
 ];
 
 pub(crate) fn is_pipeline(model: &str) -> bool {
-    flashdiff_runtime::models::pipeline::PIPELINES.contains(&model)
+    flashdiff_runtime::models::pipelines::PIPELINES.contains(&model)
 }
 
 /// `WIDTHxHEIGHT` -> (height, width).
@@ -326,7 +326,7 @@ pub(crate) fn parse_size(v: &str) -> Result<(usize, usize), String> {
     let bad = || format!("expected WIDTHxHEIGHT in pixels, e.g. 1024x1024; got {v:?}");
     let (w, h) = v.split_once(['x', 'X']).ok_or_else(bad)?;
     let (w, h): (usize, usize) = (w.parse().map_err(|_| bad())?, h.parse().map_err(|_| bad())?);
-    flashdiff_runtime::models::pipeline::check_size((h, w)).map_err(|e| e.to_string())?;
+    flashdiff_runtime::models::pipelines::check_size((h, w)).map_err(|e| e.to_string())?;
     Ok((h, w))
 }
 
@@ -376,14 +376,14 @@ pub(crate) fn check_run_args(o: &RunArgs, model_given: bool) -> Result<(), Strin
             o.model
         ));
     }
-    let audio = o.model == flashdiff_runtime::models::pipeline::AUDIO;
+    let audio = o.model == flashdiff_runtime::models::pipelines::AUDIO;
     if audio && o.size.is_some() {
         return Err(format!(
             "--size: {} makes sound; give its length with --seconds",
             o.model
         ));
     }
-    let video = o.model == flashdiff_runtime::models::pipeline::VIDEO;
+    let video = o.model == flashdiff_runtime::models::pipelines::VIDEO;
     if !video && o.frames.is_some() {
         return Err(format!(
             "--frames applies to wan2.1; {} makes {}",

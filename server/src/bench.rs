@@ -1,10 +1,11 @@
 //! `flashdiff bench`: the evaluation against every baseline (flashdiff-bench).
 
-use crate::args::*;
-use crate::generate::*;
-use crate::setup::*;
 use flashdiff_runtime::engine::RequestConfig;
 use flashdiff_runtime::models::Kind;
+
+use crate::args::{is_pipeline, BenchArgs};
+use crate::generate::with_model_warmup;
+use crate::setup::{cores, make_engine, weights_path};
 
 /// `flashdiff bench`.
 pub(crate) fn bench(a: BenchArgs) -> Result<(), String> {

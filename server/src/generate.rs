@@ -4,14 +4,15 @@
 use std::io::IsTerminal;
 use std::path::PathBuf;
 
-use crate::args::*;
-use crate::setup::*;
 use flashdiff_eval::image::Verdict;
 use flashdiff_runtime::engine::{Mode, Output, RequestConfig, StepEvent};
 use flashdiff_runtime::media;
-use flashdiff_runtime::models::scene;
-use flashdiff_runtime::models::{clips, sounds};
-use flashdiff_runtime::models::{Kind, Sample};
+use flashdiff_runtime::models::{
+    families::tinydit::clips, families::tinydit::scene, families::tinydit::sounds, Kind, Sample,
+};
+
+use crate::args::{is_pipeline, GenerateArgs};
+use crate::setup::make_engine;
 
 /// The built-in checker's verdict on a sample for its prompt, in words.
 pub(crate) fn checker_note(prompt: &str, sample: &Sample, kind: Kind) -> String {

@@ -8,14 +8,14 @@ mod journal;
 mod serve;
 mod setup;
 
-use crate::args::*;
-use crate::bench::*;
-use crate::generate::*;
-use crate::serve::*;
-
 use std::process::ExitCode;
 
-use flashdiff_runtime::models::registry::ModelSpec;
+use crate::args::Cli;
+use crate::args::Cmd;
+use crate::bench::bench;
+use crate::generate::generate;
+use crate::serve::serve;
+use flashdiff_runtime::models::pipelines::registry::ModelSpec;
 
 /// For the one-shot commands (`generate`, `bench`): a reader that closes our standard
 /// output early (`flashdiff generate ... | head`) ends the process quietly, as for any

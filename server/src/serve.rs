@@ -2,16 +2,16 @@
 
 use std::io::{BufRead, Write};
 
-use crate::args::*;
-use crate::generate::*;
-use crate::setup::*;
-use crate::{http, journal};
 use flashdiff_runtime::engine::{Output, RequestConfig};
 use flashdiff_runtime::media;
-use flashdiff_runtime::models::scene;
-use flashdiff_runtime::models::Kind;
+use flashdiff_runtime::models::{families::tinydit::scene, Kind};
 use flashdiff_runtime::schema::{Front, RequestFields};
 use flashdiff_runtime::service::{Reply, Service};
+
+use crate::args::{is_pipeline, RunArgs, ServeArgs, MODELS};
+use crate::generate::{ms, with_model_warmup};
+use crate::setup::{cores, make_engine};
+use crate::{http, journal};
 
 pub(crate) fn json_str(s: &str) -> String {
     serde_json::Value::String(s.to_string()).to_string()

@@ -2,9 +2,10 @@
 
 use std::path::PathBuf;
 
-use crate::args::*;
 use flashdiff_runtime::engine::{builtin_weights, default_weights, Engine};
-use flashdiff_runtime::models::registry::ModelSpec;
+use flashdiff_runtime::models::pipelines::registry::ModelSpec;
+
+use crate::args::{check_run_args, is_pipeline, RunArgs};
 
 /// CPU cores available to this process (the default worker count of serve and bench).
 pub(crate) fn cores() -> u32 {
@@ -76,16 +77,16 @@ pub(crate) fn model_spec(o: &RunArgs) -> Result<ModelSpec, String> {
             false => file,
         });
     }
-    use flashdiff_runtime::models::pipeline;
-    let opts = pipeline::PipelineOptions {
+    use flashdiff_runtime::models::pipelines;
+    let opts = pipelines::PipelineOptions {
         // Wan2.1's default is its 480p (832x480); the image models' 1024x1024.
-        size: o.size.unwrap_or(if o.model == pipeline::VIDEO {
+        size: o.size.unwrap_or(if o.model == pipelines::VIDEO {
             (480, 832)
         } else {
             (1024, 1024)
         }),
         guidance: o.guidance,
-        dtype: pipeline::parse_dtype(o.dtype.as_deref().unwrap_or("f32"))
+        dtype: pipelines::parse_dtype(o.dtype.as_deref().unwrap_or("f32"))
             .map_err(|e| format!("--dtype: {e}"))?,
         seconds: o.seconds,
         frames: o.frames,

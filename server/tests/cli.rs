@@ -956,7 +956,7 @@ fn png_size(bytes: &[u8]) -> (u32, u32) {
 fn generate_runs_a_flux_pipeline_folder() {
     let dir = std::env::temp_dir().join(format!("flashdiff-cli-flux-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
-    flashdiff_models::pipeline::tiny::write_flux(&dir.join("model"), true).unwrap();
+    flashdiff_models::pipelines::tiny::write_flux(&dir.join("model"), true).unwrap();
     let run = |out: &str, dtype: &str| {
         let png = dir.join(out);
         let (stdout, stderr) = succeeds_with(
@@ -1006,7 +1006,7 @@ fn generate_runs_a_flux_pipeline_folder() {
     assert_eq!(png_size(&h), (256, 192));
     assert_ne!(h, a, "--dtype bf16 gave f32's image bit for bit");
     // SD3.5 (CLIP-L, CLIP-G, T5, classifier-free guidance) the same way.
-    flashdiff_models::pipeline::tiny::write_sd3(&dir.join("sd35"), true).unwrap();
+    flashdiff_models::pipelines::tiny::write_sd3(&dir.join("sd35"), true).unwrap();
     let png = dir.join("sd.png");
     let (stdout, _) = succeeds_with(
         flashdiff()
@@ -1045,7 +1045,7 @@ fn generate_runs_a_flux_pipeline_folder() {
 fn generate_runs_a_stable_audio_folder() {
     let dir = std::env::temp_dir().join(format!("flashdiff-cli-sao-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
-    flashdiff_models::pipeline::tiny::write_sao(&dir.join("model")).unwrap();
+    flashdiff_models::pipelines::tiny::write_sao(&dir.join("model")).unwrap();
     let run = |out: &str| {
         let wav = dir.join(out);
         let (_, stderr) = succeeds_with(
@@ -1093,7 +1093,7 @@ fn generate_runs_a_stable_audio_folder() {
 fn generate_runs_a_wan_folder() {
     let dir = std::env::temp_dir().join(format!("flashdiff-cli-wan-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
-    flashdiff_models::pipeline::tiny::write_wan(&dir.join("model")).unwrap();
+    flashdiff_models::pipelines::tiny::write_wan(&dir.join("model")).unwrap();
     let run = |out: &str| {
         let gif = dir.join(out);
         let (stdout, stderr) = succeeds_with(
@@ -1223,7 +1223,7 @@ fn serve_runs_a_flux_pipeline_beside_the_built_in_models() {
     use std::io::Write;
     let dir = std::env::temp_dir().join(format!("flashdiff-cli-fluxserve-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
-    flashdiff_models::pipeline::tiny::write_flux(&dir.join("model"), false).unwrap();
+    flashdiff_models::pipelines::tiny::write_flux(&dir.join("model"), false).unwrap();
     let mut child = flashdiff()
         .args(["serve", "--model", "flux-schnell", "--weights"])
         .arg(dir.join("model"))

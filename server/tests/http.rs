@@ -592,7 +592,7 @@ fn a_state_directory_serves_one_server_at_a_time() {
 fn a_flux_pipeline_serves_its_own_image_size() {
     let dir = std::env::temp_dir().join(format!("fd-http-flux-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
-    flashdiff_models::pipeline::tiny::write_flux(&dir, false).unwrap();
+    flashdiff_models::pipelines::tiny::write_flux(&dir, false).unwrap();
     let d = dir.to_string_lossy().into_owned();
     let s = Server::start(&[
         "--model",

@@ -17,7 +17,9 @@ use flashdiff_runtime::engine::{
     builtin_weights, Engine, LayoutKind, Mode, Output, RequestConfig, Reuse, BUILTIN_MODELS,
     DBCACHE_FRONT_BLOCKS,
 };
-use flashdiff_runtime::models::flux::{EncodedPrompt, FluxCheckpoint, FluxDenoiser, PromptEncoder};
+use flashdiff_runtime::models::families::flux::{
+    EncodedPrompt, FluxCheckpoint, FluxDenoiser, PromptEncoder,
+};
 use flashdiff_runtime::models::{Denoiser, Device, ModelError, Tensor};
 
 /// (model, case) -> hash. The patch-gate cases keep the hashes FlashDiff's paper gate gave

@@ -95,8 +95,8 @@ fn a_killed_worker_loses_nothing_and_changes_nothing() {
 /// FLUX (a model folder) likewise.
 #[test]
 fn worker_processes_serve_a_pipeline_and_any_built_in_model() {
-    use flashdiff_runtime::models::pipeline::{tiny, PipelineOptions};
-    use flashdiff_runtime::models::registry::ModelSpec;
+    use flashdiff_runtime::models::pipelines::registry::ModelSpec;
+    use flashdiff_runtime::models::pipelines::{tiny, PipelineOptions};
     let dir = std::env::temp_dir().join(format!("flashdiff-proc-flux-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     tiny::write_flux(&dir, true).unwrap();

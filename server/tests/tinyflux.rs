@@ -6,8 +6,8 @@
 
 use flashdiff_eval::metrics::psnr;
 use flashdiff_runtime::engine::{noise, Engine, Mode, RequestConfig};
-use flashdiff_runtime::models::registry::{ModelSpec, TINYFLUX_FAMILY};
-use flashdiff_runtime::models::{Device, Weights};
+use flashdiff_runtime::models::pipelines::registry::{ModelSpec, TINYFLUX_FAMILY};
+use flashdiff_runtime::models::{io::weights::Weights, Device};
 
 fn golden(model: &str) -> Weights {
     let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))

@@ -5,7 +5,7 @@
 use std::path::{Path, PathBuf};
 
 use candle_core::{Device, Tensor};
-use flashdiff_models::Weights;
+use flashdiff_models::io::weights::Weights;
 
 /// `models/reference/NAME.safetensors`.
 pub fn reference(name: &str) -> PathBuf {
@@ -19,7 +19,7 @@ pub fn golden(name: &str) -> Weights {
 
 /// A golden file's tensors under their own names, as the models' loaders take them.
 pub fn vb(w: &Weights) -> candle_nn::VarBuilder<'_> {
-    flashdiff_models::var_builder_from(
+    flashdiff_models::io::shards::var_builder_from(
         |n: &str, s: &[usize]| Ok(w.tensor(n, s, &Device::Cpu)?),
         &Device::Cpu,
     )

@@ -3,8 +3,8 @@
 use std::fmt;
 
 use flashdiff_gate::GateError;
-use flashdiff_models::scene::PromptError;
-use flashdiff_models::{ModelError, WeightsError};
+use flashdiff_models::families::tinydit::scene::PromptError;
+use flashdiff_models::{io::weights::WeightsError, ModelError};
 use flashdiff_partitioner::PartitionError;
 use flashdiff_scheduler::SchedError;
 

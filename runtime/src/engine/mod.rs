@@ -66,7 +66,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use flashdiff_models::registry::ModelSpec;
+use flashdiff_models::pipelines::registry::ModelSpec;
 use flashdiff_models::{Denoiser, Device};
 use flashdiff_partitioner::{GranularityConfig, GranularityController};
 pub use flashdiff_scheduler::QueueOrder;

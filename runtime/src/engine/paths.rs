@@ -3,7 +3,7 @@
 
 use std::path::{Path, PathBuf};
 
-pub use flashdiff_models::registry::{builtin_weights, default_weights, BUILTIN_MODELS};
+pub use flashdiff_models::pipelines::registry::{builtin_weights, default_weights, BUILTIN_MODELS};
 
 /// Where request state files go: `/dev/shm` (memory) when it exists, else the temporary
 /// directory.

@@ -1,8 +1,17 @@
 //! The server's side of the engine service: the finisher thread that encodes, stores and
 //! journals results, and the step handler that keeps the job table's progress.
 
-use super::*;
+use std::sync::atomic::Ordering::Relaxed;
+use std::sync::mpsc;
+use std::time::Instant;
+
+use flashdiff_runtime::engine::{EngineError, Output};
+use flashdiff_runtime::image;
 use flashdiff_runtime::service::{Finished, StepUpdate};
+use serde_json::json;
+
+use crate::http::{phase_code, Hub, Phase, Shared, STEP_BUCKETS};
+use crate::journal::{Entry, Store};
 
 /// The finisher's thread: encodes results, writes them and the journal, and updates the
 /// job table, so that the engine's thread does no disk I/O and never waits for a handler's

@@ -1,7 +1,21 @@
 //! The endpoints: OpenAI's image generations, jobs (create, read, events, cancel), health,
 //! metrics and the page.
 
-use super::*;
+use std::convert::Infallible;
+use std::sync::atomic::Ordering::Relaxed;
+
+use axum::extract::{Path, State};
+use axum::http::{header, StatusCode};
+use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use base64::Engine as _;
+use flashdiff_runtime::service::Command;
+use serde_json::{json, Value};
+use tokio::sync::broadcast;
+
+use crate::http::request::{admit, parse, GenRequest};
+use crate::http::{bad, error, now_s, poisoned, Phase, Shared, STEP_BUCKETS};
 
 pub(super) async fn healthz(State(hub): State<Shared>) -> Response {
     Json(json!({"status": if hub.accepting.load(Relaxed) { "ok" } else { "draining" }, "model": hub.model, "workers": hub.workers})).into_response()

@@ -22,41 +22,32 @@
 //! point, started again on the same directory, resumes every unfinished job from its last
 //! step (or from its start when it had none) and answers for the finished ones.
 
-use std::collections::HashMap;
-use std::convert::Infallible;
-use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
-use std::sync::mpsc;
-use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
-
-use axum::extract::{DefaultBodyLimit, Path, State};
-use axum::http::{header, HeaderValue, StatusCode};
-use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
-use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post};
-use axum::{Json, Router};
-use base64::Engine as _;
-use serde_json::{json, Value};
-use tokio::sync::{broadcast, watch};
-
-use flashdiff_runtime::engine::{
-    check_request, from_config_record, to_config_record, Engine, EngineError, Output, RequestConfig,
-};
-use flashdiff_runtime::schema::{Front, RequestFields};
-
-use crate::journal::{Entry, JobRecord, Store};
-
 mod driver;
 mod handlers;
 mod request;
 
-use driver::*;
-use flashdiff_runtime::image;
-use flashdiff_runtime::models::scene::IMAGE;
-use flashdiff_runtime::models::{Conditioning, Denoiser};
+use std::collections::HashMap;
+use std::sync::atomic::AtomicU64;
+use std::sync::atomic::Ordering::Relaxed;
+use std::sync::{mpsc, Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use axum::extract::DefaultBodyLimit;
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use flashdiff_runtime::engine::{from_config_record, Engine, RequestConfig};
+use flashdiff_runtime::models::Denoiser;
 use flashdiff_runtime::service::{Command, Reply, Service};
-use handlers::*;
-use request::*;
+use serde_json::{json, Value};
+use tokio::sync::{broadcast, watch};
+
+use self::driver::{finish, step_event};
+use self::handlers::{
+    create_job, delete_job, generations, get_job, healthz, job_events, metrics, page,
+};
+use crate::journal::{JobRecord, Store};
 
 /// Server settings.
 #[derive(Debug, Clone)]

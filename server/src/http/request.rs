@@ -1,7 +1,20 @@
 //! A generation request over HTTP: parsing every field against the model, and admission
 //! (queue bound, draining, one job per image).
 
-use super::*;
+use std::sync::atomic::Ordering::Relaxed;
+
+use axum::http::{header, HeaderValue, StatusCode};
+use axum::response::Response;
+use flashdiff_runtime::engine::{check_request, to_config_record, RequestConfig};
+use flashdiff_runtime::models::families::tinydit::scene::IMAGE;
+use flashdiff_runtime::models::{Conditioning, Denoiser};
+use flashdiff_runtime::schema::{Front, RequestFields};
+use flashdiff_runtime::service::Command;
+use tokio::sync::{broadcast, watch};
+
+use crate::http::driver::journal;
+use crate::http::{error, now_s, poisoned, HttpConfig, Hub, Job, Phase, Shared};
+use crate::journal::Entry;
 
 /// A parsed generation request: prompt, per-image settings, images wanted, PNG scale.
 pub(super) struct GenRequest {
@@ -284,7 +297,19 @@ fn drop_jobs(hub: &Hub, ids: &[u64]) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use flashdiff_runtime::models::registry::ModelSpec;
+    use crate::http::Metrics;
+    use crate::http::Outbox;
+    use crate::journal::Store;
+
+    use flashdiff_runtime::models::pipelines::registry::ModelSpec;
+    use flashdiff_runtime::service::Reply;
+    use std::collections::HashMap;
+    use std::sync::atomic::AtomicU64;
+    use std::sync::mpsc;
+    use std::sync::Arc;
+    use std::sync::Mutex;
+    use std::time::Duration;
+    use std::time::Instant;
 
     fn hub(state: &std::path::Path) -> (Shared, mpsc::Receiver<Command>) {
         let model: Arc<dyn Denoiser> = ModelSpec::builtin("tinydit")
