@@ -349,6 +349,35 @@ impl Replies {
 /// anything is in flight, and sends every result to its request's reply.
 fn run(engine: &mut Engine, rx: Receiver<Command>, beacon: &Beacon) {
     let mut replies = Replies::default();
+    // A panic in the engine (a bug) must not leave front ends waiting for answers that
+    // never come: every request in flight gets it as its error, and the service stops.
+    let served = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        serve(engine, &rx, beacon, &mut replies)
+    }));
+    if let Err(panic) = served {
+        let what = panic
+            .downcast_ref::<&str>()
+            .map(|s| s.to_string())
+            .or_else(|| panic.downcast_ref::<String>().cloned())
+            .unwrap_or_else(|| "no message".into());
+        log::error!("the engine panicked: {what}");
+        for (id, reply) in replies.0.drain() {
+            let _ = reply.result.send((
+                id,
+                Err(EngineError::Internal(format!(
+                    "the engine stopped: it panicked ({what})"
+                ))),
+            ));
+        }
+    }
+    beacon.publish(|p| {
+        p.stopped = true;
+        p.in_flight = 0;
+    });
+}
+
+/// The loop of [`run`]: commands between rounds, rounds while anything is in flight.
+fn serve(engine: &mut Engine, rx: &Receiver<Command>, beacon: &Beacon, replies: &mut Replies) {
     let mut open = true;
     loop {
         if engine.in_flight() == 0 {
@@ -357,13 +386,13 @@ fn run(engine: &mut Engine, rx: Receiver<Command>, beacon: &Beacon) {
             }
             // Idle: block for the next command.
             match rx.recv() {
-                Ok(c) => handle(engine, &mut replies, c, &mut open),
+                Ok(c) => handle(engine, replies, c, &mut open),
                 Err(_) => open = false,
             }
         }
         loop {
             match rx.try_recv() {
-                Ok(c) => handle(engine, &mut replies, c, &mut open),
+                Ok(c) => handle(engine, replies, c, &mut open),
                 Err(TryRecvError::Empty) => break,
                 Err(TryRecvError::Disconnected) => {
                     open = false;
@@ -381,7 +410,6 @@ fn run(engine: &mut Engine, rx: Receiver<Command>, beacon: &Beacon) {
             p.in_flight = n;
         });
     }
-    beacon.publish(|p| p.stopped = true);
 }
 
 fn handle(engine: &mut Engine, replies: &mut Replies, cmd: Command, open: &mut bool) {

@@ -119,3 +119,78 @@ fn a_mailbox_keeps_results_by_id() {
     let why = m.take(2).unwrap().unwrap_err();
     assert!(why.contains("cancelled"), "{why}");
 }
+
+/// The built-in model, except that decoding a latent panics: a bug in the engine's path.
+#[derive(Debug)]
+struct Panics(std::sync::Arc<dyn flashdiff_models::Denoiser>);
+
+impl flashdiff_models::Denoiser for Panics {
+    fn name(&self) -> &str {
+        self.0.name()
+    }
+    fn dims(&self) -> &flashdiff_models::Dims {
+        self.0.dims()
+    }
+    fn device(&self) -> &flashdiff_models::Device {
+        self.0.device()
+    }
+    fn condition(
+        &self,
+        prompt: &str,
+    ) -> Result<flashdiff_models::Conditioning, flashdiff_models::ModelError> {
+        self.0.condition(prompt)
+    }
+    fn step_cond(
+        &self,
+        context: &flashdiff_models::Tensor,
+        t: f32,
+    ) -> Result<flashdiff_models::Tensor, flashdiff_models::ModelError> {
+        self.0.step_cond(context, t)
+    }
+    fn full_forward(
+        &self,
+        x: &flashdiff_models::Tensor,
+        step: flashdiff_models::StepInput<'_>,
+        saliency: bool,
+    ) -> Result<flashdiff_models::FullOutput, flashdiff_models::ModelError> {
+        self.0.full_forward(x, step, saliency)
+    }
+    fn subset_forward(
+        &self,
+        x_active: &flashdiff_models::Tensor,
+        active: &[u32],
+        step: flashdiff_models::StepInput<'_>,
+        cache: Option<flashdiff_models::KvCache<'_>>,
+        patches: flashdiff_models::Patches<'_>,
+    ) -> Result<flashdiff_models::SubsetOutput, flashdiff_models::ModelError> {
+        self.0
+            .subset_forward(x_active, active, step, cache, patches)
+    }
+    fn first_block_input(
+        &self,
+        x: &flashdiff_models::Tensor,
+        step: flashdiff_models::StepInput<'_>,
+    ) -> Result<flashdiff_models::Tensor, flashdiff_models::ModelError> {
+        self.0.first_block_input(x, step)
+    }
+    fn decode(&self, _: &[f32]) -> Result<flashdiff_models::Sample, flashdiff_models::ModelError> {
+        panic!("decoding went wrong")
+    }
+}
+
+#[test]
+fn a_panicking_engine_answers_every_request_and_stops() {
+    let model = Panics(engine().shared_model());
+    let e = Engine::with_model(std::sync::Arc::new(model), 1, None).unwrap();
+    let m = Mailbox::start(e).unwrap();
+    m.submit(1, "a red circle", cfg(1)).unwrap();
+    m.submit(2, "a blue square", cfg(2)).unwrap();
+    m.wait_all();
+    for id in [1, 2] {
+        assert_eq!(m.standing(id), Standing::Failed);
+        let why = m.take(id).unwrap().unwrap_err();
+        assert!(why.contains("panicked"), "{why}");
+    }
+    let e = m.submit(3, "a red circle", cfg(3)).unwrap_err();
+    assert!(e.to_string().contains("stopped"), "{e}");
+}
