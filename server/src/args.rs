@@ -5,8 +5,8 @@ use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand};
 use flashdiff_runtime::engine::{
-    LayoutKind, Mode, RequestConfig, Reuse, BUILTIN_MODELS, DEFAULT_CACHE_THRESHOLD, DEFAULT_STEPS,
-    DEFAULT_WARMUP, ENGINE_DEFAULT_EPSILON, ENGINE_DEFAULT_MAX_SKIP,
+    LayoutKind, Mode, RequestConfig, Reuse, DEFAULT_CACHE_THRESHOLD, DEFAULT_STEPS, DEFAULT_WARMUP,
+    ENGINE_DEFAULT_EPSILON, ENGINE_DEFAULT_MAX_SKIP,
 };
 use flashdiff_runtime::schema::Count;
 
@@ -302,20 +302,8 @@ pub(crate) struct RunArgs {
     pub(crate) device: String,
 }
 
-/// Every `--model`: the built-in models, then the pipelines read from a folder.
-pub(crate) const MODELS: [&str; 11] = [
-    BUILTIN_MODELS[0],
-    BUILTIN_MODELS[1],
-    BUILTIN_MODELS[2],
-    BUILTIN_MODELS[3],
-    BUILTIN_MODELS[4],
-    "flux-dev",
-    "flux-schnell",
-    "sd3",
-    "sd3.5",
-    "wan2.1",
-    "stable-audio-open",
-];
+/// Every `--model`: the registry's names.
+pub(crate) use flashdiff_runtime::models::pipelines::registry::MODELS;
 
 pub(crate) fn is_pipeline(model: &str) -> bool {
     flashdiff_runtime::models::pipelines::PIPELINES.contains(&model)

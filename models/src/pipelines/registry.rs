@@ -4,7 +4,7 @@
 //! crate names a concrete model.
 //!
 //! ```
-//! use flashdiff_models::registry::ModelSpec;
+//! use flashdiff_models::pipelines::registry::ModelSpec;
 //! let spec = ModelSpec::builtin("tinydit").unwrap();
 //! let model = spec.load(&candle_core::Device::Cpu)?;
 //! assert_eq!(model.dims().grid.tokens(), 64);
@@ -31,6 +31,23 @@ pub const BUILTIN_MODELS: [&str; 5] = [
     TINYFLUX_FAMILY[0],
     TINYFLUX_FAMILY[1],
 ];
+
+/// Every model by name: the built-in models, then the pipelines read from a folder
+/// ([`crate::pipelines::PIPELINES`]).
+pub const MODELS: [&str; BUILTIN_MODELS.len() + pipeline::PIPELINES.len()] = {
+    let mut out = [""; BUILTIN_MODELS.len() + pipeline::PIPELINES.len()];
+    let mut i = 0;
+    while i < BUILTIN_MODELS.len() {
+        out[i] = BUILTIN_MODELS[i];
+        i += 1;
+    }
+    let mut j = 0;
+    while j < pipeline::PIPELINES.len() {
+        out[i + j] = pipeline::PIPELINES[j];
+        j += 1;
+    }
+    out
+};
 
 /// The TinyFLUX family, smallest first: 32x32 pixels (64 image tokens), 64x64 (256).
 pub const TINYFLUX_FAMILY: [&str; 2] = [crate::pipelines::tinyflux::NAME, "tinyflux-l"];
