@@ -9,7 +9,8 @@ use std::path::Path;
 use serde_json::{json, Value};
 
 use crate::{methods, ms, prepare, verdict, work, write_outputs, BenchConfig};
-use flashdiff_models::{families::tinydit::clips, families::tinydit::sounds, Kind, Sample};
+use flashdiff_models::families::tinydit::{clips, sounds};
+use flashdiff_models::{Kind, Sample};
 use flashdiff_runtime::engine::{Engine, EngineError, Mode, Output, RequestConfig};
 
 /// The baselines of the video and sound tables (besides fewer steps).

@@ -14,7 +14,8 @@ use serde_json::{json, Value};
 
 use crate::protocol::{self, PerPrompt, Split, IMAGE_TARGETS, MEDIA_TARGETS};
 use crate::{ms, work, BenchConfig};
-use flashdiff_models::{families::tinydit::scene, Kind, Sample};
+use flashdiff_models::families::tinydit::scene;
+use flashdiff_models::{Kind, Sample};
 use flashdiff_runtime::engine::{Engine, EngineError, Mode, RequestConfig, FINAL_FULL_STEPS};
 
 /// One candidate setting of one method.

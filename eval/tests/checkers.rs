@@ -6,10 +6,8 @@ use std::collections::HashMap;
 use std::path::PathBuf;
 
 use flashdiff_eval::{image, sound, video};
-use flashdiff_models::{
-    families::tinydit::clips, families::tinydit::scene, families::tinydit::sounds,
-    io::weights::Weights,
-};
+use flashdiff_models::families::tinydit::{clips, scene, sounds};
+use flashdiff_models::io::weights::Weights;
 
 fn golden() -> Weights {
     golden_file("golden.safetensors")

@@ -7,9 +7,8 @@ use std::path::PathBuf;
 
 use criterion::{black_box, criterion_group, criterion_main, BenchmarkId, Criterion};
 use flashdiff_kernels::ops::{attention, AttnWants};
-use flashdiff_models::{
-    families::tinydit::TinyDit, Denoiser, Device, KvCache, Patches, StepInput, Tensor,
-};
+use flashdiff_models::families::tinydit::TinyDit;
+use flashdiff_models::{Denoiser, Device, KvCache, Patches, StepInput, Tensor};
 
 fn model_step(c: &mut Criterion) {
     flashdiff_kernels::flush_denormals_to_zero();

@@ -8,7 +8,8 @@
 //! from a cache. That is what lets FlashDiff skip patches.
 //!
 //! ```
-//! use flashdiff_models::{Denoiser, TinyDit};
+//! use flashdiff_models::families::tinydit::TinyDit;
+//! use flashdiff_models::Denoiser;
 //! let path = concat!(env!("CARGO_MANIFEST_DIR"), "/tinydit/tinydit.safetensors");
 //! let model = TinyDit::load(std::path::Path::new(path), &candle_core::Device::Cpu)?;
 //! let c = model.condition("a red circle left on a white background")?;

@@ -4,9 +4,8 @@
 
 use std::path::PathBuf;
 
-use flashdiff_models::{
-    device, families::tinydit::TinyDit, Denoiser, Device, KvCache, Patches, StepInput, Tensor,
-};
+use flashdiff_models::families::tinydit::TinyDit;
+use flashdiff_models::{device, Denoiser, Device, KvCache, Patches, StepInput, Tensor};
 
 /// This crate's folder: cargo sets `CARGO_MANIFEST_DIR` when it runs a test, and so does
 /// `scripts/gpu-run.sh` for this test's binary staged on another machine.

@@ -6,7 +6,8 @@ use std::path::Path;
 
 use candle_core::{Device, Tensor};
 use flashdiff_models::families::mmdit::{Mmdit, MmditConfig, Rows};
-use flashdiff_models::{io::weights::Weights, ModelError};
+use flashdiff_models::io::weights::Weights;
+use flashdiff_models::ModelError;
 
 mod common;
 use common::{max_abs, max_diff, t};

@@ -4,10 +4,9 @@
 
 use std::path::PathBuf;
 
-use flashdiff_models::{
-    families::tinydit::TinyDit, io::weights::Weights, Denoiser, Device, KvCache, Patches,
-    StepInput, Tensor,
-};
+use flashdiff_models::families::tinydit::TinyDit;
+use flashdiff_models::io::weights::Weights;
+use flashdiff_models::{Denoiser, Device, KvCache, Patches, StepInput, Tensor};
 
 fn root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..")

@@ -4,7 +4,8 @@ use std::io::{BufRead, Write};
 
 use flashdiff_runtime::engine::{Output, RequestConfig};
 use flashdiff_runtime::media;
-use flashdiff_runtime::models::{families::tinydit::scene, Kind};
+use flashdiff_runtime::models::families::tinydit::scene;
+use flashdiff_runtime::models::Kind;
 use flashdiff_runtime::schema::{Front, RequestFields};
 use flashdiff_runtime::service::{Reply, Service};
 

@@ -6,8 +6,9 @@
 
 use flashdiff_eval::metrics::psnr;
 use flashdiff_runtime::engine::{noise, Engine, Mode, RequestConfig};
+use flashdiff_runtime::models::io::weights::Weights;
 use flashdiff_runtime::models::pipelines::registry::{ModelSpec, TINYFLUX_FAMILY};
-use flashdiff_runtime::models::{io::weights::Weights, Device};
+use flashdiff_runtime::models::Device;
 
 fn golden(model: &str) -> Weights {
     let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))

@@ -4,7 +4,8 @@ use std::fmt;
 
 use flashdiff_gate::GateError;
 use flashdiff_models::families::tinydit::scene::PromptError;
-use flashdiff_models::{io::weights::WeightsError, ModelError};
+use flashdiff_models::io::weights::WeightsError;
+use flashdiff_models::ModelError;
 use flashdiff_partitioner::PartitionError;
 use flashdiff_scheduler::SchedError;
 
