@@ -1,6 +1,6 @@
 //! Checkpoints of models we did not train: one safetensors file or a folder of shards, in
 //! f32, f16 or bf16, whose tensors a model reads under its own names through a mapping
-//! ([`Source`]): one tensor, several concatenated, a third of one (a fused QKV split), or
+//! (`Source`): one tensor, several concatenated, a third of one (a fused QKV split), or
 //! one with its halves swapped ((scale, shift) stored as (shift, scale)).
 
 use std::path::{Path, PathBuf};

@@ -94,14 +94,14 @@ pub trait JointModel: Send + Sync + fmt::Debug {
     /// a token's values.
     fn packing(&self) -> (usize, PixelIndex);
     /// Rows each forward computes besides the latent rows, given `text_tokens` text tokens
-    /// (see [`Denoiser::fixed_rows`]). The default is a joint stream: every text token is a
+    /// (see [`crate::Denoiser::fixed_rows`]). The default is a joint stream: every text token is a
     /// row through every block, at a latent row's cost.
     fn fixed_rows(&self, text_tokens: usize) -> usize {
         text_tokens
     }
 }
 
-/// How a model spaces its steps' times ([`Denoiser::time`]), as its released scheduler
+/// How a model spaces its steps' times ([`crate::Denoiser::time`]), as its released scheduler
 /// does (diffusers' `FlowMatchEulerDiscreteScheduler`).
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub enum Schedule {
