@@ -704,7 +704,8 @@ struct fd_request_config fd_request_config_default(void);
 fd_status fd_engine_new(const struct fd_engine_config *cfg, struct fd_engine **out);
 
 /**
- * Frees an engine (stopping its worker processes) and NULLs `*e`; NULL is a no-op.
+ * Frees an engine (cancelling its pending requests, stopping its worker processes) and
+ * NULLs `*e`; NULL is a no-op.
  *
  * # Safety
  * `e` NULL, or points to NULL or to an engine from this library not freed since.

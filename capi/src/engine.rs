@@ -285,7 +285,8 @@ pub unsafe extern "C" fn fd_engine_new(
     })
 }
 
-/// Frees an engine (stopping its worker processes) and NULLs `*e`; NULL is a no-op.
+/// Frees an engine (cancelling its pending requests, stopping its worker processes) and
+/// NULLs `*e`; NULL is a no-op.
 ///
 /// # Safety
 /// `e` NULL, or points to NULL or to an engine from this library not freed since.

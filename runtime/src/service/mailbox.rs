@@ -210,3 +210,18 @@ impl Mailbox {
         }
     }
 }
+
+impl Drop for Mailbox {
+    /// Cancels what is still pending, so that dropping the mailbox (`fd_engine_free`, a
+    /// Python engine collected) returns after the current round instead of after every
+    /// pending request has run to its end.
+    fn drop(&mut self) {
+        let pending: Vec<u64> = self.book().pending.iter().copied().collect();
+        for id in pending {
+            let _ = self
+                .service
+                .sender()
+                .send(super::Command::Cancel { id, done: None });
+        }
+    }
+}

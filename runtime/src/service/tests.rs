@@ -120,9 +120,20 @@ fn a_mailbox_keeps_results_by_id() {
     assert!(why.contains("cancelled"), "{why}");
 }
 
-/// The built-in model, except that decoding a latent panics: a bug in the engine's path.
+/// The built-in model, counting its forwards, and with `panics` its decoder panics: a bug
+/// in the engine's path.
 #[derive(Debug)]
-struct Panics(std::sync::Arc<dyn flashdiff_models::Denoiser>);
+struct Panics(
+    std::sync::Arc<dyn flashdiff_models::Denoiser>,
+    bool,
+    std::sync::Arc<std::sync::atomic::AtomicUsize>,
+);
+
+impl Panics {
+    fn counted(&self) {
+        self.2.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    }
+}
 
 impl flashdiff_models::Denoiser for Panics {
     fn name(&self) -> &str {
@@ -153,6 +164,7 @@ impl flashdiff_models::Denoiser for Panics {
         step: flashdiff_models::StepInput<'_>,
         saliency: bool,
     ) -> Result<flashdiff_models::FullOutput, flashdiff_models::ModelError> {
+        self.counted();
         self.0.full_forward(x, step, saliency)
     }
     fn subset_forward(
@@ -163,6 +175,7 @@ impl flashdiff_models::Denoiser for Panics {
         cache: Option<flashdiff_models::KvCache<'_>>,
         patches: flashdiff_models::Patches<'_>,
     ) -> Result<flashdiff_models::SubsetOutput, flashdiff_models::ModelError> {
+        self.counted();
         self.0
             .subset_forward(x_active, active, step, cache, patches)
     }
@@ -173,14 +186,20 @@ impl flashdiff_models::Denoiser for Panics {
     ) -> Result<flashdiff_models::Tensor, flashdiff_models::ModelError> {
         self.0.first_block_input(x, step)
     }
-    fn decode(&self, _: &[f32]) -> Result<flashdiff_models::Sample, flashdiff_models::ModelError> {
-        panic!("decoding went wrong")
+    fn decode(
+        &self,
+        latent: &[f32],
+    ) -> Result<flashdiff_models::Sample, flashdiff_models::ModelError> {
+        if self.1 {
+            panic!("decoding went wrong")
+        }
+        self.0.decode(latent)
     }
 }
 
 #[test]
 fn a_panicking_engine_answers_every_request_and_stops() {
-    let model = Panics(engine().shared_model());
+    let model = Panics(engine().shared_model(), true, Default::default());
     let e = Engine::with_model(std::sync::Arc::new(model), 1, None).unwrap();
     let m = Mailbox::start(e).unwrap();
     m.submit(1, "a red circle", cfg(1)).unwrap();
@@ -193,4 +212,22 @@ fn a_panicking_engine_answers_every_request_and_stops() {
     }
     let e = m.submit(3, "a red circle", cfg(3)).unwrap_err();
     assert!(e.to_string().contains("stopped"), "{e}");
+}
+
+#[test]
+fn dropping_a_mailbox_cancels_what_is_pending() {
+    let forwards = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let model = Panics(engine().shared_model(), false, forwards.clone());
+    let e = Engine::with_model(std::sync::Arc::new(model), 1, None).unwrap();
+    let m = Mailbox::start(e).unwrap();
+    let long = RequestConfig {
+        steps: 1000,
+        mode: crate::engine::Mode::Full,
+        ..cfg(1)
+    };
+    m.submit(1, "a red circle", long).unwrap();
+    drop(m);
+    // Run to its end, the request would have made a forward for every one of its steps.
+    let n = forwards.load(std::sync::atomic::Ordering::Relaxed);
+    assert!(n < 100, "{n} forwards ran after the mailbox was dropped");
 }
