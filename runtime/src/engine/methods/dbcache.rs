@@ -48,10 +48,6 @@ impl Memory for Remembered {
             out.push(counts("dbcache.rest.steps", &[s.gap, s.last]));
         }
     }
-
-    fn as_any_mut(&mut self) -> &mut dyn std::any::Any {
-        self
-    }
 }
 
 impl Method for DbCache {

@@ -70,10 +70,6 @@ impl Memory for Remembered {
             out.push(counts("budget.skipped_run", &st.skipped_run));
         }
     }
-
-    fn as_any_mut(&mut self) -> &mut dyn std::any::Any {
-        self
-    }
 }
 
 impl FlashDiff {

@@ -32,8 +32,6 @@ use crate::state::Region;
 pub(super) trait Memory: Any + Send {
     /// Its checkpoint record.
     fn save(&self, out: &mut Vec<MemoryRecord>);
-    /// As `Any`, for [`memory_of`].
-    fn as_any_mut(&mut self) -> &mut dyn Any;
 }
 
 /// The memory of a method that remembers nothing.
@@ -41,14 +39,12 @@ pub(super) struct Nothing;
 
 impl Memory for Nothing {
     fn save(&self, _: &mut Vec<MemoryRecord>) {}
-    fn as_any_mut(&mut self) -> &mut dyn Any {
-        self
-    }
 }
 
 /// A request's memory as its method's own type `T`.
 pub(super) fn memory_of<T: Memory>(m: &mut Box<dyn Memory>) -> Result<&mut T, EngineError> {
-    m.as_any_mut().downcast_mut::<T>().ok_or_else(|| {
+    let any: &mut dyn Any = m.as_mut();
+    any.downcast_mut::<T>().ok_or_else(|| {
         EngineError::Internal("a request's memory is not of its method's type".into())
     })
 }

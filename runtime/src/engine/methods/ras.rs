@@ -36,10 +36,6 @@ impl Memory for Remembered {
             out.push(floats("ras.dropped", d));
         }
     }
-
-    fn as_any_mut(&mut self) -> &mut dyn std::any::Any {
-        self
-    }
 }
 
 impl Method for Ras {

@@ -36,10 +36,6 @@ impl Memory for Remembered {
             out.push(floats("caching.accumulated", &[*acc]));
         }
     }
-
-    fn as_any_mut(&mut self) -> &mut dyn std::any::Any {
-        self
-    }
 }
 
 impl Method for WholeStep {
