@@ -29,9 +29,12 @@ source = {64: "tinyflux (32x32 pixels, 64 image tokens)", 128: "tinyflux-l (64x6
 met = lambda ok: "met" if ok else "**not met**"  # noqa: E731
 curve = [(int(ln[1]), float(ln[3])) for ln in log]
 hours = sum(float(ln[5]) * 50 for ln in log) / 3600
-marks = [s for s in (100, 500, 1000, 2000, 4000, 6000, 8000) if any(c[0] >= s for c in curve)]
+marks = [s for s in (100, 500, 1000, 2000, 4000, 6000, 8000, 10000) if any(c[0] >= s for c in curve)]
 marks = [s for s in marks if s < curve[-1][0]] + [curve[-1][0]]
 loss_rows = "\n".join(f"| {s} | {min(curve, key=lambda c: abs(c[0] - s))[1]:.4f} |" for s in marks)
+cycles = "".join(f"; then one more cycle from step {int(c[0])}: a climb to {c[2]} over the warm-up's "
+                 f"length and a cosine decay back to {t['lr_min']} at step {int(c[1])}"
+                 for c in t.get("cycle") or [])
 stopped = (f" (the schedule runs to step {t['max_steps']}; these are the weights the study and "
            f"the tests use)" if step < t["max_steps"] else "")
 card = f"""# {name}: TinyFLUX at {side}x{side} pixels ({tokens} image tokens)
@@ -66,7 +69,7 @@ python3 models/tinyflux/family_card.py {folder}
 ```
 
 Batch {t['batch']}, AdamW lr {t['lr']} (warm-up {t['warmup']} steps, constant until step
-{t['anneal_from']}, then a cosine decay to {t['lr_min']} at step {t['anneal_to']}), EMA
+{t['anneal_from']}, then a cosine decay to {t['lr_min']} at step {t['anneal_to']}{cycles}), EMA
 {t['ema']}, {t['threads']} CPU threads, exported every {t['hours']} h of training into this
 folder. A run whose optimiser state was lost continues from the folder's EMA weights at their
 step. Shipped weights: EMA at step **{step}**{stopped}; {hours:.1f} h of logged CPU training time (the

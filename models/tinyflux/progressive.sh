@@ -17,7 +17,8 @@ THREADS=${THREADS:-2}
 CHUNK=${CHUNK:-0.25}
 case "${1:-}" in
   l)  image=64;  from=models/tinyflux;   dir=models/tinyflux-l
-      args=(--batch 32 --max-steps 8000 --warmup 300 --anneal-from 4000 --anneal-to 8000) ;;
+      args=(--batch 32 --max-steps 12000 --warmup 300 --anneal-from 4000 --anneal-to 8000
+            --cycle 8000 12000 2e-4) ;;
   xl) image=128; from=models/tinyflux-l; dir=models/tinyflux-xl
       args=(--batch 8 --max-steps 8000 --warmup 300 --anneal-from 4000 --anneal-to 8000) ;;
   *)  echo "usage: progressive.sh l|xl" >&2; exit 2 ;;
