@@ -1,37 +1,34 @@
-"""The adapter common to every family: per-call and per-sample state, the change budget and
-the gate, forecasts, the shared attention processor, and ``enable`` / ``disable`` / ``report``."""
+"""The adapter common to every family: calls, rows and the groups that decide together, the
+change budget and the gate, forecasts, the shared attention processor, FLOPs and memory
+accounting, and ``enable`` / ``disable`` / ``report`` / ``summary``."""
 
 from __future__ import annotations
 
-
+import functools
+import logging
+import re
+import time
 import types
-
-
 import warnings
-
-
-from typing import Any, Dict, List, Optional
-
+from typing import Any, Callable, Dict, List, Optional
 
 import numpy as np
-
 
 from .. import Budget, Error, Gate, partition_saliency, salient_mask
 from .._native import DEFAULTS
 
-
 _ATTR = "_flashdiff_adapter"
-
+_log = logging.getLogger("flashdiff.diffusers")
 
 # The transformers FlashDiff runs inside, by class name.
 _KINDS = {"FluxTransformer2DModel": "flux", "SD3Transformer2DModel": "sd3", "WanTransformer3DModel": "wan"}
+
 
 def _families() -> Dict[str, Any]:
     """Each family's module, by kind: it installs its processors and ``forward``."""
     from . import flux, sd3, wan
 
     return {"flux": flux, "sd3": sd3, "wan": wan}
-
 
 
 def _torch():
@@ -42,60 +39,173 @@ def _torch():
     return torch
 
 
-class _Row:
-    """One sample of one call: its layout, gate and caches."""
+def _nbytes(x: Any) -> int:
+    """Bytes of the tensors in `x` (a tensor, or lists and dicts of them)."""
+    if x is None:
+        return 0
+    if isinstance(x, (list, tuple)):
+        return sum(_nbytes(y) for y in x)
+    if isinstance(x, dict):
+        return sum(_nbytes(y) for y in x.values())
+    return int(x.numel() * x.element_size()) if hasattr(x, "element_size") else 0
+
+
+class _Group:
+    """The rows that decide together: one sample's guidance rows (SD3's negative and positive
+    rows of one image in one forward; FLUX's true CFG and Wan, which call the transformer
+    once with the prompt and once with the negative prompt, follow the first call's decision
+    in the second). Its layout, budget or gate, signal and decisions."""
 
     def __init__(self) -> None:
         self.layout = None
-        self.gate: Optional[Gate] = None
-        self.budget: Optional[Budget] = None
-        self.signal: Optional[Any] = None  # first block's modulated input, last step (device)
         self.tokens: List[Any] = []  # image-token indices of each patch, on the device
-        self.sizes: Optional[np.ndarray] = None
-        self.kv: Dict[str, List[Any]] = {}  # block -> [k, v, k_slope, v_slope, last_step]
-        self.vel: Optional[List[Any]] = None  # [v, slope, last_step]
-        self.saliency: Optional[Any] = None  # summed image-to-text attention, (N, T)
+        self.patch_of_t: Any = None
+        self.sizes_t: Any = None
+        self.budget: Optional[Budget] = None
+        self.gate: Optional[Gate] = None
+        self.signal: Optional[Any] = None  # the group's rows' first-block modulated input (rows, N, W)
+        self.saliency: Optional[Any] = None  # the prompt row's image-to-salient-words attention (N,)
+        self.decided: Dict[int, np.ndarray] = {}  # step -> active patches
+
+    def nbytes(self) -> Dict[str, int]:
+        layout = _nbytes(self.tokens) + _nbytes(self.patch_of_t) + _nbytes(self.sizes_t)
+        return {"signal": _nbytes(self.signal), "layout": layout + _nbytes(self.saliency)}
+
+
+class _Row:
+    """One row of the transformer's batch in one branch (a branch is one of a step's calls):
+    its velocity history and, under the regional rule, its per-block K/V caches."""
+
+    def __init__(self, group: _Group) -> None:
+        self.group = group
+        self.vel: Optional[List[Any]] = None  # [v, slope, last_step(, curve, gap)] in token rows
+        self.kv: Dict[str, List[Any]] = {}  # block -> [[k, k_slope, last], [v, v_slope, last]]
         self.computed: List[int] = []  # image tokens computed per step after the warm-up
+
+    def nbytes(self) -> Dict[str, int]:
+        return {"velocity": _nbytes(self.vel), "kv": _nbytes(self.kv)}
 
 
 class _Call:
-    """One pipeline call."""
+    """One pipeline call: from the scheduler's ``set_timesteps`` to the last step."""
 
-    def __init__(self, timesteps: Any, steps: int, plain: bool) -> None:
+    def __init__(self, timesteps: Any, steps: int, plain: bool, prompts: Optional[List[str]]) -> None:
         self.timesteps = timesteps
         self.steps = steps
         self.plain = plain
+        self.prompts = prompts
         self.rows: Dict[Any, _Row] = {}
+        self.groups: Dict[int, _Group] = {}
         self.step = -1
         self.branch = 0
+        self.branches = 1
+        self.forwards = 0  # transformer forwards run
+        self.calls = 0  # forwards the pipeline asked for
+        self.flops_run = 0.0
+        self.flops_full = 0.0
+        self.t0: Optional[float] = None
+        self.t1: Optional[float] = None
+        self.logged = False
+
+    def row(self, branch: int, b: int, g: int) -> _Row:
+        group = self.groups.setdefault(g, _Group())
+        return self.rows.setdefault((branch, b), _Row(group))
 
 
 class _Ctx:
-    """What the attention processors need during one forward of one row."""
+    """What the attention processors need during one forward: its rows, in batch order."""
 
-    def __init__(self, row: _Row, mode: str, step: int, text: int) -> None:
-        self.row = row
-        self.mode = mode  # "record" (all tokens, natural order) or "partial"
+    def __init__(self, rows: List[_Row], mode: str, step: int, text: int) -> None:
+        self.rows = rows
+        self.mode = mode  # "saliency" (last warm-up step), "record" (all tokens) or "partial"
         self.step = step
         self.text = text
         self.active_tokens = None  # partial: image-token indices, gathered order
-        self.want_saliency = False
-        self.salient = None  # bool (T,) tensor
-        self.importance = None  # partial: (patches,) tensor
+        self.n_tokens = 0  # partial: the image tokens of a whole step
+        self.salient: List[Any] = [None] * len(rows)  # saliency: per row, bool (T,) or None
+        self.importance: List[Any] = [None] * len(rows)  # partial: per row, (patches,)
+
+
+class _Cost:
+    """Model FLOPs of one row's forward from the transformer's own layers: 2 x in x out per
+    input row of every linear layer (and per output position of the patch-embedding
+    convolution), by the stream of tokens it runs on (image, text, both, or once per
+    sample), plus 4 x width x queries x keys per attention. The rules are those of
+    FlopCounterMode for matrix products and attention, which a test holds it to."""
+
+    def __init__(self, transformer: Any, stream: Callable[[str], str], attention: Callable[[str], Optional[str]],
+                 signal: Callable[[str], bool]) -> None:
+        torch = _torch()
+        self.per = {"image": 0, "text": 0, "joint": 0, "sample": 0}
+        self.sig = {"image": 0, "text": 0, "joint": 0, "sample": 0}
+        self.attn: List[Any] = []
+        for name, m in transformer.named_modules():
+            kind = attention(name)
+            if kind is not None and hasattr(m, "heads"):
+                self.attn.append((name, kind, getattr(m, "inner_dim", None) or m.to_q.out_features))
+                continue
+            if isinstance(m, torch.nn.Linear):
+                f = 2 * m.in_features * m.out_features
+            elif isinstance(m, (torch.nn.Conv2d, torch.nn.Conv3d)):
+                f = 2 * m.weight.numel()  # per output position: in x kernel x out
+            else:
+                continue
+            s = stream(name)
+            self.per[s] += f
+            if signal(name):
+                self.sig[s] += f
+
+    def forward(self, n: int, big_n: int, t: int) -> float:
+        """One row's forward computing `n` of `big_n` image tokens beside `t` text tokens."""
+        p = self.per
+        f = p["image"] * n + p["text"] * t + p["joint"] * (n + t) + p["sample"]
+        for _, kind, inner in self.attn:
+            q, k = {"joint": (n + t, big_n + t), "self": (n, big_n), "cross": (n, t)}[kind]
+            f += 4 * inner * q * k
+        return float(f)
+
+    def signal(self, big_n: int, t: int) -> float:
+        s = self.sig
+        return float(s["image"] * big_n + s["text"] * t + s["joint"] * (big_n + t) + s["sample"])
+
+
+_SAMPLE = re.compile(r"(^|\.)(time_text_embed|time_embed|condition_embedder\.time\w*)(\.|$)|norm\w*\.linear$")
+
+
+def _stream(name: str) -> str:
+    """Which tokens a linear layer of FLUX, SD3 or Wan runs on, by its diffusers name."""
+    if _SAMPLE.search(name):
+        return "sample"
+    if name.startswith("single_transformer_blocks."):
+        return "joint"
+    if ("context" in name or "add_" in name or "text_embedder" in name or "image_embedder" in name
+            or re.search(r"^blocks\.\d+\.attn2\.to_[kv]$", name)):
+        return "text"
+    return "image"
 
 
 class _Adapter:
-    def __init__(self, transformer: Any, scheduler: Any, pipe: Any, settings: Dict[str, Any]):
+    def __init__(self, outer: Any, transformer: Any, scheduler: Any, pipe: Any, settings: Dict[str, Any]):
+        self.outer = outer  # what the pipeline calls: the transformer, or torch.compile's wrapper of it
         self.transformer = transformer
         self.scheduler = scheduler
         self.pipe = pipe
         self.s = settings
+        self.regional = settings["rule"] == "gate"
         self.call: Optional[_Call] = None
         self.ctx: Optional[_Ctx] = None
-        self.prompts: Optional[List[str]] = None
+        self.fresh = False  # set_timesteps ran: the next forward starts a call
+        self.pending: List[List[str]] = []  # prompts the pipeline encoded since the last call
+        self.prompts: Optional[List[str]] = None  # the positive prompts of the call being set up
         self.salient: Any = None  # set_salient: bool (batch, text) for a bare transformer
         self.saved_processors = dict(transformer.attn_processors)
-        self.orig_forward = transformer.forward
+        self.saved_forward = outer.__dict__.get("forward")
+        self.orig_forward = outer.forward
+        # The saliency step (once per call) runs outside torch.compile's graph: its probes
+        # read values back to the host and would only add graphs.
+        self.eager_forward = transformer.forward if outer is not transformer else outer.forward
+        self.forward_fn = self.orig_forward
+        self.removed = False
         names = list(self.saved_processors)
         self.kind = _KINDS[type(transformer).__name__]
         self.sd3 = self.kind == "sd3"
@@ -103,67 +213,134 @@ class _Adapter:
         self.dual: List[str] = []
         family = _families()[self.kind]
         procs, forward = family.install(self, transformer, names)
+        self.cost = _Cost(transformer, _stream, family.attention_kind, family.signal_module)
+        width = {name + ".processor": (kind, inner) for name, kind, inner in self.cost.attn}
+        # The saliency pass (once per call) and the gate's importance (each regional step)
+        # read attention probabilities in these blocks: their FLOPs are counted too.
+        self.saliency_blocks = [width[n] for n in getattr(self, "saliency_names", self.dual) if n in width]
+        self.importance = width.get(self.importance_block, ("self", 0)) if self.regional else ("self", 0)
         transformer.set_attn_processor(procs)
-        transformer.forward = types.MethodType(forward, transformer)
+        adapter = self
+
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            if adapter.removed:  # disabled while something else wrapped this forward
+                return adapter.orig_forward(*args, **kwargs)
+            return forward(transformer, *args, **kwargs)
+
+        outer.forward = wrapper
+        self._wrap_scheduler(scheduler)
         if pipe is not None and hasattr(pipe, "encode_prompt"):
             self.orig_encode = pipe.encode_prompt
-            adapter = self
 
             def encode_prompt(self_pipe: Any, prompt: Any = None, *a: Any, **k: Any) -> Any:
-                adapter.prompts = [prompt] if isinstance(prompt, str) else list(prompt or [])
+                adapter.pending.append([prompt] if isinstance(prompt, str) else list(prompt or []))
                 return adapter.orig_encode(prompt, *a, **k)
 
             pipe.encode_prompt = types.MethodType(encode_prompt, pipe)
+
+    def _wrap_scheduler(self, scheduler: Any) -> None:
+        """Every ``set_timesteps`` starts a new call, whatever tensor the scheduler keeps."""
+        self.sched_saved = scheduler.__dict__.get("set_timesteps")
+        orig = scheduler.set_timesteps
+        adapter = self
+
+        @functools.wraps(orig)  # pipelines read its signature (sigmas, timesteps)
+        def set_timesteps(*a: Any, **k: Any) -> Any:
+            adapter.fresh = True
+            adapter.prompts = adapter.pending[0] if adapter.pending else None
+            adapter.pending = []
+            return orig(*a, **k)
+
+        scheduler.set_timesteps = set_timesteps
+        self.wrapped_sched = scheduler
+
+    def _unwrap_scheduler(self) -> None:
+        s = self.wrapped_sched
+        if self.sched_saved is not None:
+            s.set_timesteps = self.sched_saved
+        elif "set_timesteps" in s.__dict__:
+            del s.set_timesteps
 
     def remove(self) -> None:
         for h in self.hooks:
             h.remove()
         self.transformer.set_attn_processor(self.saved_processors)
-        del self.transformer.forward
+        current = self.outer.__dict__.get("forward")
+        if current is not None and getattr(current, "__name__", "") == "wrapper":
+            if self.saved_forward is not None:
+                self.outer.forward = self.saved_forward
+            else:
+                del self.outer.forward
+        else:  # something wrapped FlashDiff's forward after enable(): pass through from now on
+            self.removed = True
+        self._unwrap_scheduler()
         if self.pipe is not None and hasattr(self, "orig_encode"):
             del self.pipe.encode_prompt
 
     def begin(self) -> _Call:
-        """The call this forward belongs to: a new one when the scheduler's timesteps are new."""
-        ts = self.scheduler.timesteps
-        if self.call is None or self.call.timesteps is not ts:
+        """The call this forward belongs to: a new one after ``set_timesteps``, on new
+        ``timesteps``, or when the step index goes back."""
+        sched = self.pipe.scheduler if self.pipe is not None and hasattr(self.pipe, "scheduler") else self.scheduler
+        if sched is not self.wrapped_sched:  # the pipeline's scheduler was replaced
+            self._unwrap_scheduler()
+            self._wrap_scheduler(sched)
+            self.scheduler = sched
+            self.fresh = True
+        ts = sched.timesteps
+        si = sched.step_index
+        n = 0 if si is None else int(si)
+        c = self.call
+        if self.fresh or c is None or c.timesteps is not ts or n < c.step:
+            self.fresh = False
             steps = len(ts)
             plain = steps <= 8 and not self.s["force"]
             if plain:
                 warnings.warn(
                     f"flashdiff: {steps} steps is a few-step schedule; running it unchanged "
                     "(pass force=True to enable() to skip anyway)",
-                    stacklevel=3,
+                    stacklevel=4,
                 )
             elif self.s["warmup"] >= steps:
                 raise Error(f"warmup {self.s['warmup']}: must be below the call's {steps} steps")
-            self.call = _Call(ts, steps, plain)
+            self.call = _Call(ts, steps, plain, self.prompts)
         c = self.call
-        si = self.scheduler.step_index
-        n = 0 if si is None else int(si)
         if n != c.step:
             c.step, c.branch = n, 0
         else:
             c.branch += 1
+            c.branches = max(c.branches, c.branch + 1)
+        if c.t0 is None:
+            c.t0 = time.perf_counter()
         return c
 
-    def salient_tokens(self, row_index: int, batch: int, text: int, device: Any) -> Any:
-        """Which text positions are the prompt's salient words (all, without a prompt)."""
+    def grouping(self, batch: int) -> Any:
+        """Each row's group, and whether the row carries the group's prompt (its attention
+        gives the group's saliency). Under SD3's classifier-free guidance the batch is
+        [negatives..., positives...]: row b and row b + batch / 2 are one sample."""
+        cfg = self.sd3 and batch % 2 == 0 and bool(getattr(self.pipe, "do_classifier_free_guidance", False))
+        half = batch // 2 if cfg else batch
+        return [b % half for b in range(batch)], [(b >= half) if cfg else True for b in range(batch)]
+
+    def salient_tokens(self, call: _Call, b: int, g: int, groups: int, text: int, device: Any) -> Any:
+        """Which text positions of row `b` (group `g` of `groups`) are its prompt's salient
+        words (all, without a prompt)."""
         torch = _torch()
         if self.salient is not None:
-            m = self.salient[min(row_index, self.salient.shape[0] - 1)]
+            m = self.salient[min(b, self.salient.shape[0] - 1)]
             if m.shape[0] != text or not bool(m.any()):
                 raise Error(f"set_salient: {m.shape[0]} positions with {int(m.sum())} salient; the text has {text}")
             return m.to(device)
         mask = torch.ones(text, dtype=torch.bool, device=device)
         # T5's pieces carry the words: FLUX's second tokenizer; SD3's third, whose rows follow
-        # CLIP's 77; Wan's only one (UMT5).
-        name, offset = {"sd3": ("tokenizer_3", 77), "flux": ("tokenizer_2", 0), "wan": ("tokenizer", 0)}[self.kind]
+        # CLIP's (77 in SD3's releases); Wan's only one (UMT5).
+        name = {"sd3": "tokenizer_3", "flux": "tokenizer_2", "wan": "tokenizer"}[self.kind]
+        offset = int(getattr(self.pipe, "tokenizer_max_length", 77)) if self.sd3 else 0
         tok = getattr(self.pipe, name, None) if self.pipe is not None else None
-        if not self.prompts or tok is None:
+        prompts = call.prompts
+        if not prompts or tok is None or groups % len(prompts):
             return mask
-        per = max(1, batch // max(1, len(self.prompts)))
-        prompt = self.prompts[min(row_index // per, len(self.prompts) - 1)]
+        # Rows are prompts x images per prompt, each prompt's images together.
+        prompt = prompts[g // (groups // len(prompts))]
         pieces = tok.tokenize(prompt)
         words: List[str] = []
         word_of: List[int] = []
@@ -178,7 +355,7 @@ class _Adapter:
         if not any(m):
             return mask
         mask[:] = False
-        mask[offset : offset + len(m)] = torch.tensor(m, device=device)
+        mask[offset: offset + len(m)] = torch.tensor(m, device=device)
         return mask
 
 
@@ -221,8 +398,21 @@ def _vel_forecast(a: "_Adapter", row: "_Row", n: int) -> Any:
     return _forecast(*row.vel[:3], n, a.s["reuse"] != "stale", *row.vel[3:])
 
 
+def _record_velocity(a: "_Adapter", row: _Row, v: Any, n: int) -> None:
+    torch = _torch()
+    v = v.detach()
+    if row.vel is None:
+        row.vel = [v.clone(), torch.zeros_like(v), torch.full((v.shape[0],), n, dtype=torch.long, device=v.device)]
+        if a.s["reuse"] == "extrapolate2":
+            row.vel += [torch.zeros_like(v), torch.zeros((v.shape[0],), dtype=torch.long, device=v.device)]
+    else:
+        _refresh(row.vel, torch.arange(v.shape[0], device=v.device), v, n)
+
+
 class _Processor:
-    """FLUX's attention with FlashDiff's K/V cache (sequence dim 1: (B, L, H, D))."""
+    """FLUX's attention with FlashDiff's saliency and K/V cache (sequence dim 1: (B, L, H, D)).
+    With no context (every forward of the whole-step rule but the saliency step) it is the
+    processor it replaced."""
 
     _attention_backend = None
     _parallel_config = None
@@ -239,7 +429,7 @@ class _Processor:
         attention_mask: Any = None,
         image_rotary_emb: Any = None,
     ) -> Any:
-        if self.a.ctx is None:  # a call FlashDiff leaves alone: the processor it replaced
+        if self.a.ctx is None:
             return self.a.saved_processors[self.name](attn, hidden_states, encoder_hidden_states,
                                                       attention_mask, image_rotary_emb)
         torch = _torch()
@@ -267,169 +457,321 @@ class _Processor:
         return out
 
     def keys_values(self, ctx: _Ctx, q: Any, k: Any, v: Any) -> Any:
+        """The K/V the attention reads: in the saliency and record modes the forward's own
+        (cached under the regional rule; the saliency step also adds up each prompt row's
+        attention to its salient words), in the partial mode every row's forecast with its
+        computed rows written in."""
         torch = _torch()
-        row, n, extrap = ctx.row, ctx.step, self.a.s["reuse"] != "stale"
-        k0, v0 = k[0].detach(), v[0].detach()
-        if ctx.mode == "record":
-            store = row.kv.get(self.name)
-            if store is None:
-                z = torch.zeros_like(k0)
-                steps = torch.zeros(k0.shape[0], dtype=torch.long, device=k0.device)
-                row.kv[self.name] = [[k0.clone(), z, steps.clone()], [v0.clone(), torch.zeros_like(v0), steps.clone()]]
-            else:
-                pos = torch.arange(k0.shape[0], device=k0.device)
-                _refresh(store[0], pos, k0, n)
-                _refresh(store[1], pos, v0, n)
-            if ctx.want_saliency and self.name in self.a.dual:
+        n, extrap = ctx.step, self.a.s["reuse"] != "stale"
+        if ctx.mode != "partial":
+            if self.a.regional:
+                for j, row in enumerate(ctx.rows):
+                    k0, v0 = k[j].detach(), v[j].detach()
+                    store = row.kv.get(self.name)
+                    if store is None:
+                        steps = torch.full((k0.shape[0],), n, dtype=torch.long, device=k0.device)
+                        row.kv[self.name] = [[k0.clone(), torch.zeros_like(k0), steps.clone()],
+                                             [v0.clone(), torch.zeros_like(v0), steps.clone()]]
+                    else:
+                        pos = torch.arange(k0.shape[0], device=k0.device)
+                        _refresh(store[0], pos, k0, n)
+                        _refresh(store[1], pos, v0, n)
+            if ctx.mode == "saliency" and self.name in self.a.dual:
                 t = ctx.text
-                probs = self.attention_probs(q[:, t:], k)  # (N, T + N)
-                m = probs[:, :t][:, ctx.salient].mean(dim=1) if bool(ctx.salient.any()) else probs[:, :t].mean(dim=1)
-                row.saliency = m if row.saliency is None else row.saliency + m
+                for j, row in enumerate(ctx.rows):
+                    sal = ctx.salient[j]
+                    if sal is None:
+                        continue
+                    probs = self.attention_probs(q[j:j + 1, t:], k[j:j + 1])  # (N, T + N)
+                    m = probs[:, :t][:, sal].mean(dim=1) if bool(sal.any()) else probs[:, :t].mean(dim=1)
+                    g = row.group
+                    g.saliency = m if g.saliency is None else g.saliency + m
             return k, v
-        ks, vs = row.kv[self.name]
-        kf = _forecast(ks[0], ks[1], ks[2], n, extrap)
-        vf = _forecast(vs[0], vs[1], vs[2], n, extrap)
-        t = k0.shape[0] - ctx.active_tokens.numel()  # this block's text rows (0: image only)
-        pos = torch.cat([torch.arange(t, device=k0.device), ctx.active_tokens + t])
-        kf[pos] = k0
-        vf[pos] = v0
-        _refresh(ks, pos, k0, n)
-        _refresh(vs, pos, v0, n)
-        kf, vf = kf.unsqueeze(0), vf.unsqueeze(0)
+        kfs, vfs = [], []
+        t = k.shape[1] - ctx.active_tokens.numel()  # this block's text rows (0: image only)
+        pos = torch.cat([torch.arange(t, device=k.device), ctx.active_tokens + t])
+        for j, row in enumerate(ctx.rows):
+            ks, vs = row.kv[self.name]
+            kf = _forecast(ks[0], ks[1], ks[2], n, extrap)
+            vf = _forecast(vs[0], vs[1], vs[2], n, extrap)
+            kf[pos] = k[j].detach()
+            vf[pos] = v[j].detach()
+            _refresh(ks, pos, k[j].detach(), n)
+            _refresh(vs, pos, v[j].detach(), n)
+            kfs.append(kf)
+            vfs.append(vf)
+        kf, vf = torch.stack(kfs), torch.stack(vfs)
         if self.name == self.a.importance_block:
-            probs = self.attention_probs(q[:, t:], kf)[:, t:]  # (n_active, N)
-            ctx.importance = self.patch_mass(ctx, probs)
+            for j, row in enumerate(ctx.rows):
+                probs = self.attention_probs(q[j:j + 1, t:], kf[j:j + 1])[:, t:]  # (n_active, N)
+                ctx.importance[j] = self.patch_mass(row.group, ctx.active_tokens, probs)
         return kf, vf
 
     @staticmethod
     def attention_probs(q: Any, k: Any) -> Any:
-        """Softmax attention of `q` rows over `k`, averaged over heads: (rows, keys)."""
+        """Softmax attention of `q`'s rows over `k`'s (one batch row), averaged over heads:
+        (rows, keys); heads in chunks so that no more than about 64 Mi scores are live."""
         torch = _torch()
         scale = q.shape[-1] ** -0.5
+        heads = q.shape[2]
+        chunk = max(1, (1 << 26) // max(1, q.shape[1] * k.shape[1]))
         acc = None
-        for h in range(q.shape[2]):
-            p = torch.softmax((q[0, :, h].float() @ k[0, :, h].float().T) * scale, dim=-1)
+        for h in range(0, heads, chunk):
+            qh = q[0, :, h:h + chunk].float().transpose(0, 1)  # (h, rows, d)
+            kh = k[0, :, h:h + chunk].float().transpose(0, 1)
+            p = torch.softmax((qh @ kh.transpose(1, 2)) * scale, dim=-1).sum(0)
             acc = p if acc is None else acc + p
-        return acc / q.shape[2]
+        return acc / heads
 
     @staticmethod
-    def patch_mass(ctx: _Ctx, probs: Any) -> Any:
+    def patch_mass(group: _Group, active_tokens: Any, probs: Any) -> Any:
         """R_i = (1/|A_i|^2) sum over active tokens u of patch i of their mass into patch i."""
         torch = _torch()
-        row = ctx.row
-        patch_of = row.patch_of_t
-        mine = patch_of[ctx.active_tokens]  # patch of each active query
-        into = torch.zeros(probs.shape[0], len(row.tokens), device=probs.device, dtype=probs.dtype)
+        patch_of = group.patch_of_t
+        mine = patch_of[active_tokens]  # patch of each active query
+        into = torch.zeros(probs.shape[0], len(group.tokens), device=probs.device, dtype=probs.dtype)
         into.index_add_(1, patch_of, probs)
         own = into.gather(1, mine.view(-1, 1)).squeeze(1)
-        r = torch.zeros(len(row.tokens), device=probs.device, dtype=probs.dtype)
+        r = torch.zeros(len(group.tokens), device=probs.device, dtype=probs.dtype)
         r.index_add_(0, mine, own)
-        return r / row.sizes_t.to(probs.dtype) ** 2
+        return r / group.sizes_t.to(probs.dtype) ** 2
 
 
-def _record_velocity(a: "_Adapter", row: _Row, v: Any, n: int) -> None:
+def _partition(a: _Adapter, group: _Group, grid: Any, dev: Any) -> None:
+    """The group's saliency map of the last warm-up step, cut into patches by the Rust
+    partitioner; `grid` is the latent's token grid, (height, width) or (frames, height, width)."""
     torch = _torch()
-    if row.vel is None:
-        row.vel = [v.clone(), torch.zeros_like(v), torch.full((v.shape[0],), n, dtype=torch.long, device=v.device)]
-        if a.s["reuse"] == "extrapolate2":
-            row.vel += [torch.zeros_like(v), torch.zeros((v.shape[0],), dtype=torch.long, device=v.device)]
-    else:
-        _refresh(row.vel, torch.arange(v.shape[0], device=v.device), v, n)
-
-
-def _partition(a: _Adapter, row: _Row, grid: Any, dev: Any) -> None:
-    """The saliency map of the last warm-up step, cut into patches by the Rust partitioner;
-    `grid` is the latent's token grid, (height, width) or (frames, height, width)."""
-    torch = _torch()
-    sal = row.saliency.float().cpu().numpy().astype(np.float32)
     tokens = int(np.prod(grid))
+    if group.saliency is None:  # no prompt row in this forward: every token equally salient
+        sal = np.ones(tokens, dtype=np.float32)
+    else:
+        sal = group.saliency.float().cpu().numpy().astype(np.float32)
     if sal.size != tokens:
         raise Error(f"latent of {sal.size} tokens is not the {'x'.join(map(str, grid))} grid its shape gives")
     patches = min(a.s["patches"], tokens)
-    row.layout = partition_saliency(sal.reshape(grid), patches)
-    row.tokens = [torch.from_numpy(row.layout.patch_tokens(p).astype(np.int64)).to(dev) for p in range(patches)]
-    row.patch_of_t = torch.from_numpy(row.layout.patch_of.astype(np.int64)).to(dev)
-    row.sizes_t = torch.from_numpy(row.layout.sizes().astype(np.int64)).to(dev)
+    group.layout = partition_saliency(sal.reshape(grid), patches)
+    group.tokens = [torch.from_numpy(group.layout.patch_tokens(p).astype(np.int64)).to(dev) for p in range(patches)]
+    group.patch_of_t = torch.from_numpy(group.layout.patch_of.astype(np.int64)).to(dev)
+    group.sizes_t = torch.from_numpy(group.layout.sizes().astype(np.int64)).to(dev)
     if a.s["rule"] == "budget":
-        row.budget = Budget(patches, epsilon=a.s["epsilon"], share=0.0, max_skip=a.s["max_skip"])
+        group.budget = Budget(patches, epsilon=a.s["epsilon"], share=0.0, max_skip=a.s["max_skip"])
     else:
-        row.gate = Gate(patches, epsilon=a.s["epsilon"], max_skip=a.s["max_skip"])
+        group.gate = Gate(patches, epsilon=a.s["epsilon"], max_skip=a.s["max_skip"])
 
 
-def _budget_observe(row: _Row, now: Any) -> None:
-    """Feeds the budget each patch's relative L1 change of the signal (tokens x width, on the
-    device) since the last step, and the patch's share of it, summed over its tokens on the
-    device: the step's one device-to-host read is the patches' changes and shares."""
+def _budget_observe(group: Any, now: Any) -> None:
+    """Feeds the budget each patch's relative L1 change of the signal ((rows,) tokens x width,
+    on the device) since the last step, summed over the patch's tokens and the group's rows
+    on the device, and the patch's share of it: the step's one device-to-host read."""
     torch = _torch()
-    patches = len(row.tokens)
+    if now.dim() == 2:
+        now = now.unsqueeze(0)
+    before = group.signal if group.signal.dim() == 3 else group.signal.unsqueeze(0)
+    patches = len(group.tokens)
     num = torch.zeros(patches, dtype=torch.float64, device=now.device)
     den = torch.zeros_like(num)
-    num.index_add_(0, row.patch_of_t, (now - row.signal).abs().sum(dim=1, dtype=torch.float64))
-    den.index_add_(0, row.patch_of_t, row.signal.abs().sum(dim=1, dtype=torch.float64))
+    num.index_add_(0, group.patch_of_t, (now - before).abs().sum(dim=(0, 2), dtype=torch.float64))
+    den.index_add_(0, group.patch_of_t, before.abs().sum(dim=(0, 2), dtype=torch.float64))
     both = torch.stack([num / den.clamp(min=1e-12), den]).cpu().numpy().astype(np.float32)
-    row.budget.observe(both[0], both[1])
-    row.signal = now
+    group.budget.observe(both[0], both[1])
+    group.signal = now
 
 
-def _choose(call: _Call, row: _Row) -> Any:
-    """The step's active patches (all at the last step), their image tokens, and whether it
-    is the last step."""
+def _choose(call: _Call, group: _Group) -> np.ndarray:
+    """The step's active patches of a group (all at the last step)."""
+    patches = len(group.tokens)
+    if call.step >= call.steps - 1:
+        return np.ones(patches, dtype=bool)
+    if group.budget is not None:
+        return group.budget.decide()
+    return group.gate.decide()[0]
+
+
+class _View:
+    """One forward of the pipeline as the shared step sees it; each family fills it in.
+
+    - ``run(sel, idx)``: the original forward on batch rows `sel` (a LongTensor, or None for
+      all) and image tokens `idx` (None for all), in the transformer's output layout;
+    - ``tokens(out, idx)``: that output as token rows (rows, tokens, channels), the computed
+      tokens only;
+    - ``untokens(v)``: token rows (batch, N, channels) in the transformer's output layout;
+    - ``signal(sel)``: the first block's modulated input of every image token of rows `sel`,
+      (rows, N, width).
+    """
+
+    def __init__(self, batch: int, text: int, grid: Any, device: Any, run: Any, tokens: Any, untokens: Any,
+                 signal: Any) -> None:
+        self.batch, self.text, self.grid, self.device = batch, text, grid, device
+        self.run, self.tokens, self.untokens, self.signal = run, tokens, untokens, signal
+        self.n = int(np.prod(grid))
+
+
+def _run(a: _Adapter, call: _Call, v: _View, rows: List[_Row], sel: Any, idx: Any, ctx: Optional[_Ctx]) -> Any:
+    """One transformer forward, counted."""
+    a.ctx = ctx
+    a.forward_fn = a.eager_forward if ctx is not None and ctx.mode == "saliency" else a.orig_forward
+    try:
+        out = v.run(sel, idx)
+    finally:
+        a.ctx = None
+        a.forward_fn = a.orig_forward
+    call.forwards += 1
+    r = v.batch if sel is None else int(sel.numel())
+    call.flops_run += r * a.cost.forward(v.n if idx is None else int(idx.numel()), v.n, v.text)
+    if ctx is not None and ctx.mode == "partial":
+        # the gate's importance: one block's attention scores of the computed rows (Q K^T)
+        kind, inner = a.importance
+        call.flops_run += r * 2 * inner * int(idx.numel()) * (v.n + (v.text if kind == "joint" else 0))
+    return out
+
+
+def _step(a: _Adapter, call: _Call, v: _View) -> Any:
+    """One forward the pipeline asked for: the warm-up runs every row; later, each group
+    decides once per step (the step's first call), and the rows whose group runs go through
+    one forward per distinct token set (one for the whole-step rule); the other rows advance
+    on their forecast velocities."""
     torch = _torch()
-    patches = len(row.tokens)
-    last = call.step >= call.steps - 1
-    if last:
-        active = np.ones(patches, dtype=bool)
-    elif row.budget is not None:
-        active = row.budget.decide()
-    else:
-        active, _ = row.gate.decide()
-    if not active.any():
-        return active, None, last
-    idx = torch.cat([row.tokens[p] for p in range(patches) if active[p]])
-    return active, idx, last
+    n, warm, batch = call.step, a.s["warmup"], v.batch
+    call.calls += 1
+    call.flops_full += batch * a.cost.forward(v.n, v.n, v.text)
+    gid, carries = a.grouping(batch)
+    rows = [call.row(call.branch, b, gid[b]) for b in range(batch)]
+    groups = sorted(set(gid))
+    if n < warm:
+        saliency = n == warm - 1 and call.branch == 0
+        ctx = None
+        if saliency or a.regional:
+            ctx = _Ctx(rows, "saliency" if saliency else "record", n, v.text)
+            if saliency:
+                ctx.salient = [a.salient_tokens(call, b, gid[b], len(groups), v.text, v.device) if carries[b] else None
+                               for b in range(batch)]
+                rows_read = sum(s is not None for s in ctx.salient)
+                for kind, inner in a.saliency_blocks:
+                    call.flops_run += rows_read * 2 * inner * v.n * (v.text if kind == "cross" else v.n + v.text)
+        out = _run(a, call, v, rows, None, None, ctx)
+        tok = v.tokens(out, None)
+        for j, row in enumerate(rows):
+            _record_velocity(a, row, tok[j], n)
+        if saliency:
+            for g in groups:
+                _partition(a, call.groups[g], v.grid, v.device)
+            if a.s["rule"] == "budget":
+                sig = v.signal(None)
+                call.flops_run += batch * a.cost.signal(v.n, v.text)
+                for g in groups:
+                    call.groups[g].signal = sig[[b for b in range(batch) if gid[b] == g]]
+        _end_forward(a, call)
+        return out
+    undecided = [g for g in groups if n not in call.groups[g].decided]
+    if undecided:
+        sig = None
+        if a.s["rule"] == "budget":
+            sel = [b for b in range(batch) if gid[b] in undecided]
+            sig = v.signal(torch.tensor(sel, device=v.device) if len(sel) < batch else None)
+            call.flops_run += len(sel) * a.cost.signal(v.n, v.text)
+            where = {b: j for j, b in enumerate(sel)}
+        for g in undecided:
+            group = call.groups[g]
+            if group.layout is None:
+                raise Error("flashdiff.diffusers: a row joined the call after its warm-up; the batch size must stay "
+                            "the same for the whole call")
+            if group.budget is not None:
+                _budget_observe(group, sig[[where[b] for b in range(batch) if gid[b] == g]])
+            active = _choose(call, group)
+            group.decided[n] = active
+            if group.budget is not None:
+                group.budget.ran(active)
+    sets: Dict[Any, List[int]] = {}
+    idx_of: Dict[Any, Any] = {}
+    for b in range(batch):
+        group = rows[b].group
+        active = group.decided[n]
+        if not active.any():
+            continue
+        if active.all() and not a.regional:  # the gate reads every step's importance: a partial forward
+            key, idx = "all", None
+        else:
+            idx = torch.cat([group.tokens[p] for p in range(len(group.tokens)) if active[p]])
+            key = idx.cpu().numpy().tobytes()
+        sets.setdefault(key, []).append(b)
+        idx_of[key] = idx
+    if list(sets) == ["all"] and len(sets["all"]) == batch and not a.regional:
+        out = _run(a, call, v, rows, None, None, None)
+        tok = v.tokens(out, None)
+        for j, row in enumerate(rows):
+            _record_velocity(a, row, tok[j], n)
+            row.computed.append(v.n)
+        _end_forward(a, call)
+        return out
+    full: List[Any] = [None] * batch
+    importance: Dict[int, List[Any]] = {}
+    for key, members in sets.items():
+        idx = idx_of[key]
+        sel = torch.tensor(members, device=v.device) if len(members) < batch else None
+        sub = [rows[b] for b in members]
+        ctx = None
+        if a.regional:
+            ctx = _Ctx(sub, "record" if idx is None else "partial", n, v.text)
+            ctx.active_tokens, ctx.n_tokens = idx, v.n
+        out = _run(a, call, v, sub, sel, idx, ctx)
+        fresh = v.tokens(out, idx)
+        for j, b in enumerate(members):
+            row = rows[b]
+            if idx is None:
+                _record_velocity(a, row, fresh[j], n)
+                full[b] = fresh[j]
+                row.computed.append(v.n)
+            else:
+                f = _vel_forecast(a, row, n)
+                f[idx] = fresh[j].detach()
+                _refresh(row.vel, idx, fresh[j].detach(), n)
+                full[b] = f
+                row.computed.append(int(idx.numel()))
+                if ctx is not None and ctx.importance[j] is not None and call.branch == 0:
+                    importance.setdefault(gid[b], []).append(ctx.importance[j])
+    for g, parts in importance.items():
+        group = call.groups[g]
+        if group.gate is not None and n < call.steps - 1:
+            imp = (sum(parts) / len(parts)).float().cpu().numpy().astype(np.float32)
+            group.gate.observe(np.where(group.decided[n], imp, 0.0).astype(np.float32))
+    for b in range(batch):
+        if full[b] is None:
+            full[b] = _vel_forecast(a, rows[b], n)
+            rows[b].computed.append(0)
+    _end_forward(a, call)
+    return v.untokens(torch.stack(full))
 
 
-def _observe(row: _Row, ctx: _Ctx, active: Any, last: bool) -> None:
-    """Feeds the gate the step's importance: the step's one device-to-host read."""
-    if row.gate is not None and not last and ctx.importance is not None:
-        imp = ctx.importance.float().cpu().numpy().astype(np.float32)
-        row.gate.observe(np.where(active, imp, 0.0).astype(np.float32))
+def _plain(a: _Adapter, call: _Call, run: Any) -> Any:
+    """A call FlashDiff leaves alone (a few-step schedule): the forward as it was, counted."""
+    a.ctx = None
+    out = run()
+    call.calls += 1
+    call.forwards += 1
+    _end_forward(a, call)
+    return out
 
 
-def _decide(a: _Adapter, call: _Call, row: _Row, signal: Any) -> Any:
-    """A step's decision after the warm-up: the budget reads `signal()` (the first block's
-    modulated input of every token), the rule chooses the active patches, and when none runs
-    every token advances on its forecast velocity. Returns (active, token ids or None, last
-    step, the forecast velocities when nothing runs)."""
-    if row.budget is not None:
-        _budget_observe(row, signal())
-    active, idx, last = _choose(call, row)
-    if row.budget is not None:
-        row.budget.ran(active)
-    if idx is not None:
-        return active, idx, last, None
-    row.computed.append(0)
-    return active, idx, last, _vel_forecast(a, row, call.step)
+def _end_forward(a: _Adapter, call: _Call) -> None:
+    """Times the call; after the last step's last branch, logs its summary at INFO."""
+    call.t1 = time.perf_counter()
+    if call.step >= call.steps - 1 and call.branch + 1 >= call.branches and not call.logged:
+        call.logged = True
+        if _log.isEnabledFor(logging.INFO):
+            _log.info("flashdiff: %s", _summary(a)["text"])
 
 
 def _scatter_tokens(a: _Adapter) -> Any:
-    """Before SD3's unpatchify: the computed tokens' outputs among every other token's
-    forecast, which the row keeps (token space: patch x patch x channels)."""
+    """Before SD3's and Wan's unpatchify, on a partial forward: the computed tokens' rows in a
+    token grid of zeros, which the shared step fills with the other tokens' forecasts."""
 
     def hook(module: Any, inputs: Any, out: Any) -> Any:
         ctx = a.ctx
-        if ctx is None:
+        if ctx is None or ctx.mode != "partial":
             return out
-        row, n = ctx.row, ctx.step
-        fresh = out[0].detach()
-        if ctx.mode == "record":
-            _record_velocity(a, row, fresh, n)
-            return out
-        vel = _vel_forecast(a, row, n)
-        idx = ctx.active_tokens
-        vel[idx] = fresh
-        _refresh(row.vel, idx, fresh, n)
-        return vel.unsqueeze(0).to(out.dtype)
+        full = out.new_zeros(out.shape[0], ctx.n_tokens, out.shape[2])
+        full[:, ctx.active_tokens] = out
+        return full
 
     return hook
 
@@ -443,63 +785,33 @@ def _output(out: Any, return_dict: bool) -> Any:
     return (out,)
 
 
-def _hooked_batch(a: _Adapter, call: _Call, samples: List[Any], text: int, grid: Any, dev: Any, run: Any,
-                  signal: Any, unpatchify: Any) -> Any:
-    """Every sample of a call (its forward's arguments, one row each) through
-    [`_hooked_row`], each with the row of its branch and index; their outputs stacked."""
-    torch = _torch()
-    outs = []
-    for b, args in enumerate(samples):
-        row = call.rows.setdefault((call.branch, b), _Row())
-        outs.append(_hooked_row(a, call, row, b, len(samples), text, grid, dev,
-                                run=lambda args=args: run(*args), signal=lambda args=args: signal(args),
-                                unpatchify=unpatchify))
-    return torch.cat(outs, 0)
+def _rows(x: Any, sel: Any, batch: int) -> Any:
+    """Batch rows `sel` of a per-row argument (left as it is when not per row)."""
+    if sel is None or x is None or not hasattr(x, "shape") or x.dim() == 0 or x.shape[0] != batch:
+        return x
+    return x[sel]
 
 
-def _hooked_row(a: _Adapter, call: _Call, row: _Row, b: int, batch: int, text: int, grid: Any, dev: Any,
-                run: Any, signal: Any, unpatchify: Any) -> Any:
-    """One sample's step on a transformer whose hooks gather the active tokens after the
-    patch embedding and scatter them among the forecast ones before the unpatchify (SD3,
-    Wan). `run` calls the transformer, `signal` gives the first block's modulated input of
-    every token (the budget's change), `unpatchify` turns forecast token velocities into the
-    transformer's output shape for a step that runs no patch."""
-    n, warm = call.step, a.s["warmup"]
-    if n < warm:
-        ctx = _Ctx(row, "record", n, text)
-        ctx.want_saliency = n == warm - 1
-        if ctx.want_saliency:
-            ctx.salient = a.salient_tokens(b, batch, text, dev)
-        a.ctx = ctx
-        try:
-            o = run()
-        finally:
-            a.ctx = None
-        if ctx.want_saliency:
-            _partition(a, row, grid, dev)
-            if row.budget is not None:
-                row.signal = signal()
-        return o
-    active, idx, last, vel = _decide(a, call, row, signal)
-    if vel is not None:
-        return unpatchify(vel.unsqueeze(0))
-    ctx = _Ctx(row, "partial", n, text)
-    ctx.active_tokens = idx
-    a.ctx = ctx
-    try:
-        o = run()
-    finally:
-        a.ctx = None
-    row.computed.append(int(idx.numel()))
-    _observe(row, ctx, active, last)
-    return o
+def _control(samples: Any, sel: Any, idx: Any, batch: int) -> Any:
+    """ControlNet residuals (a list of (batch, image tokens, width)) for rows `sel` and image
+    tokens `idx`."""
+    if samples is None:
+        return None
+    out = []
+    for s in samples:
+        s = _rows(s, sel, batch)
+        out.append(s if idx is None else s[:, idx])
+    return out
 
 
 def _parts(target: Any) -> Any:
-    transformer = getattr(target, "transformer", None)
-    if transformer is None:
-        return None, target, None
-    return target, transformer, getattr(target, "scheduler", None)
+    """(pipeline or None, what the pipeline calls, the transformer inside it, scheduler)."""
+    outer = getattr(target, "transformer", None)
+    pipe = target
+    if outer is None:
+        outer, pipe = target, None
+    inner = getattr(outer, "_orig_mod", outer)  # torch.compile's wrapper holds the module
+    return pipe, outer, inner, getattr(pipe, "scheduler", None) if pipe is not None else None
 
 
 def enable(target: Any, epsilon: float = DEFAULTS["epsilon"], patches: int = DEFAULTS["patches"],
@@ -507,14 +819,19 @@ def enable(target: Any, epsilon: float = DEFAULTS["epsilon"], patches: int = DEF
            reuse: str = "extrapolate", force: bool = False, scheduler: Any = None,
            rule: str = "budget") -> None:
     """Enables FlashDiff on a ``FluxPipeline``, ``StableDiffusion3Pipeline`` or ``WanPipeline``
-    (or their transformer with the ``scheduler`` that drives it). ``rule`` is ``"budget"``
-    (FlashDiff's change budget, the engine's rule) or ``"gate"`` (the paper's gate);
-    ``epsilon`` is the budget a patch may use up between runs, or the gate's threshold (0
-    never skips); ``patches`` the patch count, ``max_skip`` the longest run of skips,
-    ``warmup`` the full steps before partitioning, ``reuse`` ``"extrapolate"``,
-    ``"extrapolate2"`` (skipped velocities along the parabola through their last three
-    computations; K/V as ``"extrapolate"``) or ``"stale"``."""
-    pipe, transformer, sched = _parts(target)
+    (their ControlNet pipelines too), or on their transformer with the ``scheduler`` that
+    drives it; after ``torch.compile``, the compiled transformer (the adapter decides
+    outside the compiled graph and calls it for computed steps).
+
+    ``rule`` is ``"budget"`` (the engine's whole-step rule: a step runs every row of a
+    sample once one of its patches has changed by ``epsilon``, or after ``max_skip`` skipped
+    steps; otherwise the sample advances on its forecast velocity) or ``"gate"`` (the paper's
+    gate, a regional rule: each step runs the patches whose attention importance is above
+    ``epsilon``, with the others' K/V forecast). ``epsilon`` 0 never skips; ``patches`` the
+    patch count, ``warmup`` the full steps before the saliency cut, ``reuse``
+    ``"extrapolate"``, ``"extrapolate2"`` (velocities along the parabola through their last
+    three computations) or ``"stale"``."""
+    pipe, outer, transformer, sched = _parts(target)
     sched = scheduler or sched
     name = type(transformer).__name__
     if name not in _KINDS:
@@ -535,17 +852,25 @@ def enable(target: Any, epsilon: float = DEFAULTS["epsilon"], patches: int = DEF
         disable(target)
     settings = dict(epsilon=epsilon, patches=patches, max_skip=max_skip, warmup=warmup, reuse=reuse, force=force,
                     rule=rule)
-    setattr(transformer, _ATTR, _Adapter(transformer, sched, pipe, settings))
+    setattr(transformer, _ATTR, _Adapter(outer, transformer, sched, pipe, settings))
 
 
 def disable(target: Any) -> None:
-    """Puts back the processors and ``forward`` that ``enable`` replaced."""
-    _, transformer, _ = _parts(target)
+    """Puts back the processors, ``forward`` and scheduler method that ``enable`` replaced."""
+    _, _, transformer, _ = _parts(target)
     a = getattr(transformer, _ATTR, None)
     if a is None:
         return
     a.remove()
     delattr(transformer, _ATTR)
+
+
+def _adapter(target: Any) -> _Adapter:
+    _, _, transformer, _ = _parts(target)
+    a = getattr(transformer, _ATTR, None)
+    if a is None:
+        raise Error("FlashDiff is not enabled on this transformer: call enable() first")
+    return a
 
 
 def set_salient(target: Any, mask: Any) -> None:
@@ -554,25 +879,78 @@ def set_salient(target: Any, mask: Any) -> None:
     saliency maps. Without it every text position counts (a pipeline maps its tokenizer's
     pieces to words itself)."""
     torch = _torch()
-    _, transformer, _ = _parts(target)
-    a = getattr(transformer, _ATTR, None)
-    if a is None:
-        raise Error("FlashDiff is not enabled on this transformer: call enable() first")
+    a = _adapter(target)
     m = torch.as_tensor(np.asarray(mask, dtype=bool))
     a.salient = m.view(1, -1) if m.dim() == 1 else m
 
 
 def report(target: Any) -> Dict[str, Any]:
-    """The last call's work: steps, warm-up, and per sample its patches and the image tokens
-    computed each step after the warm-up, against the tokens of a full step."""
-    _, transformer, _ = _parts(target)
-    a = getattr(transformer, _ATTR, None)
+    """The last call's work: steps, warm-up, and per row (branch and batch row) its group,
+    patches and the image tokens computed each step after the warm-up."""
+    a = getattr(_parts(target)[2], _ATTR, None)
     if a is None or a.call is None:
         raise Error("no call has run with FlashDiff enabled")
     c = a.call
+    ids = {id(g): k for k, g in c.groups.items()}
     rows = []
     for (branch, b), r in sorted(c.rows.items()):
-        tokens = 0 if r.layout is None else int(r.layout.patch_of.size)
-        rows.append(dict(branch=branch, sample=b, patches=0 if r.layout is None else r.layout.patches,
-                         tokens=tokens, computed_per_step=list(r.computed)))
+        layout = r.group.layout
+        rows.append(dict(branch=branch, sample=b, group=ids[id(r.group)],
+                         patches=0 if layout is None else layout.patches,
+                         tokens=0 if layout is None else int(layout.patch_of.size),
+                         computed_per_step=list(r.computed)))
     return dict(steps=c.steps, warmup=a.s["warmup"], plain=c.plain, rule=a.s["rule"], samples=rows)
+
+
+def _summary(a: _Adapter) -> Dict[str, Any]:
+    c = a.call
+    rows = []
+    for (branch, b), r in sorted(c.rows.items()):
+        computed = (0 if c.plain else min(a.s["warmup"], c.steps)) + sum(1 for x in r.computed if x)
+        rows.append(dict(branch=branch, sample=b, steps_computed=c.steps if c.plain else computed))
+    state: Dict[str, int] = {"velocity": 0, "kv": 0, "signal": 0, "layout": 0}
+    for r in c.rows.values():
+        for k, x in r.nbytes().items():
+            state[k] += x
+    for g in c.groups.values():
+        for k, x in g.nbytes().items():
+            state[k] += x
+    frac = 1.0 if c.plain or c.flops_full == 0 else c.flops_run / c.flops_full
+    seconds = 0.0 if c.t0 is None or c.t1 is None else c.t1 - c.t0
+    computed = [r["steps_computed"] for r in rows]
+    s = a.s
+    if c.plain:
+        why = (f"nothing was skipped: {c.steps} steps is a few-step schedule, run unchanged "
+               "(enable(..., force=True) skips anyway)")
+    elif computed and min(computed) >= c.steps:
+        if s["epsilon"] == 0:
+            reason = "epsilon 0 never skips"
+        elif s["max_skip"] == 0:
+            reason = "max_skip 0 never skips"
+        elif s["warmup"] >= c.steps - 1:
+            reason = f"the warm-up of {s['warmup']} steps covers the call"
+        else:
+            reason = (f"every step's change used up epsilon {s['epsilon']} (a larger epsilon skips; "
+                      "the change is measured per patch)")
+        why = f"nothing was skipped: {reason}"
+    else:
+        why = (f"computed {min(computed)}-{max(computed)} of {c.steps} steps per row" if min(computed) != max(computed)
+               else f"computed {computed[0]} of {c.steps} steps per row")
+    text = (f"{why}; {frac:.2f} of full computation's FLOPs; denoising {seconds:.2f} s; "
+            f"{c.forwards} transformer forwards for {c.calls} calls; state {sum(state.values())} bytes")
+    return dict(steps=c.steps, warmup=s["warmup"], rule=s["rule"], plain=c.plain, rows=rows, flops_fraction=frac,
+                seconds=seconds, forwards=c.forwards, calls=c.calls, state_bytes=state, text=text)
+
+
+def summary(target: Any) -> Dict[str, Any]:
+    """What the last call did: per row (branch, sample) the steps computed (the warm-up's
+    included); the FLOPs run (forwards, signals and saliency, from the layers' sizes) as a
+    fraction of full computation's; the wall time from the call's first transformer forward
+    to the end of its last (``seconds``); transformer ``forwards`` run for the ``calls`` the
+    pipeline made; the bytes FlashDiff holds for the call, by kind (``state_bytes``); and
+    ``text``, one line that says what was skipped, or plainly that nothing was and why.
+    The same line is logged at INFO (logger ``flashdiff.diffusers``) when a call ends."""
+    a = getattr(_parts(target)[2], _ATTR, None)
+    if a is None or a.call is None:
+        raise Error("no call has run with FlashDiff enabled")
+    return _summary(a)

@@ -1,66 +1,53 @@
-"""FLUX (``FluxTransformer2DModel``): its forward, per sample, on the chosen patches' image tokens with
-their RoPE angles, and the first double-stream block's modulated input as the budget's signal."""
+"""FLUX (``FluxTransformer2DModel``): its forward over the batch rows that run, on the chosen
+patches' image tokens with their RoPE angles (and ControlNet residuals), and the first
+double-stream block's modulated input as the budget's signal."""
 
 from __future__ import annotations
 
-from typing import Any, List
+import re
+from typing import Any, List, Optional
 
-from ._core import _ATTR, _Adapter, _Call, _Ctx, _Processor, _Row, _decide, _observe, _output, _partition, _record_velocity, _refresh, _torch, _vel_forecast
+from ._core import _ATTR, _Adapter, _Processor, _View, _control, _output, _plain, _rows, _step, _torch
 
 
 def _forward(self: Any, hidden_states: Any, encoder_hidden_states: Any = None, pooled_projections: Any = None,
              timestep: Any = None, img_ids: Any = None, txt_ids: Any = None, guidance: Any = None,
-             joint_attention_kwargs: Any = None, return_dict: bool = True, **kw: Any) -> Any:
-    torch = _torch()
+             joint_attention_kwargs: Any = None, controlnet_block_samples: Any = None,
+             controlnet_single_block_samples: Any = None, return_dict: bool = True, **kw: Any) -> Any:
     a: _Adapter = getattr(self, _ATTR)
     call = a.begin()
+    batch = hidden_states.shape[0]
 
-    def orig(hs: Any, ehs: Any, pooled: Any, t: Any, ids: Any, g: Any) -> Any:
-        return a.orig_forward(hs, encoder_hidden_states=ehs, pooled_projections=pooled, timestep=t,
-                              img_ids=ids, txt_ids=txt_ids, guidance=g,
-                              joint_attention_kwargs=joint_attention_kwargs, return_dict=False, **kw)[0]
+    def run(sel: Any, idx: Any) -> Any:
+        ids = img_ids if idx is None else (img_ids[idx] if img_ids.ndim == 2 else img_ids[:, idx])
+        hs = _rows(hidden_states, sel, batch)
+        return a.forward_fn(
+            hs if idx is None else hs[:, idx], encoder_hidden_states=_rows(encoder_hidden_states, sel, batch),
+            pooled_projections=_rows(pooled_projections, sel, batch), timestep=_rows(timestep, sel, batch),
+            img_ids=ids, txt_ids=txt_ids, guidance=_rows(guidance, sel, batch),
+            joint_attention_kwargs=joint_attention_kwargs,
+            controlnet_block_samples=_control(controlnet_block_samples, sel, idx, batch),
+            controlnet_single_block_samples=_control(controlnet_single_block_samples, sel, idx, batch),
+            return_dict=False, **kw)[0]
 
     if call.plain:
-        a.ctx = None
-        out = orig(hidden_states, encoder_hidden_states, pooled_projections, timestep, img_ids, guidance)
-    else:
-        if img_ids.ndim == 3:
-            img_ids = img_ids[0]
-        n, warm, text = call.step, a.s["warmup"], encoder_hidden_states.shape[1]
-        batch = hidden_states.shape[0]
-        outs = []
-        for b in range(batch):
-            sl = slice(b, b + 1)
-            row = call.rows.setdefault((call.branch, b), _Row())
-            args = (encoder_hidden_states[sl], pooled_projections[sl], timestep[sl],
-                    None if guidance is None else guidance[sl])
-            if n < warm:
-                ctx = _Ctx(row, "record", n, text)
-                ctx.want_saliency = n == warm - 1
-                if ctx.want_saliency:
-                    ctx.salient = a.salient_tokens(b, batch, text, hidden_states.device)
-                a.ctx = ctx
-                o = orig(hidden_states[sl], args[0], args[1], args[2], img_ids, args[3])
-                a.ctx = None
-                _record_velocity(a, row, o[0].detach(), n)
-                if ctx.want_saliency:
-                    h = int(img_ids[:, 1].max().item()) + 1
-                    w = int(img_ids[:, 2].max().item()) + 1
-                    _partition(a, row, (h, w), img_ids.device)
-                    if row.budget is not None:
-                        row.signal = _flux_signal(self, hidden_states[sl], args)
-            else:
-                o = _partial(a, call, row, hidden_states[sl], img_ids, args, text, orig)
-            outs.append(o)
-        out = torch.cat(outs, 0)
-    return _output(out, return_dict)
+        return _output(_plain(a, call, lambda: run(None, None)), return_dict)
+    ids = img_ids[0] if img_ids.ndim == 3 else img_ids
+    grid = (int(ids[:, 1].max().item()) + 1, int(ids[:, 2].max().item()) + 1)
+
+    def signal(sel: Any) -> Any:
+        return _flux_signal(self, _rows(hidden_states, sel, batch), _rows(pooled_projections, sel, batch),
+                            _rows(timestep, sel, batch), _rows(guidance, sel, batch))
+
+    view = _View(batch, encoder_hidden_states.shape[1], grid, hidden_states.device, run,
+                 tokens=lambda out, idx: out, untokens=lambda v: v.to(hidden_states.dtype), signal=signal)
+    return _output(_step(a, call, view), return_dict)
 
 
-def _flux_signal(t: Any, hs: Any, args: Any) -> Any:
-    """The first double-stream block's modulated input of every image token (tokens x width):
-    the change the budget adds up, what whole-step caching watches."""
+def _flux_signal(t: Any, hs: Any, pooled: Any, timestep: Any, guidance: Optional[Any]) -> Any:
+    """The first double-stream block's modulated input of every image token, (rows, tokens,
+    width): the change the budget adds up, what whole-step caching watches."""
     torch = _torch()
-    _, pooled, timestep, guidance = args
     with torch.no_grad():
         x = t.x_embedder(hs)
         ts = timestep.to(x.dtype) * 1000
@@ -69,28 +56,19 @@ def _flux_signal(t: Any, hs: Any, args: Any) -> Any:
         else:
             temb = t.time_text_embed(ts, guidance.to(x.dtype) * 1000, pooled)
         m = t.transformer_blocks[0].norm1(x, emb=temb)[0]
-    return m[0].detach().float()
+    return m.detach().float()
 
 
-def _partial(a: _Adapter, call: _Call, row: _Row, hs: Any, img_ids: Any, args: Any, text: int, orig: Any) -> Any:
-    n = call.step
-    active, idx, last, vel = _decide(a, call, row, lambda: _flux_signal(a.transformer, hs, args))
-    if vel is not None:
-        return vel.unsqueeze(0).to(hs.dtype)
-    ctx = _Ctx(row, "partial", n, text)
-    ctx.active_tokens = idx
-    a.ctx = ctx
-    try:
-        o = orig(hs[:, idx], args[0], args[1], args[2], img_ids[idx], args[3])
-    finally:
-        a.ctx = None
-    fresh = o[0].detach()
-    vel = _vel_forecast(a, row, n)
-    vel[idx] = fresh
-    _refresh(row.vel, idx, fresh, n)
-    row.computed.append(int(idx.numel()))
-    _observe(row, ctx, active, last)
-    return vel.unsqueeze(0).to(o.dtype)
+def attention_kind(name: str) -> Optional[str]:
+    """Every FLUX attention is joint: image and text rows attend to both."""
+    return "joint" if re.fullmatch(r"(single_)?transformer_blocks\.\d+\.attn", name) else None
+
+
+def signal_module(name: str) -> bool:
+    """The layers the budget's signal runs."""
+    return (name.startswith(("x_embedder", "time_text_embed"))
+            or name == "transformer_blocks.0.norm1.linear")
+
 
 def install(a: _Adapter, transformer: Any, names: List[str]) -> Any:
     """FLUX's processors (every block's joint attention) and ``forward``. The dual-stream

@@ -1,12 +1,13 @@
 """SD3 and SD3.5 (``SD3Transformer2DModel``): the joint attention processor (image rows first, no
-RoPE), the forward on the chosen tokens with their position embeddings, and the signal."""
+RoPE), the forward over the batch rows that run, on the chosen tokens with their position
+embeddings (and ControlNet residuals), and the signal."""
 
 from __future__ import annotations
 
-from typing import Any, List
+import re
+from typing import Any, List, Optional
 
-from .. import Error
-from ._core import _ATTR, _Adapter, _Processor, _hooked_batch, _output, _scatter_tokens, _torch
+from ._core import _ATTR, _Adapter, _Processor, _View, _control, _output, _plain, _rows, _scatter_tokens, _step, _torch
 
 
 class _SD3Processor(_Processor):
@@ -72,51 +73,75 @@ def _forward_sd3(self: Any, hidden_states: Any, encoder_hidden_states: Any = Non
                  return_dict: bool = True, skip_layers: Any = None) -> Any:
     a: _Adapter = getattr(self, _ATTR)
     call = a.begin()
+    batch = hidden_states.shape[0]
 
-    def orig(hs: Any, ehs: Any, pooled: Any, t: Any) -> Any:
-        return a.orig_forward(hs, encoder_hidden_states=ehs, pooled_projections=pooled, timestep=t,
-                              block_controlnet_hidden_states=block_controlnet_hidden_states,
-                              joint_attention_kwargs=joint_attention_kwargs, return_dict=False,
-                              skip_layers=skip_layers)[0]
+    def run(sel: Any, idx: Any) -> Any:
+        return a.forward_fn(
+            _rows(hidden_states, sel, batch), encoder_hidden_states=_rows(encoder_hidden_states, sel, batch),
+            pooled_projections=_rows(pooled_projections, sel, batch), timestep=_rows(timestep, sel, batch),
+            block_controlnet_hidden_states=_control(block_controlnet_hidden_states, sel, idx, batch),
+            joint_attention_kwargs=joint_attention_kwargs, return_dict=False, skip_layers=skip_layers)[0]
 
     if call.plain:
-        a.ctx = None
-        out = orig(hidden_states, encoder_hidden_states, pooled_projections, timestep)
-    else:
-        if block_controlnet_hidden_states is not None:
-            raise Error("flashdiff.diffusers: ControlNet residuals are not supported with FlashDiff enabled")
-        text, p = encoder_hidden_states.shape[1], self.config.patch_size
-        grid = (hidden_states.shape[-2] // p, hidden_states.shape[-1] // p)
-        samples = [(hidden_states[b:b + 1], encoder_hidden_states[b:b + 1], pooled_projections[b:b + 1],
-                    timestep[b:b + 1]) for b in range(hidden_states.shape[0])]
-        out = _hooked_batch(a, call, samples, text, grid, hidden_states.device, run=orig,
-                            signal=lambda args: _sd3_signal(self, args),
-                            unpatchify=lambda v: _unpatchify_sd3(self, v, grid))
-    return _output(out, return_dict)
+        return _output(_plain(a, call, lambda: run(None, None)), return_dict)
+    p = self.config.patch_size
+    grid = (hidden_states.shape[-2] // p, hidden_states.shape[-1] // p)
+
+    def signal(sel: Any) -> Any:
+        return _sd3_signal(self, _rows(hidden_states, sel, batch), _rows(pooled_projections, sel, batch),
+                           _rows(timestep, sel, batch))
+
+    def tokens(out: Any, idx: Any) -> Any:
+        tok = _patchify_sd3(self, out, grid)
+        return tok if idx is None else tok[:, idx]
+
+    view = _View(batch, encoder_hidden_states.shape[1], grid, hidden_states.device, run, tokens=tokens,
+                 untokens=lambda v: _unpatchify_sd3(self, v, grid).to(hidden_states.dtype), signal=signal)
+    return _output(_step(a, call, view), return_dict)
 
 
-def _sd3_signal(t: Any, args: Any) -> Any:
-    """SD3's first joint block's modulated input of every image token (tokens x width)."""
+def _sd3_signal(t: Any, hs: Any, pooled: Any, timestep: Any) -> Any:
+    """SD3's first joint block's modulated input of every image token, (rows, tokens, width)."""
     torch = _torch()
-    hs, _, pooled, timestep = args
     with torch.no_grad():
         x = t.pos_embed(hs)
         temb = t.time_text_embed(timestep, pooled)
         m = t.transformer_blocks[0].norm1(x, emb=temb)[0]
-    return m[0].detach().float()
+    return m.detach().float()
+
+
+def _patchify_sd3(t: Any, out: Any, grid: Any) -> Any:
+    """SD3's (rows, c, h * p, w * p) output as token rows (rows, h * w, p * p * c), the layout
+    of its last projection."""
+    (h, w), p = grid, t.config.patch_size
+    c = out.shape[1]
+    return out.reshape(out.shape[0], c, h, p, w, p).permute(0, 2, 4, 3, 5, 1).reshape(out.shape[0], h * w, p * p * c)
 
 
 def _unpatchify_sd3(t: Any, v: Any, grid: Any) -> Any:
-    """(1, h * w, p * p * c) token rows to SD3's (1, c, h * p, w * p) output."""
+    """(rows, h * w, p * p * c) token rows to SD3's (rows, c, h * p, w * p) output."""
     torch = _torch()
     (h, w), p, c = grid, t.config.patch_size, t.out_channels
-    v = torch.einsum("nhwpqc->nchpwq", v.reshape(1, h, w, p, p, c))
-    return v.reshape(1, c, h * p, w * p)
+    v = torch.einsum("nhwpqc->nchpwq", v.reshape(v.shape[0], h, w, p, p, c))
+    return v.reshape(v.shape[0], c, h * p, w * p)
+
+
+def attention_kind(name: str) -> Optional[str]:
+    """SD3's joint attention; SD3.5's second attention is over the image tokens only."""
+    if re.fullmatch(r"transformer_blocks\.\d+\.attn", name):
+        return "joint"
+    return "self" if re.fullmatch(r"transformer_blocks\.\d+\.attn2", name) else None
+
+
+def signal_module(name: str) -> bool:
+    """The layers the budget's signal runs."""
+    return name.startswith(("pos_embed", "time_text_embed")) or name == "transformer_blocks.0.norm1.linear"
+
 
 def install(a: _Adapter, transformer: Any, names: List[str]) -> Any:
     """SD3's processors and ``forward``, and the hooks that gather the chosen tokens' position
-    embeddings and scatter the output back. Its joint blocks are where saliency and
-    importance are read."""
+    embeddings and put the computed tokens back in the token grid. Its joint blocks are
+    where saliency and importance are read."""
     a.dual = [n for n in names if n.startswith("transformer_blocks.") and ".attn." in n]
     a.importance_block = a.dual[-1] if a.dual else names[-1]
     a.hooks = [transformer.pos_embed.register_forward_hook(_gather_tokens(a)),

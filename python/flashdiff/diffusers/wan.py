@@ -1,12 +1,13 @@
-"""Wan 2.1 (``WanTransformer3DModel``): self- and cross-attention processors, the forward on the
-chosen tokens with their RoPE, and the signal."""
+"""Wan 2.1 (``WanTransformer3DModel``): self- and cross-attention processors, the forward over the
+batch rows that run, on the chosen tokens with their RoPE, and the signal."""
 
 from __future__ import annotations
 
-from typing import Any, List
+import re
+from typing import Any, List, Optional
 
 from .. import Error
-from ._core import _ATTR, _Adapter, _Processor, _hooked_batch, _output, _scatter_tokens, _torch
+from ._core import _ATTR, _Adapter, _Processor, _View, _output, _plain, _rows, _scatter_tokens, _step, _torch
 
 
 def _wan_rope(x: Any, cos: Any, sin: Any) -> Any:
@@ -51,7 +52,7 @@ class _WanCrossProcessor(_Processor):
     def __call__(self, attn: Any, hidden_states: Any, encoder_hidden_states: Any = None,
                  attention_mask: Any = None, rotary_emb: Any = None) -> Any:
         ctx = self.a.ctx
-        if ctx is not None and ctx.want_saliency:
+        if ctx is not None and ctx.mode == "saliency":
             from diffusers.models.transformers import transformer_wan as tw
 
             text = encoder_hidden_states
@@ -60,11 +61,14 @@ class _WanCrossProcessor(_Processor):
             q, k, _ = tw._get_qkv_projections(attn, hidden_states, text)
             q = attn.norm_q(q).unflatten(2, (attn.heads, -1))
             k = attn.norm_k(k).unflatten(2, (attn.heads, -1))
-            probs = self.attention_probs(q, k)  # (N, T)
-            sal = ctx.salient
-            m = probs[:, sal].mean(dim=1) if bool(sal.any()) else probs.mean(dim=1)
-            row = ctx.row
-            row.saliency = m if row.saliency is None else row.saliency + m
+            for j, row in enumerate(ctx.rows):
+                sal = ctx.salient[j]
+                if sal is None:
+                    continue
+                probs = self.attention_probs(q[j:j + 1], k[j:j + 1])  # (N, T)
+                m = probs[:, sal].mean(dim=1) if bool(sal.any()) else probs.mean(dim=1)
+                g = row.group
+                g.saliency = m if g.saliency is None else g.saliency + m
         return self.a.saved_processors[self.name](attn, hidden_states, encoder_hidden_states,
                                                   attention_mask, rotary_emb)
 
@@ -94,23 +98,31 @@ def _gather_patches(a: _Adapter) -> Any:
     return hook
 
 
-def _wan_signal(t: Any, args: Any) -> Any:
-    """Wan's first block's modulated self-attention input of every token (tokens x width)."""
+def _wan_signal(t: Any, hs: Any, timestep: Any, ehs: Any, image: Any) -> Any:
+    """Wan's first block's modulated self-attention input of every token, (rows, tokens, width)."""
     torch = _torch()
-    hs, timestep, ehs, image = args
     with torch.no_grad():
         x = t.patch_embedding(hs).flatten(2).transpose(1, 2)
         _, proj, _, _ = t.condition_embedder(timestep, ehs, image)
         block = t.blocks[0]
         shift, scale = (block.scale_shift_table + proj.unflatten(1, (6, -1)).float()).chunk(6, dim=1)[:2]
         m = block.norm1(x.float()) * (1 + scale) + shift
-    return m[0].detach().float()
+    return m.detach().float()
+
+
+def _patchify_wan(t: Any, out: Any, grid: Any) -> Any:
+    """Wan's (rows, c, f * pt, h * ph, w * pw) output as token rows (rows, f * h * w,
+    pt * ph * pw * c), the layout of its last projection."""
+    (f, h, w), (pt, ph, pw) = grid, t.config.patch_size
+    r, c = out.shape[:2]
+    v = out.reshape(r, c, f, pt, h, ph, w, pw).permute(0, 2, 4, 6, 3, 5, 7, 1)
+    return v.reshape(r, f * h * w, pt * ph * pw * c)
 
 
 def _unpatchify_wan(t: Any, v: Any, grid: Any) -> Any:
-    """(1, f * h * w, pt * ph * pw * c) token rows to Wan's (1, c, f * pt, h * ph, w * pw)."""
+    """(rows, f * h * w, pt * ph * pw * c) token rows to Wan's (rows, c, f * pt, h * ph, w * pw)."""
     (f, h, w), (pt, ph, pw) = grid, t.config.patch_size
-    v = v.reshape(1, f, h, w, pt, ph, pw, -1).permute(0, 7, 1, 4, 2, 5, 3, 6)
+    v = v.reshape(v.shape[0], f, h, w, pt, ph, pw, -1).permute(0, 7, 1, 4, 2, 5, 3, 6)
     return v.flatten(6, 7).flatten(4, 5).flatten(2, 3)
 
 
@@ -119,32 +131,52 @@ def _forward_wan(self: Any, hidden_states: Any, timestep: Any = None, encoder_hi
                  attention_kwargs: Any = None) -> Any:
     a: _Adapter = getattr(self, _ATTR)
     call = a.begin()
+    batch = hidden_states.shape[0]
+    image = encoder_hidden_states_image
 
-    def orig(hs: Any, t: Any, ehs: Any, image: Any) -> Any:
-        return a.orig_forward(hs, timestep=t, encoder_hidden_states=ehs, encoder_hidden_states_image=image,
-                              return_dict=False, attention_kwargs=attention_kwargs)[0]
+    def run(sel: Any, idx: Any) -> Any:
+        return a.forward_fn(_rows(hidden_states, sel, batch), timestep=_rows(timestep, sel, batch),
+                              encoder_hidden_states=_rows(encoder_hidden_states, sel, batch),
+                              encoder_hidden_states_image=_rows(image, sel, batch), return_dict=False,
+                              attention_kwargs=attention_kwargs)[0]
 
     if call.plain:
-        a.ctx = None
-        out = orig(hidden_states, timestep, encoder_hidden_states, encoder_hidden_states_image)
-    else:
-        if timestep.ndim == 2:
-            raise Error("flashdiff.diffusers: per-token timesteps (Wan 2.2 TI2V) are not supported")
-        pt, ph, pw = self.config.patch_size
-        grid = (hidden_states.shape[2] // pt, hidden_states.shape[3] // ph, hidden_states.shape[4] // pw)
-        image = encoder_hidden_states_image
-        samples = [(hidden_states[b:b + 1], timestep[b:b + 1], encoder_hidden_states[b:b + 1],
-                    None if image is None else image[b:b + 1]) for b in range(hidden_states.shape[0])]
-        out = _hooked_batch(a, call, samples, encoder_hidden_states.shape[1], grid, hidden_states.device, run=orig,
-                            signal=lambda args: _wan_signal(self, args),
-                            unpatchify=lambda v: _unpatchify_wan(self, v, grid))
-    return _output(out, return_dict)
+        return _output(_plain(a, call, lambda: run(None, None)), return_dict)
+    if timestep.ndim == 2:
+        raise Error("flashdiff.diffusers: per-token timesteps (Wan 2.2 TI2V) are not supported")
+    pt, ph, pw = self.config.patch_size
+    grid = (hidden_states.shape[2] // pt, hidden_states.shape[3] // ph, hidden_states.shape[4] // pw)
+
+    def signal(sel: Any) -> Any:
+        return _wan_signal(self, _rows(hidden_states, sel, batch), _rows(timestep, sel, batch),
+                           _rows(encoder_hidden_states, sel, batch), _rows(image, sel, batch))
+
+    def tokens(out: Any, idx: Any) -> Any:
+        tok = _patchify_wan(self, out, grid)
+        return tok if idx is None else tok[:, idx]
+
+    view = _View(batch, encoder_hidden_states.shape[1], grid, hidden_states.device, run, tokens=tokens,
+                 untokens=lambda v: _unpatchify_wan(self, v, grid).to(hidden_states.dtype), signal=signal)
+    return _output(_step(a, call, view), return_dict)
+
+
+def attention_kind(name: str) -> Optional[str]:
+    """Wan's self-attention over the video tokens and cross-attention to the prompt."""
+    m = re.fullmatch(r"blocks\.\d+\.attn([12])", name)
+    return None if m is None else ("self" if m.group(1) == "1" else "cross")
+
+
+def signal_module(name: str) -> bool:
+    """The layers the budget's signal runs (the condition embedder embeds the prompt too)."""
+    return name.startswith(("patch_embedding", "condition_embedder"))
+
 
 def install(a: _Adapter, transformer: Any, names: List[str]) -> Any:
     """Wan's processors and ``forward``: self-attention over the image tokens (K/V cached,
     importance read in the last block); the cross-attention to the prompt gives the
     saliency map."""
     a.dual = []
+    a.saliency_names = [n for n in names if ".attn2." in n]
     a.importance_block = [n for n in names if ".attn1." in n][-1]
     procs = {n: (_WanCrossProcessor if ".attn2." in n else _WanSelfProcessor)(a, n) for n in names}
     a.hooks = [transformer.rope.register_forward_hook(_gather_rope(a)),
