@@ -375,9 +375,9 @@ def methods(fresh, clock, ctx):
 
         out.append(dict(transformer=t_fd,
             name="flashdiff-adapter",
-            what="FlashDiff's adapter inside diffusers (flashdiff.diffusers), the engine's regional rule on the same "
-                 "transformer: saliency patches, each computed once its own change reaches epsilon (or it skipped K "
-                 "steps); knobs epsilon, K, order",
+            what="FlashDiff's adapter inside diffusers (flashdiff.diffusers), the engine's whole-step budget rule on "
+                 "the same transformer: a step runs once one saliency patch's accumulated change reaches epsilon (or K "
+                 "steps were skipped), otherwise velocities are forecast; knobs epsilon, K, order",
             knobs=f"epsilon {{0.05, 0.1, 0.2, 0.4}} x K {{2, 4, 8, 16}} x order {{1, 2}}; {patches} patches, "
                   f"warm-up {warmup}",
             candidates=[(f"ε {e} K {k} order {o}", *adapter(e, k, o))

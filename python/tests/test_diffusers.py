@@ -539,3 +539,30 @@ def test_compiled_transformer_decides_outside_the_graph_with_bounded_recompiles(
     assert first <= 3, first
     fdd.disable(compiled)
     torch._dynamo.reset()
+
+
+def test_a_bare_clock_without_set_timesteps_is_followed_by_its_tensors(model):
+    """A caller's own clock (``timesteps`` and ``step_index`` only, as bench scripts drive a
+    transformer): each new timesteps tensor starts a call."""
+    t, sched, kind = model
+
+    class Clock:
+        timesteps = None
+        step_index = None
+
+    clock = Clock()
+    x, e, p = inputs(model, 1, 3)
+    fdd.enable(t, epsilon=0.3, patches=8, scheduler=clock)
+    outs = []
+    for _ in range(2):
+        sched.set_timesteps(16)
+        clock.timesteps = sched.timesteps.clone()
+        y = x
+        with torch.no_grad():
+            for n, s in enumerate(clock.timesteps):
+                clock.step_index = n if n else None
+                y = sched.step(kind.forward(t, y, e, p, s), s, y).prev_sample
+        outs.append(y)
+        assert len(fdd.report(t)["samples"][0]["computed_per_step"]) == 11
+    assert torch.equal(outs[0], outs[1])
+    fdd.disable(t)

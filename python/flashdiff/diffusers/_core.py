@@ -240,8 +240,13 @@ class _Adapter:
 
     def _wrap_scheduler(self, scheduler: Any) -> None:
         """Every ``set_timesteps`` starts a new call, whatever tensor the scheduler keeps."""
+        self.wrapped_sched = scheduler
         self.sched_saved = scheduler.__dict__.get("set_timesteps")
-        orig = scheduler.set_timesteps
+        orig = getattr(scheduler, "set_timesteps", None)
+        if orig is None:  # a bare clock (timesteps and step_index): new tensors mark new calls
+            self.sched_hooked = False
+            return
+        self.sched_hooked = True
         adapter = self
 
         @functools.wraps(orig)  # pipelines read its signature (sigmas, timesteps)
@@ -252,10 +257,11 @@ class _Adapter:
             return orig(*a, **k)
 
         scheduler.set_timesteps = set_timesteps
-        self.wrapped_sched = scheduler
 
     def _unwrap_scheduler(self) -> None:
         s = self.wrapped_sched
+        if not self.sched_hooked:
+            return
         if self.sched_saved is not None:
             s.set_timesteps = self.sched_saved
         elif "set_timesteps" in s.__dict__:
