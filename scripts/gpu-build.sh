@@ -237,5 +237,14 @@ tar -cf - -C "$bins" bin | xz -T1 --lzma2=preset=6,dict=192MiB > "$out/bin.tar.x
   [ "$mode" = cuda ] && echo "cuda: $("$toolkit/bin/nvcc" --version | tail -n 1), CUDA_COMPUTE_CAP=$CUDA_COMPUTE_CAP"
   echo "rustc: $(rustc --version)"
 } > "$out/BUILD"
+if [ "$mode" = cuda ]; then
+  # The adapter's wall-time stage runs Python: the flashdiff package (abi3, any CPython >= 3.9)
+  # and diffusers with the hub client, for a GPU machine whose PyTorch has no diffusers.
+  echo "== wheels for the diffusers adapter's wall-time stage"
+  mkdir -p "$out/wheels"
+  MATURIN_PEP517_ARGS="--release" python3 -m pip wheel -q --no-deps -w "$out/wheels" ./python
+  python3 -m pip download -q --no-deps --only-binary=:all: --dest "$out/wheels" diffusers huggingface_hub
+  ls -l "$out/wheels"
+fi
 cat "$out/BUILD"
 check_folder "$out"
