@@ -12,6 +12,7 @@
 //! the forecast order (1 or 2, velocities and K/V alike); fewer steps gets as many step
 //! counts. The model's warm-up is every method's.
 
+use anyhow::{bail, Context, Error};
 use std::path::Path;
 
 use serde_json::Value;
@@ -19,7 +20,7 @@ use serde_json::Value;
 use crate::protocol::IMAGE_TARGETS;
 use crate::study::{self, num, Candidate, Method};
 use crate::BenchConfig;
-use flashdiff_runtime::engine::{Engine, EngineError, LayoutKind, Mode, RequestConfig};
+use flashdiff_runtime::engine::{Engine, LayoutKind, Mode, RequestConfig};
 
 /// Candidate settings per method.
 pub const CANDIDATES: usize = 32;
@@ -110,12 +111,10 @@ pub fn run(
     validation: u32,
     out: &Path,
     progress: &mut dyn FnMut(&str),
-) -> Result<String, EngineError> {
+) -> anyhow::Result<String> {
     let model = engine.model().name().to_string();
     if engine.model().kind() != flashdiff_models::Kind::Image {
-        return Err(EngineError::Config(format!(
-            "the crossover study runs on image models; {model} is not one"
-        )));
+        bail!("the crossover study runs on image models; {model} is not one");
     }
     let base = RequestConfig {
         steps: cfg.steps,
@@ -132,15 +131,10 @@ pub fn run(
         validation,
         progress,
     )?;
-    let md =
-        study::write(&out.join(&model), "crossover.json", &doc).map_err(EngineError::Config)?;
-    let table = margin_table(out).map_err(EngineError::Config)?;
-    std::fs::write(out.join("crossover.md"), &table).map_err(|e| {
-        EngineError::Config(format!(
-            "cannot write {}: {e}",
-            out.join("crossover.md").display()
-        ))
-    })?;
+    let md = study::write(&out.join(&model), "crossover.json", &doc).map_err(Error::msg)?;
+    let table = margin_table(out).map_err(Error::msg)?;
+    std::fs::write(out.join("crossover.md"), &table)
+        .with_context(|| format!("cannot write {}", out.join("crossover.md").display()))?;
     Ok(format!("{md}\n{table}"))
 }
 

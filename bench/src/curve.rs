@@ -14,6 +14,7 @@
 //! their budget. The engine's default rule computes whole steps; it is a whole-step method
 //! here ("default-rule").
 
+use anyhow::Error;
 use std::path::Path;
 
 use crate::study::{self, Candidate, Method};
@@ -198,7 +199,7 @@ pub fn run(
     validation: u32,
     out: &Path,
     progress: &mut dyn FnMut(&str),
-) -> Result<String, EngineError> {
+) -> anyhow::Result<String> {
     let mut list = methods(engine.model().depth());
     if let Some(only) = only {
         if let Some(bad) = only.iter().find(|m| !list.iter().any(|(n, _)| n == m)) {
@@ -206,7 +207,8 @@ pub fn run(
             return Err(EngineError::Invalid {
                 field: "methods",
                 reason: format!("{bad:?}: the study runs {}", names.join(", ")),
-            });
+            }
+            .into());
         }
         list.retain(|(n, _)| only.iter().any(|o| o == n));
     }
@@ -217,7 +219,7 @@ pub fn run(
     };
     let settings = candidates(&base, &list);
     let doc = study::run(engine, cfg, "curve", &list, &settings, validation, progress)?;
-    study::write(out, "curve.json", &doc).map_err(EngineError::Config)
+    study::write(out, "curve.json", &doc).map_err(Error::msg)
 }
 
 /// Reads a study's `curve.json` in `dir` again and writes its `report.md` and pictures as

@@ -17,6 +17,7 @@ mod serving;
 pub mod study;
 mod wall_time;
 
+use anyhow::{anyhow, Context};
 use plots::*;
 use scale::*;
 
@@ -30,9 +31,7 @@ use flashdiff_scheduler::SchedulerConfig;
 
 use flashdiff_models::families::tinydit::scene::{self, IMAGE};
 use flashdiff_models::{euler_full_step, ModelError, Tensor};
-use flashdiff_runtime::engine::{
-    Engine, EngineError, LayoutKind, Mode, Output, RequestConfig, Reuse,
-};
+use flashdiff_runtime::engine::{Engine, LayoutKind, Mode, Output, RequestConfig, Reuse};
 
 /// Benchmark settings.
 #[derive(Debug, Clone)]
@@ -207,14 +206,14 @@ pub fn wall_time(
     cfg: &BenchConfig,
     out: &Path,
     progress: &mut dyn FnMut(&str),
-) -> Result<String, EngineError> {
+) -> anyhow::Result<String> {
     let md = format!(
         "# FlashDiff bench: wall time\n{}",
         wall_time::section(engine, cfg, progress)?
     );
     std::fs::create_dir_all(out)
         .and_then(|()| std::fs::write(out.join("report.md"), &md))
-        .map_err(|e| EngineError::Config(format!("cannot write {}: {e}", out.display())))?;
+        .with_context(|| format!("cannot write {}", out.display()))?;
     Ok(md)
 }
 
@@ -224,7 +223,7 @@ pub fn run(
     cfg: &BenchConfig,
     out: &Path,
     progress: &mut dyn FnMut(&str),
-) -> Result<String, EngineError> {
+) -> anyhow::Result<String> {
     let base = prepare(cfg, out)?;
     let ms_list = methods();
     let rows = per_prompt_rows(engine, cfg, &base, &ms_list, progress)?;
@@ -260,8 +259,7 @@ pub fn run(
     md.push_str(&jump.0);
     let (sweeps, full_ms) = sweeps(engine, cfg, &base, &mut md, progress)?;
     md.push_str(&operating_points(&sweeps, full_ms));
-    plots(out, &summary, &sweeps, &serving, &scale)
-        .map_err(|e| EngineError::Config(format!("plotting: {e}")))?;
+    plots(out, &summary, &sweeps, &serving, &scale).map_err(|e| anyhow!("plotting: {e}"))?;
     md.push_str("\nPlots: `quality_vs_work.svg`, `completion_cdf.svg`, `scale.svg`.\n");
     let per_run: Vec<Value> = rows
         .iter()
@@ -274,9 +272,8 @@ pub fn run(
 
 /// Creates `out`; returns FlashDiff's request settings (the base with the bench's steps and
 /// patches).
-pub(crate) fn prepare(cfg: &BenchConfig, out: &Path) -> Result<RequestConfig, EngineError> {
-    std::fs::create_dir_all(out)
-        .map_err(|e| EngineError::Config(format!("cannot create {}: {e}", out.display())))?;
+pub(crate) fn prepare(cfg: &BenchConfig, out: &Path) -> anyhow::Result<RequestConfig> {
+    std::fs::create_dir_all(out).with_context(|| format!("cannot create {}", out.display()))?;
     Ok(RequestConfig {
         steps: cfg.steps,
         patches: Some(cfg.patches),
@@ -285,11 +282,10 @@ pub(crate) fn prepare(cfg: &BenchConfig, out: &Path) -> Result<RequestConfig, En
 }
 
 /// Writes `bench.json` (`doc`) and `report.md` (`md`) into `out`.
-pub(crate) fn write_outputs(out: &Path, doc: &Value, md: &str) -> Result<(), EngineError> {
+pub(crate) fn write_outputs(out: &Path, doc: &Value, md: &str) -> anyhow::Result<()> {
     let write = |name: &str, body: &str| {
-        std::fs::write(out.join(name), body).map_err(|e| {
-            EngineError::Config(format!("cannot write {}: {e}", out.join(name).display()))
-        })
+        std::fs::write(out.join(name), body)
+            .with_context(|| format!("cannot write {}", out.join(name).display()))
     };
     write(
         "bench.json",
@@ -410,7 +406,7 @@ fn sweeps(
     base: &RequestConfig,
     md: &mut String,
     progress: &mut dyn FnMut(&str),
-) -> Result<(Vec<Value>, f64), EngineError> {
+) -> anyhow::Result<(Vec<Value>, f64)> {
     let sweep_prompts = cfg.prompts.min(if cfg.prompts <= 8 { 4 } else { 16 }) as u64;
     let variants = sweep_variants(cfg, base);
     progress(&format!(
@@ -474,7 +470,7 @@ fn per_prompt_rows(
     base: &RequestConfig,
     ms_list: &[Method],
     progress: &mut dyn FnMut(&str),
-) -> Result<Vec<Row>, EngineError> {
+) -> anyhow::Result<Vec<Row>> {
     let mut rows: Vec<Row> = Vec::new();
     for i in 0..cfg.prompts as usize {
         let scene = scene::sample(cfg.seed + i as u64);
@@ -597,7 +593,7 @@ fn final_step_profile(
     seed: u64,
     prompts: u32,
     steps: u32,
-) -> Result<(String, Value), EngineError> {
+) -> anyhow::Result<(String, Value)> {
     let model = engine.model();
     let dims = model.dims().clone();
     let (tokens, pd) = (dims.grid.tokens(), dims.channels);

@@ -4,6 +4,7 @@
 //! computation from the same seed: work, fidelity (video: PSNR over the clip, worst frame,
 //! temporal consistency; sound: SNR and log-spectral distance), and the built-in checker.
 
+use anyhow::bail;
 use std::path::Path;
 
 use serde_json::{json, Value};
@@ -11,7 +12,7 @@ use serde_json::{json, Value};
 use crate::{methods, ms, prepare, verdict, work, write_outputs, BenchConfig};
 use flashdiff_models::families::tinydit::{clips, sounds};
 use flashdiff_models::{Kind, Sample};
-use flashdiff_runtime::engine::{Engine, EngineError, Mode, Output, RequestConfig};
+use flashdiff_runtime::engine::{Engine, Mode, Output, RequestConfig};
 
 /// The baselines of the video and sound tables (besides fewer steps).
 const METHODS: [&str; 6] = [
@@ -114,13 +115,10 @@ pub fn run(
     cfg: &BenchConfig,
     out: &Path,
     progress: &mut dyn FnMut(&str),
-) -> Result<String, EngineError> {
+) -> anyhow::Result<String> {
     let kind = engine.model().kind();
     if kind == Kind::Image {
-        return Err(EngineError::Config(
-            "the media bench is for video and sound models; images have flashdiff_bench::run"
-                .into(),
-        ));
+        bail!("the media bench is for video and sound models; images have flashdiff_bench::run");
     }
     let base = prepare(cfg, out)?;
     let all = methods();

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use serde_json::{json, Value};
 
-use flashdiff_runtime::engine::{Engine, EngineError, QueueOrder, RequestConfig};
+use flashdiff_runtime::engine::{Engine, QueueOrder, RequestConfig};
 use flashdiff_scheduler::sim::bursty_arrivals;
 
 use crate::serving::serve_shaped;
@@ -23,7 +23,7 @@ pub(crate) fn ordering(
     base: &RequestConfig,
     md: &mut String,
     progress: &mut dyn FnMut(&str),
-) -> Result<Vec<Value>, EngineError> {
+) -> anyhow::Result<Vec<Value>> {
     let tiny = cfg.prompts <= 2;
     let quick = cfg.prompts <= 8;
     let n = if tiny {
@@ -146,7 +146,7 @@ fn deadline_study(
     cap: f64,
     md: &mut String,
     progress: &mut dyn FnMut(&str),
-) -> Result<Vec<Value>, EngineError> {
+) -> anyhow::Result<Vec<Value>> {
     let quick = cfg.prompts <= 8;
     let mut rows = Vec::new();
     // Deadlines: request i may take 2, 4 or 8 times a lone request's latency.

@@ -16,13 +16,14 @@
 //! one level, and the report shows each level's completions, so a p99 that the lowest level
 //! pays for the others is told apart from one the engine is slower at.
 
+use anyhow::Error;
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 
 use flashdiff_models::families::tinydit::scene;
-use flashdiff_runtime::engine::{Engine, EngineError, Mode, RequestConfig, START_WINDOW_EXTRA};
+use flashdiff_runtime::engine::{Engine, Mode, RequestConfig, START_WINDOW_EXTRA};
 use flashdiff_runtime::service::{Reply, Service};
 use flashdiff_scheduler::sim::bursty_arrivals;
 
@@ -220,7 +221,7 @@ pub(crate) fn study(
     quality_db: &dyn Fn(&str) -> f64,
     md: &mut String,
     progress: &mut dyn FnMut(&str),
-) -> Result<Vec<Value>, EngineError> {
+) -> anyhow::Result<Vec<Value>> {
     let quick = cfg.prompts <= 8;
     // A smoke run (a test's): the least that still exercises every path.
     let tiny = cfg.prompts <= 2;
@@ -634,7 +635,7 @@ fn serve_trace(
     arrivals: &[f64],
     s: &Server,
     seed: u64,
-) -> Result<Value, EngineError> {
+) -> anyhow::Result<Value> {
     let one_level = s.one_level;
     let window = engine.start_window();
     if s.window {
@@ -655,7 +656,7 @@ fn serve_on(
     s: &Server,
     arrivals: &[f64],
     seed: u64,
-) -> Result<Value, EngineError> {
+) -> anyhow::Result<Value> {
     let e = match (procs.as_mut(), s.processes) {
         (Some(p), true) => p,
         _ => engine,
@@ -676,7 +677,7 @@ pub(crate) fn serve_shaped(
     fifo: bool,
     seed: u64,
     shape: &dyn Fn(usize) -> (u8, Option<Duration>),
-) -> Result<Value, EngineError> {
+) -> anyhow::Result<Value> {
     let start = Instant::now();
     let n = arrivals.len();
     let slots = engine.workers() as usize;
@@ -746,7 +747,7 @@ pub(crate) fn serve_shaped(
                 done += 1;
             }
         }
-        Ok::<(), EngineError>(())
+        Ok::<(), Error>(())
     })?;
     let makespan = start.elapsed().as_secs_f64() - arrivals[0].min(start.elapsed().as_secs_f64());
     latency.sort_by(f64::total_cmp);

@@ -7,6 +7,7 @@
 //! candidate's validation result and every target's rows and pairs, so reports and pictures
 //! are written again from them alone.
 
+use anyhow::{anyhow, Error};
 use std::ops::Range;
 use std::path::Path;
 
@@ -156,7 +157,7 @@ impl Bench<'_> {
         seeds: Range<u64>,
         what: &str,
         progress: &mut dyn FnMut(&str),
-    ) -> Result<(Measured, Vec<Measured>), EngineError> {
+    ) -> anyhow::Result<(Measured, Vec<Measured>)> {
         let (kind, side, steps) = (self.kind, self.side, self.steps);
         let mut full = Measured::default();
         let mut each = vec![Measured::default(); settings.len()];
@@ -211,13 +212,13 @@ impl Bench<'_> {
 
 /// The canvas side scenes are drawn for: the model's square image side (images), else the
 /// built-in image size (unused).
-fn side_of(engine: &Engine) -> Result<usize, EngineError> {
+fn side_of(engine: &Engine) -> anyhow::Result<usize> {
     let model = engine.model().name().to_string();
     match engine.model().image_size() {
         Some((w, h)) if w == h => Ok(w),
-        Some((w, h)) => Err(EngineError::Config(format!(
+        Some((w, h)) => Err(anyhow!(
             "the study draws square scenes; {model} makes {w}x{h} images"
-        ))),
+        )),
         None => Ok(scene::IMAGE),
     }
 }
@@ -234,7 +235,7 @@ pub fn run(
     list: &[Candidate],
     validation: u32,
     progress: &mut dyn FnMut(&str),
-) -> Result<Value, EngineError> {
+) -> anyhow::Result<Value> {
     let most = methods
         .iter()
         .map(|(m, _)| list.iter().filter(|c| c.method == *m).count())
@@ -251,7 +252,7 @@ pub fn run(
             (*m, if exhaustive { most } else { n })
         })
         .collect();
-    let per_method = protocol::equal_tries(&counts).map_err(EngineError::Config)?;
+    let per_method = protocol::equal_tries(&counts).map_err(Error::msg)?;
     let model = engine.model().name().to_string();
     let kind = engine.model().kind();
     let side = side_of(engine)?;
@@ -313,7 +314,7 @@ pub fn run(
                     continue;
                 };
                 let (p, v) = protocol::compare(&tested(ia).scores, &tested(ib).scores, boot_seed)
-                    .map_err(EngineError::Config)?;
+                    .map_err(Error::msg)?;
                 pairs.push(json!({
                     "a": methods[a].0, "b": methods[b].0, "mean": p.mean, "lo": p.lo,
                     "hi": p.hi, "worst": p.worst, "verdict": v.to_string(),

@@ -4,11 +4,12 @@
 //!
 //! Efficiency = speed-up / (1 / work): 1.0 when the time saved is exactly the work saved.
 
+use anyhow::{bail, Context};
 use std::process::Command;
 use std::time::Instant;
 
 use flashdiff_models::families::tinydit::scene;
-use flashdiff_runtime::engine::{Engine, EngineError, Mode, RequestConfig, DEFAULT_PATCHES};
+use flashdiff_runtime::engine::{Engine, Mode, RequestConfig, DEFAULT_PATCHES};
 
 use crate::{verdict, work, BenchConfig};
 
@@ -26,7 +27,7 @@ pub(crate) fn section(
     engine: &Engine,
     cfg: &BenchConfig,
     progress: &mut dyn FnMut(&str),
-) -> Result<String, EngineError> {
+) -> anyhow::Result<String> {
     let (prompts, reps) = match cfg.prompts {
         0..=2 => (1, 1),
         3..=8 => (4, 3),
@@ -104,7 +105,7 @@ fn whole_processes(
     reps: usize,
     work_ratio: f64,
     progress: &mut dyn FnMut(&str),
-) -> Result<String, EngineError> {
+) -> anyhow::Result<String> {
     let Some((exe, args)) = &cfg.exe else {
         return Ok("| whole process | not measured (no executable given) | | | | | >= 0.85 | not measured |\n".into());
     };
@@ -112,9 +113,8 @@ fn whole_processes(
 
     progress("wall time: whole processes");
     let dir = std::env::temp_dir().join(format!("flashdiff-wall-{}", std::process::id()));
-    std::fs::create_dir_all(&dir)
-        .map_err(|e| EngineError::Config(format!("cannot create {}: {e}", dir.display())))?;
-    let run = |prompt: &str, seed: u64, mode: &str| -> Result<f64, EngineError> {
+    std::fs::create_dir_all(&dir).with_context(|| format!("cannot create {}", dir.display()))?;
+    let run = |prompt: &str, seed: u64, mode: &str| -> anyhow::Result<f64> {
         let t0 = Instant::now();
         let st = Command::new(exe)
             .args([
@@ -130,13 +130,13 @@ fn whole_processes(
             .arg("-o")
             .arg(dir.join("wall.png"))
             .output()
-            .map_err(|e| EngineError::Config(format!("cannot run {}: {e}", exe.display())))?;
+            .with_context(|| format!("cannot run {}", exe.display()))?;
         if !st.status.success() {
-            return Err(EngineError::Config(format!(
+            bail!(
                 "{} generate failed: {}",
                 exe.display(),
                 String::from_utf8_lossy(&st.stderr)
-            )));
+            );
         }
         Ok(t0.elapsed().as_secs_f64())
     };

@@ -153,6 +153,9 @@ fn from_engine_ref(e: &EngineError) -> Fail {
         EngineError::Prompt(_) => fd_status::FD_ERR_VALUE,
         EngineError::Model(_) => fd_status::FD_ERR_VALUE,
         EngineError::Config(_)
+        | EngineError::Io { .. }
+        | EngineError::Checkpoint { .. }
+        | EngineError::Stopped
         | EngineError::Invalid { .. }
         | EngineError::Cancelled(_)
         | EngineError::WorkerLost(_)

@@ -341,47 +341,20 @@ fn unsplit(model: &str) -> ModelError {
 }
 
 /// Why a model call failed.
-#[derive(Debug)]
+#[derive(Debug, thiserror::Error)]
 pub enum ModelError {
     /// Weights could not be loaded.
-    Weights(WeightsError),
+    #[error(transparent)]
+    Weights(#[from] WeightsError),
     /// The prompt cannot be taken.
-    Prompt(scene::PromptError),
+    #[error(transparent)]
+    Prompt(#[from] scene::PromptError),
     /// Bad arguments (shapes, ids) from the caller.
+    #[error("model input: {0}")]
     Input(String),
     /// The tensor library failed.
-    Tensor(candle_core::Error),
-}
-
-impl fmt::Display for ModelError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Self::Weights(e) => e.fmt(f),
-            Self::Prompt(e) => e.fmt(f),
-            Self::Input(e) => write!(f, "model input: {e}"),
-            Self::Tensor(e) => write!(f, "tensor op failed: {e}"),
-        }
-    }
-}
-
-impl std::error::Error for ModelError {}
-
-impl From<WeightsError> for ModelError {
-    fn from(e: WeightsError) -> Self {
-        Self::Weights(e)
-    }
-}
-
-impl From<scene::PromptError> for ModelError {
-    fn from(e: scene::PromptError) -> Self {
-        Self::Prompt(e)
-    }
-}
-
-impl From<candle_core::Error> for ModelError {
-    fn from(e: candle_core::Error) -> Self {
-        Self::Tensor(e)
-    }
+    #[error("tensor op failed: {0}")]
+    Tensor(#[from] candle_core::Error),
 }
 
 /// One Euler step of ordinary sampling, `n` of `steps`: the full forward of the latent `x`

@@ -6,16 +6,9 @@ use std::io::Cursor;
 use crate::models::{Kind, Sample};
 
 /// Why a sample could not be encoded.
-#[derive(Debug)]
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
 pub struct MediaError(pub String);
-
-impl std::fmt::Display for MediaError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(&self.0)
-    }
-}
-
-impl std::error::Error for MediaError {}
 
 /// The file extension a kind of sample is written as.
 pub fn extension(kind: Kind) -> &'static str {

@@ -105,7 +105,7 @@ pub(crate) fn bench(a: BenchArgs) -> Result<(), String> {
         Kind::Image => flashdiff_bench::run(&mut engine, &cfg, &out, &mut progress),
         _ => flashdiff_bench::media::run(&mut engine, &cfg, &out, &mut progress),
     }
-    .map_err(|e| e.to_string())?;
+    .map_err(|e| format!("{e:#}"))?;
     println!("{report}");
     let wrote = if a.study.as_deref() == Some("crossover") {
         format!(

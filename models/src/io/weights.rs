@@ -4,7 +4,6 @@
 //! model that computes in bf16 ([`Weights::tensor_in`]) never holds an f32 copy of them.
 
 use std::collections::HashMap;
-use std::fmt;
 use std::fs::File;
 use std::path::{Path, PathBuf};
 
@@ -12,15 +11,19 @@ use memmap2::Mmap;
 use safetensors::{Dtype, SafeTensors};
 
 /// Why a weights file could not be used.
-#[derive(Debug)]
+#[derive(Debug, thiserror::Error)]
 pub enum WeightsError {
     /// The file could not be opened or mapped.
-    Io(PathBuf, std::io::Error),
+    #[error("cannot read weights {path}: {source}", path = .0.display(), source = .1)]
+    Io(PathBuf, #[source] std::io::Error),
     /// Not a valid safetensors file (truncated, bad header, overlapping offsets).
+    #[error("{path} is not a valid safetensors file: {why}", path = .0.display(), why = .1)]
     Format(PathBuf, String),
     /// A tensor the model needs is absent.
+    #[error("weights file has no tensor {0:?}")]
     Missing(String),
     /// A tensor has the wrong shape.
+    #[error("tensor {name:?} has shape {got:?}, the model config needs {expected:?}")]
     Shape {
         /// Tensor name.
         name: String,
@@ -30,39 +33,16 @@ pub enum WeightsError {
         got: Vec<usize>,
     },
     /// A tensor has a dtype we cannot read.
+    #[error("tensor {0:?} has dtype {1}; only F32, F16 and BF16 are supported")]
     Dtype(String, String),
     /// Metadata (config, vocabulary) missing or malformed.
+    #[error("weights metadata: {0}")]
     Metadata(String),
     /// A tensor could not be read through candle's `VarBuilder`: the reader's own error
     /// (one of the above), as text.
+    #[error("{0}")]
     Read(String),
 }
-
-impl fmt::Display for WeightsError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Self::Io(p, e) => write!(f, "cannot read weights {}: {e}", p.display()),
-            Self::Format(p, e) => write!(f, "{} is not a valid safetensors file: {e}", p.display()),
-            Self::Missing(n) => write!(f, "weights file has no tensor {n:?}"),
-            Self::Shape {
-                name,
-                expected,
-                got,
-            } => write!(
-                f,
-                "tensor {name:?} has shape {got:?}, the model config needs {expected:?}"
-            ),
-            Self::Dtype(n, d) => write!(
-                f,
-                "tensor {n:?} has dtype {d}; only F32, F16 and BF16 are supported"
-            ),
-            Self::Metadata(m) => write!(f, "weights metadata: {m}"),
-            Self::Read(m) => f.write_str(m),
-        }
-    }
-}
-
-impl std::error::Error for WeightsError {}
 
 #[derive(Debug)]
 enum Storage {

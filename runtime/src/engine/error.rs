@@ -1,7 +1,5 @@
 //! Why a request or the engine failed: one variant per case a caller handles differently.
 
-use std::fmt;
-
 use flashdiff_gate::GateError;
 use flashdiff_models::families::tinydit::scene::PromptError;
 use flashdiff_models::io::weights::WeightsError;
@@ -10,14 +8,17 @@ use flashdiff_partitioner::PartitionError;
 use flashdiff_scheduler::SchedError;
 
 /// Why a request or the engine failed.
-#[derive(Debug)]
+#[derive(Debug, thiserror::Error)]
 pub enum EngineError {
     /// The model could not be loaded.
-    Weights(WeightsError),
+    #[error(transparent)]
+    Weights(#[from] WeightsError),
     /// The prompt is not in the model's language.
-    Prompt(PromptError),
+    #[error(transparent)]
+    Prompt(#[from] PromptError),
     /// A request setting is out of range: the request's field (`"max_skip"`, the CLI's
     /// `--max-skip`) and why, with the value and the valid range.
+    #[error("\"{field}\" {reason}")]
     Invalid {
         /// The field, as the request schema names it.
         field: &'static str,
@@ -26,6 +27,7 @@ pub enum EngineError {
     },
     /// A field the interface a request came through does not take (the request schema's
     /// name for it, and why).
+    #[error("\"{field}\": {reason}")]
     Refused {
         /// The field, as the request schema names it.
         field: &'static str,
@@ -33,43 +35,54 @@ pub enum EngineError {
         reason: String,
     },
     /// The request was cancelled before it finished.
+    #[error("request {0} was cancelled")]
     Cancelled(u64),
     /// Workers were lost: the request's monotask kept losing its worker, or no worker is
     /// left and none can be started.
+    #[error("{0}")]
     WorkerLost(String),
-    /// The engine's own configuration or environment: a worker count or policy out of
-    /// range, a call made while requests are in flight, a file that cannot be written.
+    /// A file, folder or thread the engine needs could not be made: what, and the system's
+    /// error.
+    #[error("{what}: {source}")]
+    Io {
+        /// What was being made or written (with its path).
+        what: String,
+        /// The operating system's error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// A checkpoint this engine cannot continue: made for another model, of a request in
+    /// flight, or inconsistent (it is untrusted input).
+    #[error("checkpoint of request {id}: {reason}")]
+    Checkpoint {
+        /// The request the checkpoint is of.
+        id: u64,
+        /// What does not fit.
+        reason: String,
+    },
+    /// The engine's thread has stopped: nothing more is taken.
+    #[error("the engine has stopped")]
+    Stopped,
+    /// The engine's own configuration: a worker count or policy out of range, a call made
+    /// while requests are in flight.
+    #[error("{0}")]
     Config(String),
     /// The engine broke one of its own invariants (a bug, reported instead of a hang).
+    #[error("{0}")]
     Internal(String),
     /// A policy refused (should not happen for validated input).
-    Partition(PartitionError),
+    #[error("partitioner: {0}")]
+    Partition(#[from] PartitionError),
     /// Gate refusal.
-    Gate(GateError),
+    #[error("gate: {0}")]
+    Gate(#[from] GateError),
     /// Scheduler refusal (admission control included).
-    Scheduler(SchedError),
+    #[error("scheduler: {0}")]
+    Scheduler(#[from] SchedError),
     /// The model refused its input or its tensor library failed.
+    #[error("{0}")]
     Model(ModelError),
 }
-
-impl fmt::Display for EngineError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Self::Weights(e) => write!(f, "{e}"),
-            Self::Prompt(e) => write!(f, "{e}"),
-            Self::Invalid { field, reason } => write!(f, "\"{field}\" {reason}"),
-            Self::Refused { field, reason } => write!(f, "\"{field}\": {reason}"),
-            Self::Cancelled(id) => write!(f, "request {id} was cancelled"),
-            Self::WorkerLost(e) | Self::Config(e) | Self::Internal(e) => write!(f, "{e}"),
-            Self::Partition(e) => write!(f, "partitioner: {e}"),
-            Self::Gate(e) => write!(f, "gate: {e}"),
-            Self::Scheduler(e) => write!(f, "scheduler: {e}"),
-            Self::Model(e) => write!(f, "{e}"),
-        }
-    }
-}
-
-impl std::error::Error for EngineError {}
 
 impl EngineError {
     /// The same error for another request (the engine fails every request in flight with
@@ -78,20 +91,9 @@ impl EngineError {
         match self {
             Self::WorkerLost(m) => Self::WorkerLost(m.clone()),
             Self::Internal(m) => Self::Internal(m.clone()),
+            Self::Stopped => Self::Stopped,
             e => Self::Config(e.to_string()),
         }
-    }
-}
-
-impl From<WeightsError> for EngineError {
-    fn from(e: WeightsError) -> Self {
-        Self::Weights(e)
-    }
-}
-
-impl From<PromptError> for EngineError {
-    fn from(e: PromptError) -> Self {
-        Self::Prompt(e)
     }
 }
 
@@ -102,23 +104,5 @@ impl From<ModelError> for EngineError {
             ModelError::Prompt(e) => Self::Prompt(e),
             e => Self::Model(e),
         }
-    }
-}
-
-impl From<PartitionError> for EngineError {
-    fn from(e: PartitionError) -> Self {
-        Self::Partition(e)
-    }
-}
-
-impl From<GateError> for EngineError {
-    fn from(e: GateError) -> Self {
-        Self::Gate(e)
-    }
-}
-
-impl From<SchedError> for EngineError {
-    fn from(e: SchedError) -> Self {
-        Self::Scheduler(e)
     }
 }

@@ -107,8 +107,12 @@ impl Engine {
         let context = Tensor::from_slice(&c.context, c.context.len(), self.model.device())
             .map_err(ModelError::from)?;
         let tokens = dims.grid.tokens();
-        let mut state = SharedState::create(self.layout.clone(), self.shm.as_deref(), id)
-            .map_err(|e| EngineError::Config(format!("cannot create request state: {e}")))?;
+        let mut state = SharedState::create(self.layout.clone(), self.shm.as_deref(), id).map_err(
+            |source| EngineError::Io {
+                what: "cannot create request state".into(),
+                source,
+            },
+        )?;
         state
             .get_mut(Region::X0)
             .copy_from_slice(&noise(cfg.seed, tokens * dims.channels));

@@ -261,15 +261,19 @@ impl Engine {
             ..Default::default()
         })?;
         let layout = StateLayout::new(model.dims());
-        let state_dir = match &shm {
-            None => None,
-            Some(root) => Some(crate::state::StateDir::create(root).map_err(|e| {
-                EngineError::Config(format!(
-                    "cannot create the engine's state directory under {}: {e}",
-                    root.display()
-                ))
-            })?),
-        };
+        let state_dir =
+            match &shm {
+                None => None,
+                Some(root) => Some(crate::state::StateDir::create(root).map_err(|source| {
+                    EngineError::Io {
+                        what: format!(
+                            "cannot create the engine's state directory under {}",
+                            root.display()
+                        ),
+                        source,
+                    }
+                })?),
+            };
         Ok(Self {
             model,
             layout,

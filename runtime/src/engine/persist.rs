@@ -32,8 +32,9 @@ impl Engine {
         every: Duration,
     ) -> Result<(), EngineError> {
         if let Some(d) = &dir {
-            create_private_dir(d).map_err(|e| {
-                EngineError::Config(format!("checkpoint directory {}: {e}", d.display()))
+            create_private_dir(d).map_err(|source| EngineError::Io {
+                what: format!("checkpoint directory {}", d.display()),
+                source,
             })?;
         }
         self.checkpoints = dir;
@@ -66,7 +67,7 @@ impl Engine {
     /// perhaps in a process that died): the rest of its steps run as they would have, so
     /// its output is bit-identical to an uninterrupted run's.
     pub fn resume(&mut self, c: Checkpoint) -> Result<(), EngineError> {
-        let bad = |m: String| EngineError::Config(format!("checkpoint of request {}: {m}", c.id));
+        let bad = |reason: String| EngineError::Checkpoint { id: c.id, reason };
         if c.dims != self.layout.dims_words() {
             return Err(bad(format!(
                 "made for a model of dimensions {:?}, this one has {:?}",
@@ -104,7 +105,10 @@ impl Engine {
         let context = Tensor::from_slice(&cond.context, cond.context.len(), self.model.device())
             .map_err(ModelError::from)?;
         let mut state = SharedState::create(self.layout.clone(), self.shm.as_deref(), c.id)
-            .map_err(|e| EngineError::Config(format!("cannot create request state: {e}")))?;
+            .map_err(|source| EngineError::Io {
+                what: "cannot create request state".into(),
+                source,
+            })?;
         restore_regions(&mut state, &c.regions).map_err(bad)?;
         state
             .get_mut(Region::Context)

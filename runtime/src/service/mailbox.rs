@@ -22,40 +22,24 @@ pub enum Standing {
 }
 
 /// Why a [`Mailbox`] call was refused.
-#[derive(Debug)]
+#[derive(Debug, thiserror::Error)]
 pub enum MailboxError {
     /// A request with this id is pending or has a result not yet taken.
+    #[error("request {0} exists: release it first")]
     Duplicate(u64),
     /// The request has finished (cancel).
+    #[error("request {0} already finished: read or release its result")]
     Finished(u64),
     /// The request is still pending (take, release).
+    #[error("request {0} is still pending")]
     Pending(u64),
     /// No such request: never submitted, or its result was taken or released.
+    #[error("request {0} was never submitted or was released")]
     Unknown(u64),
     /// The engine refused.
+    #[error(transparent)]
     Engine(EngineError),
 }
-
-impl std::fmt::Display for MailboxError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            Self::Duplicate(id) => write!(f, "request {id} exists: release it first"),
-            Self::Finished(id) => {
-                write!(
-                    f,
-                    "request {id} already finished: read or release its result"
-                )
-            }
-            Self::Pending(id) => write!(f, "request {id} is still pending"),
-            Self::Unknown(id) => {
-                write!(f, "request {id} was never submitted or was released")
-            }
-            Self::Engine(e) => write!(f, "{e}"),
-        }
-    }
-}
-
-impl std::error::Error for MailboxError {}
 
 struct Book {
     pending: HashSet<u64>,

@@ -160,7 +160,7 @@ impl Beacon {
 }
 
 fn stopped() -> EngineError {
-    EngineError::Config("the engine has stopped".into())
+    EngineError::Stopped
 }
 
 /// The engine on its own thread. Dropping it drains: what was admitted finishes first.
@@ -187,7 +187,10 @@ impl Service {
                     let mut engine = engine;
                     run(&mut engine, rx, &beacon)
                 })
-                .map_err(|e| EngineError::Config(format!("cannot start the engine thread: {e}")))?
+                .map_err(|source| EngineError::Io {
+                    what: "cannot start the engine thread".into(),
+                    source,
+                })?
         };
         Ok(Self {
             tx,
