@@ -53,14 +53,14 @@ import time
 
 import numpy as np
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils.flop_counter import FlopCounterMode, flop_registry
+from torch.utils.flop_counter import FlopCounterMode
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(HERE, "..", "models", "tinyflux"))
 sys.path.insert(0, os.path.join(HERE, "..", "models", "tinydit"))
 import protocol_py as P  # noqa: E402
+from flops_py import Flops  # noqa: E402
 import shapes  # noqa: E402
 from flux_model import FluxConfig, TinyFlux, engine_noise, load_folder  # noqa: E402
 
@@ -128,25 +128,6 @@ def load(path):
     model = TinyFlux(FluxConfig(**ck["config"]))
     model.load_state_dict(ck["ema"])
     return model.eval(), ck.get("step")
-
-
-class Flops(TorchDispatchMode):
-    """FLOPs of what runs under it, by torch's own formulas (`flop_registry`, those of
-    FlopCounterMode) for every op that has one; the ops run as they are. FlopCounterMode's
-    module tracking and decomposition of uncounted ops are left out, which makes it about
-    twice as fast; `check_flops` verifies it counts the same as FlopCounterMode."""
-
-    def __init__(self):
-        super().__init__()
-        self.total = 0
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
-        out = func(*args, **kwargs)
-        f = flop_registry.get(func._overloadpacket)
-        if f is not None:
-            self.total += f(*args, **kwargs, out_val=out)
-        return out
 
 
 @torch.no_grad()

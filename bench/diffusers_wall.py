@@ -37,12 +37,11 @@ import tempfile
 import time
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils.flop_counter import flop_registry
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 import speed_study  # noqa: E402
+from flops_py import Flops  # noqa: E402
 
 import diffusers  # noqa: E402
 
@@ -51,22 +50,6 @@ logging.getLogger("diffusers").setLevel(logging.ERROR)
 
 def say(msg):
     print(msg, file=sys.stderr, flush=True)
-
-
-class Flops(TorchDispatchMode):
-    """FLOPs of what runs under it, by torch's formulas for every op that has one."""
-
-    def __init__(self):
-        super().__init__()
-        self.total = 0
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
-        out = func(*args, **kwargs)
-        f = flop_registry.get(func._overloadpacket)
-        if f is not None:
-            self.total += f(*args, **kwargs, out_val=out)
-        return out
 
 
 def case_inputs(name, tokens, text, device, seed=0):
@@ -205,7 +188,7 @@ def run_case(name, args):
 
 
 def markdown(rep):
-    md = [f"# FlashDiff's diffusers adapter in wall time\n",
+    md = ["# FlashDiff's diffusers adapter in wall time\n",
           f"Commit {rep['commit']}, {rep['date']}; `{rep['command']}`; torch {rep['torch']}, diffusers "
           f"{rep['diffusers']}; {rep['machine']}. Each method's setting is its candidate nearest the FLOPs target "
           f"{rep['target']}; seconds are the medians of {rep['reps']} loops alternating with the plain loop.\n"]
