@@ -612,6 +612,19 @@ class _View:
         self.n = int(np.prod(grid))
 
 
+def _grid_view(t: Any, batch: int, text: int, grid: Any, device: Any, dtype: Any, run: Any, signal: Any,
+               patchify: Any, unpatchify: Any) -> _View:
+    """The view of a transformer whose output is a latent grid (SD3, Wan): token rows in
+    the layout of its last projection, through the family's `patchify` and `unpatchify`."""
+
+    def tokens(out: Any, idx: Any) -> Any:
+        tok = patchify(t, out, grid)
+        return tok if idx is None else tok[:, idx]
+
+    return _View(batch, text, grid, device, run, tokens=tokens,
+                 untokens=lambda v: unpatchify(t, v, grid).to(dtype), signal=signal)
+
+
 def _run(a: _Adapter, call: _Call, v: _View, rows: List[_Row], sel: Any, idx: Any, ctx: Optional[_Ctx]) -> Any:
     """One transformer forward, counted."""
     a.ctx = ctx

@@ -7,7 +7,7 @@ from __future__ import annotations
 import re
 from typing import Any, List, Optional
 
-from ._core import _ATTR, _Adapter, _Processor, _View, _control, _output, _plain, _rows, _scatter_tokens, _step, _torch
+from ._core import _ATTR, _Adapter, _Processor, _grid_view, _control, _output, _plain, _rows, _scatter_tokens, _step, _torch
 
 
 class _SD3Processor(_Processor):
@@ -91,12 +91,8 @@ def _forward_sd3(self: Any, hidden_states: Any, encoder_hidden_states: Any = Non
         return _sd3_signal(self, _rows(hidden_states, sel, batch), _rows(pooled_projections, sel, batch),
                            _rows(timestep, sel, batch))
 
-    def tokens(out: Any, idx: Any) -> Any:
-        tok = _patchify_sd3(self, out, grid)
-        return tok if idx is None else tok[:, idx]
-
-    view = _View(batch, encoder_hidden_states.shape[1], grid, hidden_states.device, run, tokens=tokens,
-                 untokens=lambda v: _unpatchify_sd3(self, v, grid).to(hidden_states.dtype), signal=signal)
+    view = _grid_view(self, batch, encoder_hidden_states.shape[1], grid, hidden_states.device, hidden_states.dtype,
+                      run, signal, _patchify_sd3, _unpatchify_sd3)
     return _output(_step(a, call, view), return_dict)
 
 

@@ -7,7 +7,7 @@ import re
 from typing import Any, List, Optional
 
 from .. import Error
-from ._core import _ATTR, _Adapter, _Processor, _View, _output, _plain, _rows, _scatter_tokens, _step, _torch
+from ._core import _ATTR, _Adapter, _Processor, _grid_view, _output, _plain, _rows, _scatter_tokens, _step, _torch
 
 
 def _wan_rope(x: Any, cos: Any, sin: Any) -> Any:
@@ -151,12 +151,8 @@ def _forward_wan(self: Any, hidden_states: Any, timestep: Any = None, encoder_hi
         return _wan_signal(self, _rows(hidden_states, sel, batch), _rows(timestep, sel, batch),
                            _rows(encoder_hidden_states, sel, batch), _rows(image, sel, batch))
 
-    def tokens(out: Any, idx: Any) -> Any:
-        tok = _patchify_wan(self, out, grid)
-        return tok if idx is None else tok[:, idx]
-
-    view = _View(batch, encoder_hidden_states.shape[1], grid, hidden_states.device, run, tokens=tokens,
-                 untokens=lambda v: _unpatchify_wan(self, v, grid).to(hidden_states.dtype), signal=signal)
+    view = _grid_view(self, batch, encoder_hidden_states.shape[1], grid, hidden_states.device, hidden_states.dtype,
+                      run, signal, _patchify_wan, _unpatchify_wan)
     return _output(_step(a, call, view), return_dict)
 
 
