@@ -33,7 +33,9 @@ pub(crate) fn ordering(
     } else {
         200
     };
-    let mut one = Engine::with_model(engine.shared_model(), 1, None)?;
+    let mut one = Engine::builder_with(engine.shared_model())
+        .workers(1)
+        .build()?;
     progress("ordering: capacity on one worker");
     let sat = serve_shaped(
         &mut one,

@@ -230,12 +230,12 @@ pub(crate) fn study(
     // Worker processes need the executable; without it (a library caller) those rows are
     // left out and the report says so.
     let mut procs = match &cfg.exe {
-        Some((exe, _)) if list.iter().any(|s| s.processes) => Some(Engine::with_processes(
-            &cfg.weights,
-            workers,
-            exe,
-            &flashdiff_runtime::engine::state_dir(),
-        )?),
+        Some((exe, _)) if list.iter().any(|s| s.processes) => Some(
+            Engine::builder(&cfg.weights)
+                .workers(workers)
+                .processes(exe, &flashdiff_runtime::engine::state_dir())
+                .build()?,
+        ),
         _ => None,
     };
     let skipped: Vec<&str> = if procs.is_none() {

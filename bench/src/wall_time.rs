@@ -44,7 +44,9 @@ pub(crate) fn section(
     // In the engine as `generate` runs it (one in-process worker, the bench's model): per
     // prompt, the best of `reps` alternating runs of each (the least disturbed by the
     // machine); work and quality from the FlashDiff run.
-    let mut engine = Engine::with_model(engine.shared_model(), 1, None)?;
+    let mut engine = Engine::builder_with(engine.shared_model())
+        .workers(1)
+        .build()?;
     let (mut t_full, mut t_fd, mut w, mut q, mut worst) = (0.0, 0.0, 0.0, 0.0, f64::INFINITY);
     for i in 0..prompts {
         let seed = cfg.seed + 5000 + i as u64;

@@ -249,12 +249,10 @@ pub unsafe extern "C" fn fd_engine_new(
                     "worker_exe is NULL but processes is true",
                 )
             })?;
-            Engine::with_processes(
-                &weights,
-                c.workers,
-                &PathBuf::from(exe),
-                &flashdiff_runtime::engine::state_dir(),
-            )
+            Engine::builder(&weights)
+                .workers(c.workers)
+                .processes(&PathBuf::from(exe), &flashdiff_runtime::engine::state_dir())
+                .build()
         } else {
             Engine::new(&weights, c.workers)
         }

@@ -117,7 +117,12 @@ impl Engine {
         };
         let device = flashdiff_runtime::models::device(false).map_err(fail)?;
         let inner = py
-            .detach(|| REngine::load(&spec, workers, &device))
+            .detach(|| {
+                REngine::builder(&spec)
+                    .workers(workers)
+                    .device(&device)
+                    .build()
+            })
             .map_err(fail)?;
         let kind = inner.model().kind();
         Ok(Self {

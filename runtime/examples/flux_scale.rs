@@ -75,7 +75,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         3.5,
         Device::Cpu,
     )?);
-    let mut engine = Engine::with_model(model, 1, None)?;
+    let mut engine = Engine::builder_with(model).workers(1).build()?;
     let req = RequestConfig {
         steps: 6,
         warmup: 2,

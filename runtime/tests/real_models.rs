@@ -85,7 +85,7 @@ fn flux_runs_through_the_engine_skips_and_is_deterministic() {
     let c = m.condition(PROMPT).unwrap();
     assert_eq!(c.words.len(), 10);
     assert_eq!(c.salient.iter().filter(|&&s| s).count(), 5, "{:?}", c.words);
-    let mut one = Engine::with_model(m.clone(), 1, None).unwrap();
+    let mut one = Engine::builder_with(m.clone()).workers(1).build().unwrap();
     let fd = one
         .generate(PROMPT, cfg(Mode::PatchGate), &mut |_| {})
         .unwrap();
@@ -103,7 +103,7 @@ fn flux_runs_through_the_engine_skips_and_is_deterministic() {
         .generate(PROMPT, cfg(Mode::PatchGate), &mut |_| {})
         .unwrap();
     assert_eq!(again.latent, fd.latent, "same request, same latent");
-    let mut two = Engine::with_model(m.clone(), 2, None).unwrap();
+    let mut two = Engine::builder_with(m.clone()).workers(2).build().unwrap();
     let w2 = two
         .generate(PROMPT, cfg(Mode::PatchGate), &mut |_| {})
         .unwrap();
@@ -162,7 +162,7 @@ fn sd35_runs_through_the_engine_skips_and_is_deterministic() {
         Arc::new(Sd3Denoiser::new(mmdit, Box::new(HashText), (4, 6), 0.0, Device::Cpu).unwrap());
     assert_eq!(m.name(), "sd3.5");
     assert_eq!(m.dims().kv_layers, 4);
-    let mut e = Engine::with_model(m.clone(), 1, None).unwrap();
+    let mut e = Engine::builder_with(m.clone()).workers(1).build().unwrap();
     let fd = e
         .generate(PROMPT, cfg(Mode::PatchGate), &mut |_| {})
         .unwrap();
@@ -193,7 +193,7 @@ fn sd35_runs_through_the_engine_skips_and_is_deterministic() {
             .with_cfg(5.0)
             .unwrap(),
     );
-    let mut e = Engine::with_model(guided, 1, None).unwrap();
+    let mut e = Engine::builder_with(guided).workers(1).build().unwrap();
     let fd = e
         .generate(PROMPT, cfg(Mode::PatchGate), &mut |_| {})
         .unwrap();
@@ -235,7 +235,7 @@ fn wan_runs_through_the_engine_on_a_video_grid() {
         WanDenoiser::new_video(wan, Box::new(HashText), (3, 2, 3), 0.0, Device::Cpu).unwrap(),
     );
     assert_eq!(m.kind(), Kind::Video);
-    let mut e = Engine::with_model(m.clone(), 1, None).unwrap();
+    let mut e = Engine::builder_with(m.clone()).workers(1).build().unwrap();
     let fd = e
         .generate(PROMPT, cfg_for(Mode::PatchGate), &mut |_| {})
         .unwrap();
@@ -312,7 +312,9 @@ fn the_engine_steps_on_the_models_schedule() {
     };
     let steps = 8;
     let full = |m: &Arc<dyn Denoiser>| {
-        Engine::with_model(m.clone(), 1, None)
+        Engine::builder_with(m.clone())
+            .workers(1)
+            .build()
             .unwrap()
             .generate(
                 PROMPT,
@@ -382,7 +384,7 @@ fn the_engine_steps_on_the_models_schedule() {
 /// nothing runs.
 #[test]
 fn dbcache_on_a_model_without_a_split_forward_is_refused() {
-    let mut e = Engine::with_model(model(), 1, None).unwrap();
+    let mut e = Engine::builder_with(model()).workers(1).build().unwrap();
     let err = e.validate(&cfg(Mode::DbCache)).unwrap_err().to_string();
     assert!(err.contains("dbcache") && err.contains("flux"), "{err}");
     let err = e

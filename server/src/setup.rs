@@ -40,14 +40,15 @@ pub(crate) fn make_engine(o: &RunArgs, default_workers: u32) -> Result<Engine, S
     let engine = if o.processes {
         let exe = std::env::current_exe()
             .map_err(|e| format!("cannot find the flashdiff executable: {e}"))?;
-        Engine::with_processes(
-            &spec,
-            workers,
-            &exe,
-            &flashdiff_runtime::engine::state_dir(),
-        )
+        Engine::builder(&spec)
+            .workers(workers)
+            .processes(&exe, &flashdiff_runtime::engine::state_dir())
+            .build()
     } else {
-        Engine::load(&spec, workers, &device)
+        Engine::builder(&spec)
+            .workers(workers)
+            .device(&device)
+            .build()
     };
     let engine = engine.map_err(|e| match spec.is_pipeline() {
         true => format!(

@@ -57,7 +57,11 @@ fn a_monotask_that_kills_its_workers_fails_its_request_and_the_others_finish() {
             exe().display()
         ),
     );
-    let mut e = Engine::with_processes(&default_weights(), 2, &exe, &dir).unwrap();
+    let mut e = Engine::builder(&default_weights())
+        .workers(2)
+        .processes(&exe, &dir)
+        .build()
+        .unwrap();
     e.submit(1, PROMPT, cfg()).unwrap();
     e.submit(2, OTHER, cfg()).unwrap();
     let t0 = Instant::now();
@@ -101,7 +105,11 @@ fn a_monotask_that_kills_its_workers_fails_its_request_and_the_others_finish() {
 fn a_worker_that_exits_at_once_is_an_error_not_a_respawn_storm() {
     let dir = scratch("exits");
     let exe = script(&dir, "exit 3");
-    let mut e = Engine::with_processes(&default_weights(), 2, &exe, &dir).unwrap();
+    let mut e = Engine::builder(&default_weights())
+        .workers(2)
+        .processes(&exe, &dir)
+        .build()
+        .unwrap();
     e.submit(1, PROMPT, cfg()).unwrap();
     let t0 = Instant::now();
     let results = e.run(&mut |_| {});
@@ -127,7 +135,10 @@ fn a_worker_that_exits_at_once_is_an_error_not_a_respawn_storm() {
 #[test]
 fn a_worker_executable_that_cannot_start_is_an_error() {
     let dir = scratch("missing");
-    let err = Engine::with_processes(&default_weights(), 2, &dir.join("no-such-exe"), &dir)
+    let err = Engine::builder(&default_weights())
+        .workers(2)
+        .processes(&dir.join("no-such-exe"), &dir)
+        .build()
         .unwrap_err()
         .to_string();
     assert!(err.contains("cannot start worker process"), "{err}");
@@ -139,7 +150,11 @@ fn a_hung_worker_is_killed_and_its_monotask_runs_again() {
     let long = RequestConfig { steps: 30, ..cfg() };
     let want = here.generate(PROMPT, long.clone(), &mut |_| {}).unwrap();
     let dir = scratch("hang");
-    let mut e = Engine::with_processes(&default_weights(), 2, &exe(), &dir).unwrap();
+    let mut e = Engine::builder(&default_weights())
+        .workers(2)
+        .processes(&exe(), &dir)
+        .build()
+        .unwrap();
     e.set_hang_policy(HangPolicy {
         floor: Duration::from_millis(500),
         factor: 20.0,

@@ -546,7 +546,11 @@ fn worker_threads_and_processes_keep_the_output() {
             "flashdiff-3-monotasks".into(),
             run(&mut threads, model, spread.clone()),
         ));
-        let mut procs = Engine::with_processes(&weights, 2, &exe(), &std::env::temp_dir()).unwrap();
+        let mut procs = Engine::builder(&weights)
+            .workers(2)
+            .processes(&exe(), &std::env::temp_dir())
+            .build()
+            .unwrap();
         got.push((
             model.into(),
             "flashdiff-3-monotasks".into(),
@@ -601,7 +605,10 @@ fn the_flux_structure_keeps_its_output() {
         Arc::new(FluxDenoiser::new(flux, Box::new(HashText), (6, 8), 3.5, Device::Cpu).unwrap());
     let mut got = Vec::new();
     for workers in [1, 2] {
-        let mut e = Engine::with_model(m.clone(), workers, None).unwrap();
+        let mut e = Engine::builder_with(m.clone())
+            .workers(workers)
+            .build()
+            .unwrap();
         for (case, cfg) in cases() {
             let cfg = RequestConfig {
                 patches: cfg.patches.map(|_| 4),

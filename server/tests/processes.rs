@@ -32,7 +32,11 @@ fn worker_processes_give_the_same_output() {
         .generate(PROMPT, cfg(Mode::FlashDiff), &mut |_| {})
         .unwrap();
     let shm = std::env::temp_dir();
-    let mut e = Engine::with_processes(&default_weights(), 2, &exe(), &shm).unwrap();
+    let mut e = Engine::builder(&default_weights())
+        .workers(2)
+        .processes(&exe(), &shm)
+        .build()
+        .unwrap();
     assert_eq!(e.worker_pids().len(), 2);
     let got = e
         .generate(PROMPT, cfg(Mode::FlashDiff), &mut |_| {})
@@ -53,8 +57,11 @@ fn a_killed_worker_loses_nothing_and_changes_nothing() {
     };
     let mut here = Engine::new(&default_weights(), 1).unwrap();
     let want = here.generate(PROMPT, long.clone(), &mut |_| {}).unwrap();
-    let mut e =
-        Engine::with_processes(&default_weights(), 2, &exe(), &std::env::temp_dir()).unwrap();
+    let mut e = Engine::builder(&default_weights())
+        .workers(2)
+        .processes(&exe(), &std::env::temp_dir())
+        .build()
+        .unwrap();
     let victim = e.worker_pids()[1].expect("worker 1 running");
     e.submit(1, PROMPT, long.clone()).unwrap();
     e.submit(
@@ -124,9 +131,17 @@ fn worker_processes_serve_a_pipeline_and_any_built_in_model() {
             ..cfg(mode)
         };
         let device = flashdiff_runtime::models::Device::Cpu;
-        let mut threads = Engine::load(&spec, 2, &device).unwrap();
+        let mut threads = Engine::builder(&spec)
+            .workers(2)
+            .device(&device)
+            .build()
+            .unwrap();
         let want = threads.generate(prompt, c.clone(), &mut |_| {}).unwrap();
-        let mut procs = Engine::with_processes(&spec, 2, &exe(), &std::env::temp_dir()).unwrap();
+        let mut procs = Engine::builder(&spec)
+            .workers(2)
+            .processes(&exe(), &std::env::temp_dir())
+            .build()
+            .unwrap();
         assert!(procs.worker_pids().iter().all(|p| p.is_some()));
         let got = procs.generate(prompt, c, &mut |_| {}).unwrap();
         assert_eq!(

@@ -34,7 +34,11 @@ fn matches_diffusers(model: &str) {
     let steps: u32 = serde_json::from_value(meta(&g, "steps")).unwrap();
     assert!(!prompts.is_empty() && prompts.len() == seeds.len());
     let spec = ModelSpec::builtin(model).expect("built in");
-    let mut engine = Engine::load(&spec, 1, &Device::Cpu).unwrap();
+    let mut engine = Engine::builder(&spec)
+        .workers(1)
+        .device(&Device::Cpu)
+        .build()
+        .unwrap();
     for (i, (prompt, &seed)) in prompts.iter().zip(&seeds).enumerate() {
         let (_, want_noise) = g.get_any(&format!("noise.{i}")).unwrap();
         let ours = noise(seed, want_noise.len());
@@ -76,7 +80,11 @@ fn matches_diffusers(model: &str) {
 #[test]
 fn work_counts_the_text_stream_of_every_computed_step() {
     let spec = ModelSpec::builtin("tinyflux").expect("tinyflux is built in");
-    let mut engine = Engine::load(&spec, 1, &Device::Cpu).unwrap();
+    let mut engine = Engine::builder(&spec)
+        .workers(1)
+        .device(&Device::Cpu)
+        .build()
+        .unwrap();
     let text = engine.model().fixed_rows() as f64;
     assert_eq!(text, 16.0, "TinyFLUX's prompts are 16 text tokens");
     let cfg = RequestConfig {

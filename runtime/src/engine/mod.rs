@@ -45,6 +45,7 @@
 //! [`Mode::NaivePatch`], [`Mode::TeaCache`], [`Mode::Ras`], and the ablations of FlashDiff's
 //! choice [`Mode::PerPatch`], [`Mode::RandomPatches`], [`Mode::PatchGate`].
 
+mod builder;
 mod error;
 mod forecast;
 mod life;
@@ -72,6 +73,7 @@ use flashdiff_partitioner::{GranularityConfig, GranularityController};
 pub use flashdiff_scheduler::QueueOrder;
 use flashdiff_scheduler::{Scheduler, SchedulerConfig, MAX_DEPTH};
 
+pub use builder::EngineBuilder;
 pub use error::EngineError;
 pub use forecast::KV_SLOPE_SMOOTHING;
 pub use life::noise;
@@ -141,13 +143,21 @@ impl Engine {
 
     /// [`Engine::new`] with the model on `device` (see `flashdiff_models::device`); request
     /// state stays in host memory and is copied to the device per monotask.
-    pub fn new_on(weights: &Path, workers: u32, device: &Device) -> Result<Self, EngineError> {
+    pub(crate) fn new_on(
+        weights: &Path,
+        workers: u32,
+        device: &Device,
+    ) -> Result<Self, EngineError> {
         Self::load(&ModelSpec::file(weights), workers, device)
     }
 
     /// An engine over the model `spec` describes, loaded onto `device`, with `workers`
     /// workers in this process (as [`Engine::new`]).
-    pub fn load(spec: &ModelSpec, workers: u32, device: &Device) -> Result<Self, EngineError> {
+    pub(crate) fn load(
+        spec: &ModelSpec,
+        workers: u32,
+        device: &Device,
+    ) -> Result<Self, EngineError> {
         check_workers(workers)?;
         flashdiff_kernels::flush_denormals_to_zero();
         let model: Arc<dyn Denoiser> = spec.load(device)?.into();
@@ -159,7 +169,7 @@ impl Engine {
 
     /// An engine whose `workers` are threads of this process sharing `model`, with request
     /// state in memory-mapped files under `shm_dir` that every thread maps.
-    pub fn with_threads(
+    pub(crate) fn with_threads(
         model: Arc<dyn Denoiser>,
         workers: u32,
         shm_dir: &Path,
@@ -174,7 +184,7 @@ impl Engine {
     /// loading the model `spec` describes (a path: a TinyDiT-family file) onto its CPU, with request state in memory-mapped
     /// files under `shm_dir` (e.g. `/dev/shm`). The coordinator loads the model too (to
     /// condition prompts and decode results).
-    pub fn with_processes(
+    pub(crate) fn with_processes(
         spec: impl Into<ModelSpec>,
         workers: u32,
         exe: &Path,
@@ -244,7 +254,7 @@ impl Engine {
     }
 
     /// An engine over any model, with `workers` virtual workers in this process.
-    pub fn with_model(
+    pub(crate) fn with_model(
         model: Arc<dyn Denoiser>,
         workers: u32,
         shm: Option<PathBuf>,

@@ -200,7 +200,10 @@ impl flashdiff_models::Denoiser for Panics {
 #[test]
 fn a_panicking_engine_answers_every_request_and_stops() {
     let model = Panics(engine().shared_model(), true, Default::default());
-    let e = Engine::with_model(std::sync::Arc::new(model), 1, None).unwrap();
+    let e = Engine::builder_with(std::sync::Arc::new(model))
+        .workers(1)
+        .build()
+        .unwrap();
     let m = Mailbox::start(e).unwrap();
     m.submit(1, "a red circle", cfg(1)).unwrap();
     m.submit(2, "a blue square", cfg(2)).unwrap();
@@ -218,7 +221,10 @@ fn a_panicking_engine_answers_every_request_and_stops() {
 fn dropping_a_mailbox_cancels_what_is_pending() {
     let forwards = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
     let model = Panics(engine().shared_model(), false, forwards.clone());
-    let e = Engine::with_model(std::sync::Arc::new(model), 1, None).unwrap();
+    let e = Engine::builder_with(std::sync::Arc::new(model))
+        .workers(1)
+        .build()
+        .unwrap();
     let m = Mailbox::start(e).unwrap();
     let long = RequestConfig {
         steps: 1000,
