@@ -4,6 +4,7 @@
 use flashdiff_models::Dims;
 use flashdiff_partitioner::PatchLayout;
 
+use super::newton;
 use crate::state::{Region, SharedState};
 
 /// Weight of the newest measurement in a token's K/V slope (an exponential average with the
@@ -113,46 +114,34 @@ pub(super) fn extrapolate(
                 }
             }
             let r = t * pd..(t + 1) * pd;
-            let resumed = gap > 1.0;
-            if tr.v_curve.is_empty() {
-                let (base, slope) = (&mut tr.v_base[r.clone()], &mut tr.v_slope[r.clone()]);
-                for ((b, sl), &f) in base.iter_mut().zip(slope).zip(&fresh_vel[r]) {
-                    if resumed {
-                        let predicted = *b + gap * *sl;
-                        err2 += ((f - predicted) as f64).powi(2);
-                        norm2 += (f as f64).powi(2);
-                    }
-                    *sl = (f - *b) * inv_gap;
-                    *b = f;
-                }
+            // The velocities follow Newton's form through their last computations (the
+            // curve, at second order, through the last three, `before` the base).
+            let before = tr.gap[t] as f32;
+            let curve = if tr.v_curve.is_empty() {
+                &mut [][..]
             } else {
-                // Newton's form through the last three computations, at steps
-                // `n - gap - before`, `n - gap` (the base) and `n`: the slope is the first
-                // divided difference of the last two, the curve the second of all three
-                // (none before the second slope).
-                let before = tr.gap[t] as f32;
-                let to_curve = if before > 0.0 {
-                    1.0 / (gap + before)
-                } else {
-                    0.0
-                };
-                let (base, slope, curve) = (
-                    &mut tr.v_base[r.clone()],
-                    &mut tr.v_slope[r.clone()],
-                    &mut tr.v_curve[r.clone()],
+                &mut tr.v_curve[r.clone()]
+            };
+            if gap > 1.0 {
+                // A token resumed after a skip: what the forecast had predicted for it.
+                newton::miss(
+                    &tr.v_base[r.clone()],
+                    &tr.v_slope[r.clone()],
+                    curve,
+                    &fresh_vel[r.clone()],
+                    gap,
+                    before,
+                    (&mut err2, &mut norm2),
                 );
-                for (((b, sl), c), &f) in base.iter_mut().zip(slope).zip(curve).zip(&fresh_vel[r]) {
-                    if resumed {
-                        let predicted = *b + gap * *sl + gap * (gap + before) * *c;
-                        err2 += ((f - predicted) as f64).powi(2);
-                        norm2 += (f as f64).powi(2);
-                    }
-                    let measured = (f - *b) * inv_gap;
-                    *c = (measured - *sl) * to_curve;
-                    *sl = measured;
-                    *b = f;
-                }
             }
+            newton::update(
+                &mut tr.v_base[r.clone()],
+                &mut tr.v_slope[r.clone()],
+                curve,
+                &fresh_vel[r],
+                gap,
+                before,
+            );
             tr.gap[t] = gap as u32;
             tr.last[t] = n;
         }
@@ -228,22 +217,20 @@ pub(super) fn forecast_velocity(state: &mut SharedState, tr: &Track, n: u32, pd:
     for (t, &last) in tr.last.iter().enumerate().filter(|(_, &l)| l < n) {
         let ahead = (n - last) as f32;
         let r = t * pd..(t + 1) * pd;
-        let (out, base, slope) = (
+        // The parabola through the last three computations (`gap` before the base).
+        let curve = if tr.v_curve.is_empty() {
+            &[][..]
+        } else {
+            &tr.v_curve[r.clone()]
+        };
+        newton::predict(
             &mut v[r.clone()],
             &tr.v_base[r.clone()],
-            &tr.v_slope[r.clone()],
+            &tr.v_slope[r],
+            curve,
+            ahead,
+            tr.gap[t] as f32,
         );
-        if tr.v_curve.is_empty() {
-            for ((o, &b), &sl) in out.iter_mut().zip(base).zip(slope) {
-                *o = b + ahead * sl;
-            }
-        } else {
-            // The parabola through the last three computations (`gap` before the base).
-            let bend = ahead * (ahead + tr.gap[t] as f32);
-            for (((o, &b), &sl), &c) in out.iter_mut().zip(base).zip(slope).zip(&tr.v_curve[r]) {
-                *o = b + ahead * sl + bend * c;
-            }
-        }
     }
 }
 

@@ -50,6 +50,7 @@ mod error;
 mod forecast;
 mod life;
 mod methods;
+mod newton;
 mod packing;
 mod paths;
 mod persist;

@@ -3,6 +3,8 @@
 //! (TaylorSeer's orders, in Newton's divided-difference form so that uneven gaps between
 //! computations are exact for a line or a parabola).
 
+use super::newton;
+
 /// The last computed value, its first and second divided differences per step, the gap
 /// between the last two computations and the step of the last.
 #[derive(Debug, Clone, PartialEq)]
@@ -46,34 +48,15 @@ impl Series {
     /// Takes the value computed at step `n` (after `last`).
     pub(super) fn update(&mut self, values: &[f32], n: u32) {
         let gap = n.saturating_sub(self.last).max(1) as f32;
-        let inv_gap = 1.0 / gap;
-        if self.slope.is_empty() {
-            self.base.copy_from_slice(values);
-        } else if self.curve.is_empty() {
-            for ((b, sl), &f) in self.base.iter_mut().zip(&mut self.slope).zip(values) {
-                *sl = (f - *b) * inv_gap;
-                *b = f;
-            }
-        } else {
-            // Computations at `n - gap - before`, `n - gap` (the base) and `n`.
-            let before = self.gap as f32;
-            let to_curve = if before > 0.0 {
-                1.0 / (gap + before)
-            } else {
-                0.0
-            };
-            let parts = self
-                .base
-                .iter_mut()
-                .zip(&mut self.slope)
-                .zip(&mut self.curve);
-            for (((b, sl), c), &f) in parts.zip(values) {
-                let measured = (f - *b) * inv_gap;
-                *c = (measured - *sl) * to_curve;
-                *sl = measured;
-                *b = f;
-            }
-        }
+        let before = self.gap as f32;
+        newton::update(
+            &mut self.base,
+            &mut self.slope,
+            &mut self.curve,
+            values,
+            gap,
+            before,
+        );
         self.gap = gap as u32;
         self.last = n;
     }
@@ -81,19 +64,14 @@ impl Series {
     /// Writes the forecast for step `n` (at or after `last`) into `out`.
     pub(super) fn predict(&self, n: u32, out: &mut [f32]) {
         let ahead = n.saturating_sub(self.last) as f32;
-        if self.slope.is_empty() {
-            out.copy_from_slice(&self.base);
-        } else if self.curve.is_empty() {
-            for ((o, &b), &sl) in out.iter_mut().zip(&self.base).zip(&self.slope) {
-                *o = b + ahead * sl;
-            }
-        } else {
-            let bend = ahead * (ahead + self.gap as f32);
-            let parts = self.base.iter().zip(&self.slope).zip(&self.curve);
-            for (o, ((&b, &sl), &c)) in out.iter_mut().zip(parts) {
-                *o = b + ahead * sl + bend * c;
-            }
-        }
+        newton::predict(
+            out,
+            &self.base,
+            &self.slope,
+            &self.curve,
+            ahead,
+            self.gap as f32,
+        );
     }
 }
 
