@@ -160,3 +160,14 @@ def test_summary_of_a_pipeline_call():
     assert [(r["branch"], r["sample"]) for r in s["rows"]] == [(0, 0), (0, 1)]
     assert s["calls"] == STEPS and s["forwards"] < STEPS
     assert "of full computation's FLOPs" in s["text"]
+
+
+def test_the_same_generator_gives_the_same_image_with_flashdiff_enabled():
+    pipe = tp.sd3_pipe()
+    fdd.enable(pipe, epsilon=0.3, patches=8)
+    a = pipe(["a red fox", "a blue cat"], guidance_scale=4.0, generator=gen(5), **SIZE).images
+    b = pipe(["a red fox", "a blue cat"], guidance_scale=4.0, generator=gen(5), **SIZE).images
+    c = pipe(["a red fox", "a blue cat"], guidance_scale=4.0, generator=gen(6), **SIZE).images
+    assert torch.equal(a, b)
+    assert not torch.equal(a, c)
+    assert 0 < fdd.summary(pipe)["flops_fraction"] < 1
