@@ -364,14 +364,16 @@ pub(crate) fn check_run_args(o: &RunArgs, model_given: bool) -> Result<(), Strin
             o.model
         ));
     }
-    let audio = o.model == flashdiff_runtime::models::pipelines::AUDIO;
+    use flashdiff_runtime::models::{pipelines, Kind};
+    let kind = pipelines::pipeline(&o.model).map(|p| p.kind);
+    let audio = kind == Some(Kind::Audio);
     if audio && o.size.is_some() {
         return Err(format!(
             "--size: {} makes sound; give its length with --seconds",
             o.model
         ));
     }
-    let video = o.model == flashdiff_runtime::models::pipelines::VIDEO;
+    let video = kind == Some(Kind::Video);
     if !video && o.frames.is_some() {
         return Err(format!(
             "--frames applies to wan2.1; {} makes {}",

@@ -80,12 +80,10 @@ pub(crate) fn model_spec(o: &RunArgs) -> Result<ModelSpec, String> {
     }
     use flashdiff_runtime::models::pipelines;
     let opts = pipelines::PipelineOptions {
-        // Wan2.1's default is its 480p (832x480); the image models' 1024x1024.
-        size: o.size.unwrap_or(if o.model == pipelines::VIDEO {
-            (480, 832)
-        } else {
-            (1024, 1024)
-        }),
+        size: o
+            .size
+            .or_else(|| pipelines::pipeline(&o.model).map(|p| p.size))
+            .unwrap_or((1024, 1024)),
         guidance: o.guidance,
         dtype: pipelines::parse_dtype(o.dtype.as_deref().unwrap_or("f32"))
             .map_err(|e| format!("--dtype: {e}"))?,

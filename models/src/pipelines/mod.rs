@@ -32,7 +32,7 @@ use crate::families::flux::{FluxCheckpoint, FluxDenoiser};
 use crate::families::joint::denoiser::Schedule;
 use crate::families::mmdit::MmditCheckpoint;
 use crate::families::mmdit::Sd3Denoiser;
-use crate::{Denoiser, ModelError};
+use crate::{Denoiser, Kind, ModelError};
 
 pub mod audio;
 pub mod registry;
@@ -45,8 +45,115 @@ use crate::decoders::vae::Vae;
 use crate::encoders::sd3::Sd3Text;
 use crate::encoders::text::{FluxText, TextTokenizer};
 
-/// The pipelines `flashdiff generate --model` knows besides the built-in models.
-pub const PIPELINES: &[&str] = &["flux-dev", "flux-schnell", "sd3", "sd3.5", VIDEO, AUDIO];
+/// The model family a pipeline's folder holds, which says how it is loaded.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Family {
+    /// FLUX.1: T5 + CLIP, the FLUX transformer, a VAE.
+    Flux,
+    /// SD3 / SD3.5: CLIP-L, CLIP-G, T5, the MMDiT, a VAE, classifier-free guidance.
+    Sd3,
+    /// Wan2.1 text-to-video: UMT5, the Wan transformer, the video VAE.
+    Wan,
+    /// Stable Audio Open: T5, the DiT, the audio autoencoder.
+    StableAudio,
+}
+
+/// One pipeline read from a diffusers folder: what the loader, the CLI and the servers need
+/// to know about it by name.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Pipeline {
+    /// Its `--model` name.
+    pub name: &'static str,
+    /// How its folder is loaded.
+    pub family: Family,
+    /// What it makes.
+    pub kind: Kind,
+    /// Its default guidance, as diffusers' pipelines default it (FLUX.1 dev's embedded
+    /// guidance, the others' classifier-free scale); `None`: it takes none (distilled).
+    pub guidance: Option<f32>,
+    /// T5 tokens per prompt, as the released pipeline pads them (FLUX and SD3).
+    pub text_tokens: usize,
+    /// The variant the transformer's weights must show: FLUX.1 dev's guidance embedding,
+    /// SD3.5's Q/K norms (`false`: schnell, SD3).
+    pub variant: bool,
+    /// Its default size in pixels, `(height, width)` (the sound pipeline takes none).
+    pub size: (usize, usize),
+}
+
+/// Every pipeline `flashdiff generate --model` knows besides the built-in models.
+pub const TABLE: [Pipeline; 6] = [
+    Pipeline {
+        name: "flux-dev",
+        family: Family::Flux,
+        kind: Kind::Image,
+        guidance: Some(3.5),
+        text_tokens: 512,
+        variant: true,
+        size: (1024, 1024),
+    },
+    Pipeline {
+        name: "flux-schnell",
+        family: Family::Flux,
+        kind: Kind::Image,
+        guidance: None,
+        text_tokens: 256,
+        variant: false,
+        size: (1024, 1024),
+    },
+    Pipeline {
+        name: "sd3",
+        family: Family::Sd3,
+        kind: Kind::Image,
+        guidance: Some(7.0),
+        text_tokens: 256,
+        variant: false,
+        size: (1024, 1024),
+    },
+    Pipeline {
+        name: "sd3.5",
+        family: Family::Sd3,
+        kind: Kind::Image,
+        guidance: Some(7.0),
+        text_tokens: 256,
+        variant: true,
+        size: (1024, 1024),
+    },
+    Pipeline {
+        name: VIDEO,
+        family: Family::Wan,
+        kind: Kind::Video,
+        guidance: Some(5.0),
+        text_tokens: 0,
+        variant: false,
+        // Wan2.1's 480p.
+        size: (480, 832),
+    },
+    Pipeline {
+        name: AUDIO,
+        family: Family::StableAudio,
+        kind: Kind::Audio,
+        guidance: Some(7.0),
+        text_tokens: 0,
+        variant: false,
+        size: (0, 0),
+    },
+];
+
+/// The pipelines' names, in [`TABLE`]'s order.
+pub const PIPELINES: [&str; TABLE.len()] = {
+    let mut out = [""; TABLE.len()];
+    let mut i = 0;
+    while i < TABLE.len() {
+        out[i] = TABLE[i].name;
+        i += 1;
+    }
+    out
+};
+
+/// The pipeline named `name`, if it is one.
+pub fn pipeline(name: &str) -> Option<&'static Pipeline> {
+    TABLE.iter().find(|p| p.name == name)
+}
 
 /// The text-to-video pipeline among [`PIPELINES`].
 pub const VIDEO: &str = "wan2.1";
@@ -109,24 +216,9 @@ pub fn parse_dtype(s: &str) -> Result<DType, ModelError> {
         })
 }
 
-/// The default guidance of `name` (FLUX.1 dev: 3.5 embedded; SD3: 7.0 classifier-free, as
-/// diffusers' pipelines default), `None` where it takes none.
+/// The default guidance of `name` ([`Pipeline::guidance`]), `None` where it takes none.
 pub fn default_guidance(name: &str) -> Option<f32> {
-    match name {
-        "flux-dev" => Some(3.5),
-        "sd3" | "sd3.5" | AUDIO => Some(7.0),
-        VIDEO => Some(5.0),
-        _ => None,
-    }
-}
-
-/// T5 tokens per prompt, as the released pipelines pad them.
-fn t5_tokens(name: &str) -> usize {
-    if name == "flux-dev" {
-        512
-    } else {
-        256
-    }
+    pipeline(name).and_then(|p| p.guidance)
 }
 
 /// Checks an image size for a pipeline; the error names what is wrong.
@@ -149,25 +241,30 @@ pub fn load(
     opts: &PipelineOptions,
     dev: &Device,
 ) -> Result<Box<dyn Denoiser>, ModelError> {
-    if !PIPELINES.contains(&name) {
+    let Some(p) = pipeline(name) else {
         return Err(ModelError::Input(format!(
             "unknown pipeline {name:?}; known: {}",
             PIPELINES.join(", ")
         )));
-    }
-    if name != AUDIO {
+    };
+    let makes = |k: Kind| match k {
+        Kind::Image => "images",
+        Kind::Video => "video",
+        Kind::Audio => "sound",
+    };
+    if p.kind != Kind::Audio {
         check_size(opts.size)?;
     }
-    if opts.seconds.is_some() && name != AUDIO {
+    if opts.seconds.is_some() && p.kind != Kind::Audio {
         return Err(ModelError::Input(format!(
             "{name} makes {}: a duration in seconds applies to {AUDIO}",
-            if name == VIDEO { "video" } else { "images" }
+            makes(p.kind)
         )));
     }
-    if opts.frames.is_some() && name != VIDEO {
+    if opts.frames.is_some() && p.kind != Kind::Video {
         return Err(ModelError::Input(format!(
             "a frame count applies to {VIDEO}; {name} makes {}",
-            if name == AUDIO { "sound" } else { "images" }
+            makes(p.kind)
         )));
     }
     if !dir.is_dir() {
@@ -177,7 +274,7 @@ pub fn load(
             dir.display()
         )));
     }
-    let guidance = match (opts.guidance, default_guidance(name)) {
+    let guidance = match (opts.guidance, p.guidance) {
         (Some(g), Some(_)) => g,
         (Some(_), None) => {
             return Err(ModelError::Input(format!(
@@ -195,37 +292,23 @@ pub fn load(
             DTYPES.map(|(n, _)| n).join(" or ")
         )));
     }
-    if name == VIDEO {
-        return Ok(Box::new(wan::load(
+    Ok(match p.family {
+        Family::Wan => Box::new(wan::load(
             dir,
             opts.size,
             opts.frames.unwrap_or(wan::DEFAULT_FRAMES),
             guidance,
             opts.dtype,
             dev,
-        )?));
-    }
-    if name == AUDIO {
-        return Ok(Box::new(audio::load(
-            dir,
-            opts.seconds,
-            guidance,
-            opts.dtype,
-            dev,
-        )?));
-    }
-    if name.starts_with("sd3") {
-        return Ok(Box::new(load_sd3(
-            name, dir, grid, guidance, opts.dtype, dev,
-        )?));
-    }
-    Ok(Box::new(load_flux(
-        name, dir, grid, guidance, opts.dtype, dev,
-    )?))
+        )?),
+        Family::StableAudio => Box::new(audio::load(dir, opts.seconds, guidance, opts.dtype, dev)?),
+        Family::Sd3 => Box::new(load_sd3(p, dir, grid, guidance, opts.dtype, dev)?),
+        Family::Flux => Box::new(load_flux(p, dir, grid, guidance, opts.dtype, dev)?),
+    })
 }
 
 fn load_flux(
-    name: &str,
+    p: &Pipeline,
     dir: &Path,
     grid: (usize, usize),
     guidance: f32,
@@ -236,8 +319,9 @@ fn load_flux(
     let ckpt = FluxCheckpoint::open(&transformer)?;
     let axes = axes_dim(&transformer)?;
     let flux = ckpt.load_in(axes, dtype, dev)?;
+    let name = p.name;
     let dev_model = flux.config().guidance_embed;
-    if dev_model != (name == "flux-dev") {
+    if dev_model != p.variant {
         return Err(ModelError::Input(format!(
             "{}: this transformer {} a guidance embedding, so it is {}, not {name}",
             transformer.display(),
@@ -249,7 +333,7 @@ fn load_flux(
             }
         )));
     }
-    let text = FluxText::load(dir, t5_tokens(name), dtype, dev)?;
+    let text = FluxText::load(dir, p.text_tokens, dtype, dev)?;
     let cfg = flux.config();
     if text.widths() != (cfg.context_in_dim, cfg.vec_in_dim) {
         return Err(ModelError::Input(format!(
@@ -268,7 +352,8 @@ fn load_flux(
             cfg.in_channels
         )));
     }
-    let schedule = if name == "flux-dev" {
+    // FLUX.1 dev shifts its schedule by resolution; schnell samples uniformly.
+    let schedule = if p.variant {
         Schedule::Resolution
     } else {
         Schedule::Uniform
@@ -281,7 +366,7 @@ fn load_flux(
 }
 
 fn load_sd3(
-    name: &str,
+    p: &Pipeline,
     dir: &Path,
     grid: (usize, usize),
     guidance: f32,
@@ -292,7 +377,8 @@ fn load_sd3(
     let ckpt = MmditCheckpoint::open(&transformer)?;
     let mmdit = ckpt.load_in(heads(&transformer)?, dtype, dev)?;
     let cfg = mmdit.config().clone();
-    if cfg.qk_norm != (name == "sd3.5") {
+    let name = p.name;
+    if cfg.qk_norm != p.variant {
         let is = if cfg.qk_norm { "sd3.5" } else { "sd3" };
         return Err(ModelError::Input(format!(
             "{}: this transformer {} Q/K norms, so it is {is}, not {name}",
@@ -311,7 +397,7 @@ fn load_sd3(
             grid.1
         )));
     }
-    let text = Sd3Text::load(dir, t5_tokens(name), dtype, dev)?;
+    let text = Sd3Text::load(dir, p.text_tokens, dtype, dev)?;
     if text.widths() != (cfg.context_in_dim, cfg.pooled_dim) {
         return Err(ModelError::Input(format!(
             "{}: the text encoders give widths {:?} (joined states, pooled); the transformer \
