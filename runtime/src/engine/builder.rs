@@ -148,12 +148,11 @@ impl EngineBuilder {
     /// range, a worker or folder cannot be started).
     pub fn build(self) -> Result<Engine, EngineError> {
         let mut engine = match (self.source, self.run) {
-            (Source::Spec(spec), Run::Default) => Engine::load(&spec, self.workers, &self.device)?,
+            (Source::Spec(spec), Run::Default) => {
+                Engine::load(&spec, self.workers, &self.device, None)?
+            }
             (Source::Spec(spec), Run::Threads(dir)) => {
-                super::check_workers(self.workers)?;
-                flashdiff_kernels::flush_denormals_to_zero();
-                let model: Arc<dyn Denoiser> = spec.load(&self.device)?.into();
-                Engine::with_threads(model, self.workers, &dir)?
+                Engine::load(&spec, self.workers, &self.device, Some(&dir))?
             }
             (Source::Spec(spec), Run::Processes { exe, shm }) => {
                 if !matches!(self.device, Device::Cpu) {

@@ -149,23 +149,26 @@ impl Engine {
         workers: u32,
         device: &Device,
     ) -> Result<Self, EngineError> {
-        Self::load(&ModelSpec::file(weights), workers, device)
+        Self::load(&ModelSpec::file(weights), workers, device, None)
     }
 
     /// An engine over the model `spec` describes, loaded onto `device`, with `workers`
-    /// workers in this process (as [`Engine::new`]).
+    /// workers in this process (as [`Engine::new`]; worker threads keep request state under
+    /// `shm_dir`, else under [`state_dir`]).
     pub(crate) fn load(
         spec: &ModelSpec,
         workers: u32,
         device: &Device,
+        shm_dir: Option<&Path>,
     ) -> Result<Self, EngineError> {
         check_workers(workers)?;
         flashdiff_kernels::flush_denormals_to_zero();
         let model: Arc<dyn Denoiser> = spec.load(device)?.into();
-        if workers <= 1 {
-            return Self::with_model(model, workers, None);
+        match shm_dir {
+            None if workers <= 1 => Self::with_model(model, workers, None),
+            None => Self::with_threads(model, workers, &state_dir()),
+            Some(dir) => Self::with_threads(model, workers, dir),
         }
-        Self::with_threads(model, workers, &state_dir())
     }
 
     /// An engine whose `workers` are threads of this process sharing `model`, with request
