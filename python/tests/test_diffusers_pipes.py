@@ -171,3 +171,61 @@ def test_the_same_generator_gives_the_same_image_with_flashdiff_enabled():
     assert torch.equal(a, b)
     assert not torch.equal(a, c)
     assert 0 < fdd.summary(pipe)["flops_fraction"] < 1
+
+
+def test_sd3_skip_layer_guidance_keeps_each_sample_in_its_group():
+    # Skip-layer guidance calls the transformer a second time a step with the positive rows
+    # alone; each takes its own sample's group, and a row with no history yet runs.
+    pipe = tp.sd3_pipe()
+    fdd.enable(pipe, epsilon=0.3, patches=8)
+    pipe(["a red fox", "a blue cat"], guidance_scale=4.0, skip_guidance_layers=[0],
+         skip_layer_guidance_start=0.4, skip_layer_guidance_stop=0.9, generator=gen(), **SIZE)
+    rows = {(r["branch"], r["sample"]): r for r in fdd.report(pipe)["samples"]}
+    assert rows[(1, 0)]["group"] == 0 and rows[(1, 1)]["group"] == 1
+    assert fdd.summary(pipe)["rows"][0]["steps_computed"] < STEPS
+
+
+def test_an_img2img_call_counts_its_warm_up_from_its_first_step():
+    parts = tp.flux_pipe().components
+    pipe = diffusers.FluxImg2ImgPipeline(**parts)
+    fdd.enable(pipe, epsilon=0.3, patches=8)
+    image = torch.rand(1, 3, 16, 16, generator=gen(1))
+    pipe("a red fox", image=image, strength=0.6, generator=gen(), **SIZE)
+    s = fdd.summary(pipe)
+    # strength 0.6 runs the schedule's last steps only; the warm-up and the skips count from
+    # the first of them
+    run = s["calls"]
+    assert 5 < run < STEPS and s["forwards"] < run, s["text"]
+    assert s["text"].startswith("computed ") and f"of {run} steps" in s["text"]
+
+
+def test_the_gate_summary_counts_tokens_not_steps():
+    pipe = tp.flux_pipe()
+    fdd.enable(pipe, epsilon=0.3, patches=8, rule="gate")
+    pipe("a red fox", generator=gen(), **SIZE)
+    s = fdd.summary(pipe)
+    assert s["flops_fraction"] < 0.95
+    assert s["text"].startswith("computed ") and "of the image tokens" in s["text"], s["text"]
+    assert s["rows"][0]["token_share"] < 1.0
+
+
+def test_disable_leaves_a_later_wrapper_working():
+    # A wrapper installed after enable() (as accelerate's offload hooks do, copying the
+    # wrapped function's name) stays; FlashDiff passes through under it.
+    import functools
+
+    pipe = tp.flux_pipe()
+    plain = pipe("a red fox", generator=gen(), **SIZE).images
+    fdd.enable(pipe, epsilon=0.3, patches=8)
+    inner = pipe.transformer.forward
+    seen = []
+
+    def hook(*a, **k):
+        seen.append(1)
+        return inner(*a, **k)
+
+    pipe.transformer.forward = functools.update_wrapper(hook, inner)
+    fdd.disable(pipe)
+    assert pipe.transformer.forward is hook
+    torch.testing.assert_close(pipe("a red fox", generator=gen(), **SIZE).images, plain, atol=1e-5, rtol=0)
+    assert len(seen) == STEPS

@@ -99,6 +99,10 @@ class _Call:
         self.step = -1
         self.branch = 0
         self.branches = 1
+        self.first = 0  # the first step index the call ran (img2img pipelines start later)
+        self.batch0 = 0  # the batch of each step's first call, and its rows' groups
+        self.groups0: List[int] = []
+        self.branches_at: Dict[int, int] = {}  # step -> calls it took
         self.forwards = 0  # transformer forwards run
         self.calls = 0  # forwards the pipeline asked for
         self.flops_run = 0.0
@@ -201,8 +205,9 @@ class _Adapter:
         self.saved_processors = dict(transformer.attn_processors)
         self.saved_forward = outer.__dict__.get("forward")
         self.orig_forward = outer.forward
-        # The saliency step (once per call) runs outside torch.compile's graph: its probes
-        # read values back to the host and would only add graphs.
+        # Forwards with a FlashDiff context (the saliency step once per call; every forward of
+        # the regional rule, whose K/V caches change each step) run outside torch.compile's
+        # graph: they read values back to the host and would only add graphs.
         self.eager_forward = transformer.forward if outer is not transformer else outer.forward
         self.forward_fn = self.orig_forward
         self.removed = False
@@ -228,6 +233,7 @@ class _Adapter:
             return forward(transformer, *args, **kwargs)
 
         outer.forward = wrapper
+        self.wrapper = wrapper
         self._wrap_scheduler(scheduler)
         if pipe is not None and hasattr(pipe, "encode_prompt"):
             self.orig_encode = pipe.encode_prompt
@@ -271,8 +277,8 @@ class _Adapter:
         for h in self.hooks:
             h.remove()
         self.transformer.set_attn_processor(self.saved_processors)
-        current = self.outer.__dict__.get("forward")
-        if current is not None and getattr(current, "__name__", "") == "wrapper":
+        # By identity: accelerate's hooks copy the wrapped function's name onto their own.
+        if self.outer.__dict__.get("forward") is self.wrapper:
             if self.saved_forward is not None:
                 self.outer.forward = self.saved_forward
             else:
@@ -294,7 +300,8 @@ class _Adapter:
             self.fresh = True
         ts = sched.timesteps
         si = sched.step_index
-        n = 0 if si is None else int(si)
+        # Before its first step a scheduler has no index; an img2img call begins later.
+        n = int(si) if si is not None else int(getattr(sched, "begin_index", None) or 0)
         c = self.call
         if self.fresh or c is None or c.timesteps is not ts or n < c.step:
             self.fresh = False
@@ -309,23 +316,33 @@ class _Adapter:
             elif self.s["warmup"] >= steps:
                 raise Error(f"warmup {self.s['warmup']}: must be below the call's {steps} steps")
             self.call = _Call(ts, steps, plain, self.prompts)
+            self.call.first = n
         c = self.call
         if n != c.step:
             c.step, c.branch = n, 0
         else:
             c.branch += 1
             c.branches = max(c.branches, c.branch + 1)
+        c.branches_at[n] = c.branch + 1
         if c.t0 is None:
             c.t0 = time.perf_counter()
         return c
 
-    def grouping(self, batch: int) -> Any:
+    def grouping(self, call: _Call, batch: int) -> Any:
         """Each row's group, and whether the row carries the group's prompt (its attention
         gives the group's saliency). Under SD3's classifier-free guidance the batch is
-        [negatives..., positives...]: row b and row b + batch / 2 are one sample."""
+        [negatives..., positives...]: row b and row b + batch / 2 are one sample. A later
+        call of a step with fewer rows (SD3's skip-layer guidance, which runs the positive
+        rows alone) takes the groups of the first call's rows it repeats, the last ones."""
+        if call.branch > 0 and call.batch0 and batch != call.batch0:
+            groups = call.groups0
+            return [groups[call.batch0 - batch + b] for b in range(batch)], [False] * batch
         cfg = self.sd3 and batch % 2 == 0 and bool(getattr(self.pipe, "do_classifier_free_guidance", False))
         half = batch // 2 if cfg else batch
-        return [b % half for b in range(batch)], [(b >= half) if cfg else True for b in range(batch)]
+        gid = [b % half for b in range(batch)]
+        if call.branch == 0:
+            call.batch0, call.groups0 = batch, gid
+        return gid, [(b >= half) if cfg else True for b in range(batch)]
 
     def salient_tokens(self, call: _Call, b: int, g: int, groups: int, text: int, device: Any) -> Any:
         """Which text positions of row `b` (group `g` of `groups`) are its prompt's salient
@@ -406,7 +423,7 @@ def _vel_forecast(a: "_Adapter", row: "_Row", n: int) -> Any:
 
 def _record_velocity(a: "_Adapter", row: _Row, v: Any, n: int) -> None:
     torch = _torch()
-    v = v.detach()
+    v = v.detach().float()  # a half-precision history would round the second differences away
     if row.vel is None:
         row.vel = [v.clone(), torch.zeros_like(v), torch.full((v.shape[0],), n, dtype=torch.long, device=v.device)]
         if a.s["reuse"] == "extrapolate2":
@@ -472,7 +489,7 @@ class _Processor:
         if ctx.mode != "partial":
             if self.a.regional:
                 for j, row in enumerate(ctx.rows):
-                    k0, v0 = k[j].detach(), v[j].detach()
+                    k0, v0 = k[j].detach().float(), v[j].detach().float()
                     store = row.kv.get(self.name)
                     if store is None:
                         steps = torch.full((k0.shape[0],), n, dtype=torch.long, device=k0.device)
@@ -500,13 +517,14 @@ class _Processor:
             ks, vs = row.kv[self.name]
             kf = _forecast(ks[0], ks[1], ks[2], n, extrap)
             vf = _forecast(vs[0], vs[1], vs[2], n, extrap)
-            kf[pos] = k[j].detach()
-            vf[pos] = v[j].detach()
-            _refresh(ks, pos, k[j].detach(), n)
-            _refresh(vs, pos, v[j].detach(), n)
+            kj, vj = k[j].detach().float(), v[j].detach().float()
+            kf[pos] = kj
+            vf[pos] = vj
+            _refresh(ks, pos, kj, n)
+            _refresh(vs, pos, vj, n)
             kfs.append(kf)
             vfs.append(vf)
-        kf, vf = torch.stack(kfs), torch.stack(vfs)
+        kf, vf = torch.stack(kfs).to(k.dtype), torch.stack(vfs).to(v.dtype)
         if self.name == self.a.importance_block:
             for j, row in enumerate(ctx.rows):
                 probs = self.attention_probs(q[j:j + 1, t:], kf[j:j + 1])[:, t:]  # (n_active, N)
@@ -574,10 +592,11 @@ def _budget_observe(group: Any, now: Any) -> None:
         now = now.unsqueeze(0)
     before = group.signal if group.signal.dim() == 3 else group.signal.unsqueeze(0)
     patches = len(group.tokens)
-    num = torch.zeros(patches, dtype=torch.float64, device=now.device)
+    wide = torch.float32 if now.device.type == "mps" else torch.float64  # MPS has no float64
+    num = torch.zeros(patches, dtype=wide, device=now.device)
     den = torch.zeros_like(num)
-    num.index_add_(0, group.patch_of_t, (now - before).abs().sum(dim=(0, 2), dtype=torch.float64))
-    den.index_add_(0, group.patch_of_t, before.abs().sum(dim=(0, 2), dtype=torch.float64))
+    num.index_add_(0, group.patch_of_t, (now - before).abs().sum(dim=(0, 2), dtype=wide))
+    den.index_add_(0, group.patch_of_t, before.abs().sum(dim=(0, 2), dtype=wide))
     both = torch.stack([num / den.clamp(min=1e-12), den]).cpu().numpy().astype(np.float32)
     group.budget.observe(both[0], both[1])
     group.signal = now
@@ -628,7 +647,7 @@ def _grid_view(t: Any, batch: int, text: int, grid: Any, device: Any, dtype: Any
 def _run(a: _Adapter, call: _Call, v: _View, rows: List[_Row], sel: Any, idx: Any, ctx: Optional[_Ctx]) -> Any:
     """One transformer forward, counted."""
     a.ctx = ctx
-    a.forward_fn = a.eager_forward if ctx is not None and ctx.mode == "saliency" else a.orig_forward
+    a.forward_fn = a.eager_forward if ctx is not None else a.orig_forward
     try:
         out = v.run(sel, idx)
     finally:
@@ -651,13 +670,14 @@ def _step(a: _Adapter, call: _Call, v: _View) -> Any:
     on their forecast velocities."""
     torch = _torch()
     n, warm, batch = call.step, a.s["warmup"], v.batch
+    ran = n - call.first  # steps this call has run before this one (img2img starts later)
     call.calls += 1
     call.flops_full += batch * a.cost.forward(v.n, v.n, v.text)
-    gid, carries = a.grouping(batch)
+    gid, carries = a.grouping(call, batch)
     rows = [call.row(call.branch, b, gid[b]) for b in range(batch)]
     groups = sorted(set(gid))
-    if n < warm:
-        saliency = n == warm - 1 and call.branch == 0
+    if ran < warm:
+        saliency = ran == warm - 1 and call.branch == 0
         ctx = None
         if saliency or a.regional:
             ctx = _Ctx(rows, "saliency" if saliency else "record", n, v.text)
@@ -679,7 +699,7 @@ def _step(a: _Adapter, call: _Call, v: _View) -> Any:
                 call.flops_run += batch * a.cost.signal(v.n, v.text)
                 for g in groups:
                     call.groups[g].signal = sig[[b for b in range(batch) if gid[b] == g]]
-        _end_forward(a, call)
+        _end_forward(a, call, v.device)
         return out
     undecided = [g for g in groups if n not in call.groups[g].decided]
     if undecided:
@@ -705,9 +725,12 @@ def _step(a: _Adapter, call: _Call, v: _View) -> Any:
     for b in range(batch):
         group = rows[b].group
         active = group.decided[n]
-        if not active.any():
+        if rows[b].vel is None:  # no history to forecast from: it runs
+            active = np.ones_like(active)
+        elif not active.any():
             continue
-        if active.all() and not a.regional:  # the gate reads every step's importance: a partial forward
+        if active.all() and (not a.regional or rows[b].vel is None or not rows[b].kv):
+            # (the gate reads every step's importance from a partial forward, once it has K/V)
             key, idx = "all", None
         else:
             idx = torch.cat([group.tokens[p] for p in range(len(group.tokens)) if active[p]])
@@ -720,7 +743,7 @@ def _step(a: _Adapter, call: _Call, v: _View) -> Any:
         for j, row in enumerate(rows):
             _record_velocity(a, row, tok[j], n)
             row.computed.append(v.n)
-        _end_forward(a, call)
+        _end_forward(a, call, v.device)
         return out
     full: List[Any] = [None] * batch
     importance: Dict[int, List[Any]] = {}
@@ -742,8 +765,9 @@ def _step(a: _Adapter, call: _Call, v: _View) -> Any:
                 row.computed.append(v.n)
             else:
                 f = _vel_forecast(a, row, n)
-                f[idx] = fresh[j].detach()
-                _refresh(row.vel, idx, fresh[j].detach(), n)
+                fj = fresh[j].detach().float()
+                f[idx] = fj
+                _refresh(row.vel, idx, fj, n)
                 full[b] = f
                 row.computed.append(int(idx.numel()))
                 if ctx is not None and ctx.importance[j] is not None and call.branch == 0:
@@ -757,7 +781,7 @@ def _step(a: _Adapter, call: _Call, v: _View) -> Any:
         if full[b] is None:
             full[b] = _vel_forecast(a, rows[b], n)
             rows[b].computed.append(0)
-    _end_forward(a, call)
+    _end_forward(a, call, v.device)
     return v.untokens(torch.stack(full))
 
 
@@ -771,10 +795,15 @@ def _plain(a: _Adapter, call: _Call, run: Any) -> Any:
     return out
 
 
-def _end_forward(a: _Adapter, call: _Call) -> None:
-    """Times the call; after the last step's last branch, logs its summary at INFO."""
+def _end_forward(a: _Adapter, call: _Call, device: Any = None) -> None:
+    """Times the call; after the last step's calls (as many as the step before took), logs
+    its summary at INFO. The last step waits for the device, so the time is the work's."""
+    last = call.step >= call.steps - 1
+    if last and device is not None and getattr(device, "type", "cpu") == "cuda":
+        _torch().cuda.synchronize(device)
     call.t1 = time.perf_counter()
-    if call.step >= call.steps - 1 and call.branch + 1 >= call.branches and not call.logged:
+    expected = call.branches_at.get(call.step - 1, 1)
+    if last and call.branch + 1 >= expected and not call.logged:
         call.logged = True
         if _log.isEnabledFor(logging.INFO):
             _log.info("flashdiff: %s", _summary(a)["text"])
@@ -923,10 +952,17 @@ def report(target: Any) -> Dict[str, Any]:
 
 def _summary(a: _Adapter) -> Dict[str, Any]:
     c = a.call
+    s = a.s
+    run = c.steps - c.first  # the steps this call ran (an img2img call starts later)
+    warm = 0 if c.plain else min(s["warmup"], run)
     rows = []
     for (branch, b), r in sorted(c.rows.items()):
-        computed = (0 if c.plain else min(a.s["warmup"], c.steps)) + sum(1 for x in r.computed if x)
-        rows.append(dict(branch=branch, sample=b, steps_computed=c.steps if c.plain else computed))
+        tokens = 0 if r.group.layout is None else int(r.group.layout.patch_of.size)
+        whole = warm + sum(1 for x in r.computed if tokens and x >= tokens)
+        some = warm + sum(1 for x in r.computed if x)
+        share = (sum(r.computed) / (tokens * len(r.computed))) if tokens and r.computed else 1.0
+        rows.append(dict(branch=branch, sample=b, steps_computed=run if c.plain else some,
+                         steps_whole=run if c.plain else whole, token_share=share))
     state: Dict[str, int] = {"velocity": 0, "kv": 0, "signal": 0, "layout": 0}
     for r in c.rows.values():
         for k, x in r.nbytes().items():
@@ -936,25 +972,33 @@ def _summary(a: _Adapter) -> Dict[str, Any]:
             state[k] += x
     frac = 1.0 if c.plain or c.flops_full == 0 else c.flops_run / c.flops_full
     seconds = 0.0 if c.t0 is None or c.t1 is None else c.t1 - c.t0
-    computed = [r["steps_computed"] for r in rows]
-    s = a.s
+    whole = [r["steps_whole"] for r in rows]
+    some = [r["steps_computed"] for r in rows]
+
+    def span(xs: List[int]) -> str:
+        return f"{min(xs)}-{max(xs)}" if min(xs) != max(xs) else f"{xs[0]}"
+
     if c.plain:
         why = (f"nothing was skipped: {c.steps} steps is a few-step schedule, run unchanged "
                "(enable(..., force=True) skips anyway)")
-    elif computed and min(computed) >= c.steps:
+    elif rows and min(whole) >= run:
         if s["epsilon"] == 0:
             reason = "epsilon 0 never skips"
         elif s["max_skip"] == 0:
             reason = "max_skip 0 never skips"
-        elif s["warmup"] >= c.steps - 1:
+        elif s["warmup"] >= run - 1:
             reason = f"the warm-up of {s['warmup']} steps covers the call"
         else:
             reason = (f"every step's change used up epsilon {s['epsilon']} (a larger epsilon skips; "
                       "the change is measured per patch)")
         why = f"nothing was skipped: {reason}"
+    elif a.regional:
+        share = min(r["token_share"] for r in rows), max(r["token_share"] for r in rows)
+        shares = f"{share[0]:.2f}" if share[0] == share[1] else f"{share[0]:.2f}-{share[1]:.2f}"
+        why = (f"computed {shares} of the image tokens after the warm-up per row ({span(some)} of "
+               f"{run} steps ran some patches, {span(whole)} all)")
     else:
-        why = (f"computed {min(computed)}-{max(computed)} of {c.steps} steps per row" if min(computed) != max(computed)
-               else f"computed {computed[0]} of {c.steps} steps per row")
+        why = f"computed {span(some)} of {run} steps per row"
     text = (f"{why}; {frac:.2f} of full computation's FLOPs; denoising {seconds:.2f} s; "
             f"{c.forwards} transformer forwards for {c.calls} calls; state {sum(state.values())} bytes")
     return dict(steps=c.steps, warmup=s["warmup"], rule=s["rule"], plain=c.plain, rows=rows, flops_fraction=frac,
@@ -962,8 +1006,9 @@ def _summary(a: _Adapter) -> Dict[str, Any]:
 
 
 def summary(target: Any) -> Dict[str, Any]:
-    """What the last call did: per row (branch, sample) the steps computed (the warm-up's
-    included); the FLOPs run (forwards, signals and saliency, from the layers' sizes) as a
+    """What the last call did: per row (branch, sample) the steps that computed anything and
+    the steps computed whole (the warm-up's included), and the share of image tokens
+    computed after the warm-up; the FLOPs run (forwards, signals and saliency, from the layers' sizes) as a
     fraction of full computation's; the wall time from the call's first transformer forward
     to the end of its last (``seconds``); transformer ``forwards`` run for the ``calls`` the
     pipeline made; the bytes FlashDiff holds for the call, by kind (``state_bytes``); and
