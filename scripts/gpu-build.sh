@@ -74,9 +74,11 @@ check_folder() {
     fi
     local said first
     if ! said=$("$exe" $(start_check "$b") 2>&1) || [ -z "$said" ]; then
-      echo "gpu-build.sh: bin/$b does not start: $(echo "$said" | head -n 3)" >&2; fail=1; continue
+      echo "gpu-build.sh: bin/$b does not start: $(printf '%s\n' "$said" | sed -n 1,3p)" >&2; fail=1; continue
     fi
-    first=$(echo "$said" | head -n 1)
+    # No pipe into head: under pipefail a long list (a test harness's) makes echo die of
+    # SIGPIPE when head stops reading, and set -e would end the check without a word.
+    first=${said%%$'\n'*}
     local needs
     needs=$(ldd "$exe" 2>/dev/null | awk '{print $1}' | grep -E '^lib(cuda|cudart|cublas|cublasLt|nvrtc|curand)\.so' || true)
     local bad
