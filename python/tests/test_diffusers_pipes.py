@@ -229,3 +229,17 @@ def test_disable_leaves_a_later_wrapper_working():
     assert pipe.transformer.forward is hook
     torch.testing.assert_close(pipe("a red fox", generator=gen(), **SIZE).images, plain, atol=1e-5, rtol=0)
     assert len(seen) == STEPS
+
+
+def test_the_saliency_reads_the_prompt_t5_encodes():
+    # FLUX's T5 encodes prompt_2 where it is given; its words are the salient ones.
+    pipe = tp.flux_pipe()
+    fdd.enable(pipe, epsilon=0.3, patches=8)
+    seen = []
+    real = core.salient_mask
+    core.salient_mask = lambda words: seen.append(" ".join(words)) or real(words)
+    try:
+        pipe("a red fox", prompt_2="a green dog in the snow", generator=gen(), **SIZE)
+    finally:
+        core.salient_mask = real
+    assert seen == ["a green dog in the snow"]

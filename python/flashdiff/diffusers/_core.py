@@ -238,8 +238,14 @@ class _Adapter:
         if pipe is not None and hasattr(pipe, "encode_prompt"):
             self.orig_encode = pipe.encode_prompt
 
+            # The prompt T5 reads carries the salient words: FLUX's `prompt_2` and SD3's
+            # `prompt_3` where given, else `prompt`.
+            t5_arg = {"flux": "prompt_2", "sd3": "prompt_3"}.get(self.kind)
+
             def encode_prompt(self_pipe: Any, prompt: Any = None, *a: Any, **k: Any) -> Any:
-                adapter.pending.append([prompt] if isinstance(prompt, str) else list(prompt or []))
+                words = k.get(t5_arg) if t5_arg else None
+                words = prompt if words is None else words
+                adapter.pending.append([words] if isinstance(words, str) else list(words or []))
                 return adapter.orig_encode(prompt, *a, **k)
 
             pipe.encode_prompt = types.MethodType(encode_prompt, pipe)
