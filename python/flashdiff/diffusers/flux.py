@@ -33,7 +33,13 @@ def _forward(self: Any, hidden_states: Any, encoder_hidden_states: Any = None, p
     if call.plain:
         return _output(_plain(a, call, lambda: run(None, None)), return_dict)
     ids = img_ids[0] if img_ids.ndim == 3 else img_ids
-    grid = (int(ids[:, 1].max().item()) + 1, int(ids[:, 2].max().item()) + 1)
+    # The token grid from the position ids, read back once per call and ids tensor (a read
+    # waits for the device).
+    key = (ids.data_ptr(), tuple(ids.shape))
+    if getattr(call, "flux_grid", (None,))[0] != key:
+        maxes = ids[:, 1:3].max(dim=0).values.tolist()
+        call.flux_grid = (key, (int(maxes[0]) + 1, int(maxes[1]) + 1))
+    grid = call.flux_grid[1]
 
     def signal(sel: Any) -> Any:
         return _flux_signal(self, _rows(hidden_states, sel, batch), _rows(pooled_projections, sel, batch),
