@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from typing import Any, Dict, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -196,9 +196,35 @@ class Engine:
         """``pending``, ``done``, ``failed`` or ``unknown``."""
         return self._e.poll(id)
 
-    def result(self, id: int) -> Output:
-        """A finished request's output, once; raises with the reason when it failed."""
-        return _output(self._e.result(id))
+    def result(self, id: int, scale: Optional[int] = None) -> Output:
+        """A finished request's output, once; raises with the reason when it failed. For an
+        image, ``scale`` (1 to 32) sets the PNG's scale, as :meth:`submit_image` returns it."""
+        return _output(self._e.result(id, scale))
+
+    def wait(self, id: int, timeout_ms: int = 100) -> str:
+        """Waits up to ``timeout_ms`` (at most 10000) for request ``id``; returns what
+        :meth:`poll` then says. The GIL is released while it waits."""
+        return self._e.wait(id, timeout_ms)
+
+    @property
+    def pending(self) -> int:
+        """Requests submitted whose results are not ready yet."""
+        return self._e.pending
+
+    def submit_image(self, body: Any) -> Tuple[List[int], int]:
+        """Admits a body of OpenAI's image endpoint (``bytes`` or ``str``: the image fields
+        ``n``, ``size``, ``response_format``, ``output_format`` beside the settings) exactly
+        as ``flashdiff serve --port`` with its default flags does: a refusal raises
+        :class:`Error` with the text the server puts in its 400. Returns the ids of the
+        ``n`` images (seeds ``seed``, ``seed + 1``, ...) and the PNG scale for
+        :meth:`result`."""
+        ids, scale = self._e.submit_image(body)
+        return list(ids), scale
+
+    def check_image(self, body: Any) -> Tuple[int, int]:
+        """Checks a body as :meth:`submit_image` does without admitting it; returns the
+        number of images and the PNG scale."""
+        return self._e.check_image(body)
 
     def cancel(self, id: int) -> None:
         """Cancels a request in flight."""

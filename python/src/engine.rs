@@ -18,7 +18,7 @@ use flashdiff_runtime::engine::{
 use flashdiff_runtime::media;
 use flashdiff_runtime::models::pipelines::registry::{ModelSpec, BUILTIN_MODELS};
 use flashdiff_runtime::models::Kind;
-use flashdiff_runtime::schema::{Front, RequestFields};
+use flashdiff_runtime::schema::{Front, ImageRequest, RequestFields};
 use flashdiff_runtime::service::{Mailbox, MailboxError, Standing};
 
 use crate::fail;
@@ -58,9 +58,37 @@ impl Engine {
         Ok((prompt, cfg))
     }
 
-    fn output<'py>(&self, py: Python<'py>, o: &Output) -> PyResult<Bound<'py, PyDict>> {
+    /// An HTTP body (`bytes` or `str`) checked as the HTTP server checks it with its
+    /// default flags.
+    fn image_request(&self, py: Python<'_>, body: &Bound<'_, PyAny>) -> PyResult<ImageRequest> {
+        let bytes: Vec<u8> = if let Ok(b) = body.cast::<PyBytes>() {
+            b.as_bytes().to_vec()
+        } else if let Ok(s) = body.extract::<String>() {
+            s.into_bytes()
+        } else {
+            return Err(pyo3::exceptions::PyTypeError::new_err(
+                "body: expected bytes or str (the HTTP request's body)",
+            ));
+        };
+        let model = self.inner.service().model().clone();
+        py.detach(|| ImageRequest::check(&bytes, &RequestConfig::default(), None, &*model))
+            .map(|(g, _)| g)
+            .map_err(fail)
+    }
+
+    fn output<'py>(
+        &self,
+        py: Python<'py>,
+        o: &Output,
+        scale: Option<usize>,
+    ) -> PyResult<Bound<'py, PyDict>> {
         let s = &o.sample;
-        let bytes = py.detach(|| media::encode(s, self.kind)).map_err(fail)?;
+        let bytes = match (self.kind, scale) {
+            (Kind::Image, Some(z)) => {
+                py.detach(|| flashdiff_runtime::image::png(&s.rgb, s.width, s.height, z))
+            }
+            _ => py.detach(|| media::encode(s, self.kind)).map_err(fail)?,
+        };
         let d = PyDict::new(py);
         d.set_item("kind", kind_name(self.kind))?;
         let arr = match self.kind {
@@ -83,6 +111,15 @@ impl Engine {
         d.set_item("file", PyBytes::new(py, &bytes))?;
         d.set_item("extension", media::extension(self.kind))?;
         Ok(d)
+    }
+}
+
+fn standing_name(s: Standing) -> &'static str {
+    match s {
+        Standing::Pending => "pending",
+        Standing::Done => "done",
+        Standing::Failed => "failed",
+        Standing::Unknown => "unknown",
     }
 }
 
@@ -194,7 +231,61 @@ impl Engine {
                 return Err(e);
             }
         }
-        self.result(py, id)
+        self.result(py, id, None)
+    }
+
+    /// Admits a request to OpenAI's image endpoint exactly as `flashdiff serve --port` with
+    /// its default flags would: `body` is the HTTP body (OpenAI's image fields and the
+    /// schema's settings), checked by the server's own rules, so a refusal raises
+    /// [`Error`] with the text the server puts in its 400. Returns the ids of the `n`
+    /// images (seeds `seed`, `seed + 1`, ...) and the PNG scale to pass to `result`.
+    fn submit_image(&self, py: Python<'_>, body: &Bound<'_, PyAny>) -> PyResult<(Vec<u64>, usize)> {
+        let g = self.image_request(py, body)?;
+        let mut ids = Vec::with_capacity(g.n as usize);
+        for i in 0..g.n {
+            let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+            if let Err(e) = py.detach(|| self.inner.submit(id, &g.prompt, g.image(i))) {
+                for &done in &ids {
+                    let _ = self.inner.cancel(done);
+                    let _ = self.inner.take(done);
+                }
+                return Err(pyo3::exceptions::PyRuntimeError::new_err(format!(
+                    "the engine refused a checked request: {e}"
+                )));
+            }
+            ids.push(id);
+        }
+        Ok((ids, g.scale))
+    }
+
+    /// Checks a body for OpenAI's image endpoint as `submit_image` does, without admitting
+    /// it: returns the number of images and the PNG scale, or raises [`Error`] with the
+    /// server's text.
+    fn check_image(&self, py: Python<'_>, body: &Bound<'_, PyAny>) -> PyResult<(u32, usize)> {
+        let g = self.image_request(py, body)?;
+        Ok((g.n, g.scale))
+    }
+
+    /// Waits up to `timeout_ms` (at most 10000) for request `id` to finish; returns where it
+    /// stands then, as `poll` says it. The GIL is released while it waits.
+    #[pyo3(signature = (id, timeout_ms=100))]
+    fn wait(&self, py: Python<'_>, id: u64, timeout_ms: u32) -> PyResult<&'static str> {
+        if timeout_ms > 10_000 {
+            return Err(fail(format!(
+                "timeout_ms {timeout_ms}: at most 10000 (call wait again)"
+            )));
+        }
+        let s = py.detach(|| {
+            self.inner
+                .wait_for(id, Duration::from_millis(timeout_ms.into()))
+        });
+        Ok(standing_name(s))
+    }
+
+    /// Requests submitted whose results are not ready yet.
+    #[getter]
+    fn pending(&self, py: Python<'_>) -> usize {
+        py.detach(|| self.inner.pending())
     }
 
     /// Admits a request (a JSON object of the schema's fields); returns its id.
@@ -229,17 +320,22 @@ impl Engine {
     /// `pending`, `done`, `failed` (or cancelled) or `unknown` (never submitted, or its
     /// result already taken).
     fn poll(&self, py: Python<'_>, id: u64) -> PyResult<&'static str> {
-        Ok(match py.detach(|| self.inner.standing(id)) {
-            Standing::Pending => "pending",
-            Standing::Done => "done",
-            Standing::Failed => "failed",
-            Standing::Unknown => "unknown",
-        })
+        Ok(standing_name(py.detach(|| self.inner.standing(id))))
     }
 
     /// A finished request's output (as `generate` returns it), once: raises with the reason
-    /// for a failed or cancelled one, and for one still pending or unknown.
-    fn result<'py>(&self, py: Python<'py>, id: u64) -> PyResult<Bound<'py, PyDict>> {
+    /// for a failed or cancelled one, and for one still pending or unknown. For an image,
+    /// `scale` (1..=32) sets the PNG's scale, as the HTTP image API's `size` does.
+    #[pyo3(signature = (id, scale=None))]
+    fn result<'py>(
+        &self,
+        py: Python<'py>,
+        id: u64,
+        scale: Option<usize>,
+    ) -> PyResult<Bound<'py, PyDict>> {
+        if let Some(z) = scale.filter(|z| !(1..=32).contains(z)) {
+            return Err(fail(format!("scale {z}: must be in 1..=32")));
+        }
         let o = match py.detach(|| self.inner.take(id)) {
             Ok(Ok(o)) => o,
             Ok(Err(why)) => return Err(fail(why)),
@@ -254,7 +350,7 @@ impl Engine {
                 )))
             }
         };
-        self.output(py, &o)
+        self.output(py, &o, scale)
     }
 
     /// Cancels a request in flight; its result then raises "cancelled".

@@ -177,3 +177,26 @@ def test_bad_engines():
         flashdiff.Engine("tinydit", weights="/nonexistent.safetensors")
     with pytest.raises(flashdiff.Error):
         flashdiff.Engine("tinydit", workers=0)
+
+
+def test_image_requests_are_checked_as_the_http_server_checks_them():
+    e = flashdiff.Engine("tinydit")
+    assert e.check_image(b'{"prompt": "a red circle", "n": 3, "size": "64x64"}') == (3, 2)
+    assert e.check_image('{"prompt": "a red circle"}') == (1, 8)
+    with pytest.raises(flashdiff.Error, match=r'"n" 9: must be in 1..=4'):
+        e.check_image(b'{"prompt": "a red circle", "n": 9}')
+    with pytest.raises(flashdiff.Error, match=r'"id"'):
+        e.check_image(b'{"prompt": "a red circle", "id": 2}')
+    with pytest.raises(TypeError, match="bytes or str"):
+        e.check_image(3)
+    ids, scale = e.submit_image(b'{"prompt": "a red circle", "n": 2, "steps": 6, "seed": 4}')
+    assert len(ids) == 2 and scale == 8
+    for i in ids:
+        assert e.wait(i, 10000) == "done"
+    one = e.result(ids[0], 1)
+    assert one.file[:8] == b"\x89PNG\r\n\x1a\n" and int.from_bytes(one.file[16:20], "big") == 32
+    [alone], _ = e.submit_image(b'{"prompt": "a red circle", "steps": 6, "seed": 5}')
+    assert e.wait(alone, 10000) == "done"
+    assert (e.result(ids[1]).sample == e.result(alone).sample).all(), "image 2 is not seed + 1"
+    with pytest.raises(flashdiff.Error, match="scale 0"):
+        e.result(ids[0], 0)

@@ -314,6 +314,113 @@ impl Front {
     }
 }
 
+/// A request to OpenAI's image endpoint, checked as `flashdiff serve --port` and the Ray
+/// application check it: the prompt, the first image's settings, how many images (seeds
+/// `seed`, `seed + 1`, ...) and the PNG scale over the model's image size.
+#[derive(Debug, Clone)]
+pub struct ImageRequest {
+    /// The prompt.
+    pub prompt: String,
+    /// The first image's settings.
+    pub cfg: RequestConfig,
+    /// Images asked for, 1..=4.
+    pub n: u32,
+    /// The PNG's scale: `size` over the model's image size.
+    pub scale: usize,
+}
+
+impl ImageRequest {
+    /// Every field of `body` against `model`: the settings (as [`RequestFields::resolve`]
+    /// takes them through [`Front::Http`]) and the image fields ("size" asks for a whole
+    /// multiple of the model's image size). The settings' ranges are left to
+    /// [`crate::engine::check_request`]; [`ImageRequest::check`] does both.
+    pub fn parse(
+        body: &[u8],
+        base: &RequestConfig,
+        warmup: Option<u32>,
+        model: &dyn Denoiser,
+    ) -> Result<Self, String> {
+        let f = RequestFields::from_json(body).map_err(|e| e.to_string())?;
+        let (prompt, cfg) = f
+            .resolve(Front::Http, model, base, warmup)
+            .map_err(|e| e.to_string())?;
+        let side = model.image_size().unwrap_or((BUILTIN_IMAGE, BUILTIN_IMAGE));
+        let n = match f.n {
+            None => 1,
+            Some(n @ 1..=4) => n as u32,
+            Some(n) => return Err(format!("\"n\" {n}: must be in 1..=4")),
+        };
+        let (sw, sh) = (side.0.max(1) as u64, side.1.max(1) as u64);
+        // The built-in 32-pixel images may be enlarged up to 32x (8x by default); larger
+        // images up to 1024 pixels a side.
+        let most = (1024 / sw.max(sh)).clamp(1, 32);
+        let scale = match f.size.as_deref() {
+            None => (256 / sw).clamp(1, 8) as usize,
+            Some(s) => {
+                let parsed = s
+                    .split_once('x')
+                    .and_then(|(w, h)| Some((w.parse::<u64>().ok()?, h.parse::<u64>().ok()?)));
+                match parsed {
+                    Some((w, h))
+                        if w % sw == 0 && (1..=most).contains(&(w / sw)) && h * sw == w * sh =>
+                    {
+                        (w / sw) as usize
+                    }
+                    _ => {
+                        return Err(format!(
+                            "\"size\" {s:?}: must be {sw}x{sh} times a whole number up to {most} \
+                             (the model makes {sw}x{sh} images, scaled up)"
+                        ))
+                    }
+                }
+            }
+        };
+        if let Some(f) = f.response_format.as_deref().filter(|f| *f != "b64_json") {
+            return Err(format!(
+                "\"response_format\" {f:?}: only \"b64_json\" is supported (no image hosting)"
+            ));
+        }
+        if let Some(f) = f.output_format.as_deref().filter(|f| *f != "png") {
+            return Err(format!(
+                "\"output_format\" {f:?}: only \"png\" is supported"
+            ));
+        }
+        Ok(Self {
+            prompt,
+            cfg,
+            n,
+            scale,
+        })
+    }
+
+    /// [`ImageRequest::parse`], then the settings together and the prompt against the
+    /// model's vocabulary, so that what passes can run; returns the prompt conditioned.
+    pub fn check(
+        body: &[u8],
+        base: &RequestConfig,
+        warmup: Option<u32>,
+        model: &dyn Denoiser,
+    ) -> Result<(Self, flashdiff_models::Conditioning), String> {
+        let g = Self::parse(body, base, warmup, model)?;
+        crate::engine::check_request(model, &g.cfg).map_err(|e| e.to_string())?;
+        let cond = model
+            .condition(&g.prompt)
+            .map_err(|e| format!("\"prompt\": {e}"))?;
+        Ok((g, cond))
+    }
+
+    /// Image `i`'s settings: the first image's with seed `seed + i`.
+    pub fn image(&self, i: u32) -> RequestConfig {
+        RequestConfig {
+            seed: self.cfg.seed.wrapping_add(u64::from(i)),
+            ..self.cfg.clone()
+        }
+    }
+}
+
+/// The side of the built-in models' images, for a model that does not say.
+const BUILTIN_IMAGE: usize = flashdiff_models::families::tinydit::scene::IMAGE;
+
 /// The fields only OpenAI's image endpoint takes.
 pub const IMAGE_FIELDS: [&str; 5] = ["n", "size", "response_format", "output_format", "user"];
 

@@ -5,10 +5,9 @@ use std::sync::atomic::Ordering::Relaxed;
 
 use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::Response;
-use flashdiff_runtime::engine::{check_request, to_config_record, RequestConfig};
-use flashdiff_runtime::models::families::tinydit::scene::IMAGE;
+use flashdiff_runtime::engine::{to_config_record, RequestConfig};
 use flashdiff_runtime::models::{Conditioning, Denoiser};
-use flashdiff_runtime::schema::{Front, RequestFields};
+use flashdiff_runtime::schema::ImageRequest;
 use flashdiff_runtime::service::Command;
 use tokio::sync::{broadcast, watch};
 
@@ -26,84 +25,30 @@ pub(super) struct GenRequest {
     pub(super) scale: usize,
 }
 
-/// Parses and checks a generation request: every field, the settings together, and the
-/// prompt against the model's vocabulary, so that what is admitted can run.
+impl From<ImageRequest> for GenRequest {
+    fn from(g: ImageRequest) -> Self {
+        Self {
+            prompt: g.prompt,
+            cond: None,
+            cfg: g.cfg,
+            n: g.n,
+            scale: g.scale,
+        }
+    }
+}
+
+/// Parses and checks a generation request ([`ImageRequest::check`]): every field, the
+/// settings together, and the prompt against the model's vocabulary, so that what is
+/// admitted can run.
 pub(super) fn parse(
     body: &[u8],
     cfg: &HttpConfig,
     model: &dyn Denoiser,
 ) -> Result<GenRequest, String> {
-    let g = parse_fields(body, &cfg.base, cfg.warmup, model)?;
-    check_request(model, &g.cfg).map_err(|e| e.to_string())?;
-    let cond = model
-        .condition(&g.prompt)
-        .map_err(|e| format!("\"prompt\": {e}"))?;
+    let (g, cond) = ImageRequest::check(body, &cfg.base, cfg.warmup, model)?;
     Ok(GenRequest {
         cond: Some(cond),
-        ..g
-    })
-}
-
-/// The request's fields, checked: the settings (a warm-up left out is the operator's
-/// `warmup`, else the model's fitted to the steps), and the image fields against the size
-/// of the model's images ("size" asks for a whole multiple).
-pub(super) fn parse_fields(
-    body: &[u8],
-    base: &RequestConfig,
-    warmup: Option<u32>,
-    model: &dyn Denoiser,
-) -> Result<GenRequest, String> {
-    let f = RequestFields::from_json(body).map_err(|e| e.to_string())?;
-    let (prompt, cfg) = f
-        .resolve(Front::Http, model, base, warmup)
-        .map_err(|e| e.to_string())?;
-    let side = model.image_size().unwrap_or((IMAGE, IMAGE));
-    let n = match f.n {
-        None => 1,
-        Some(n @ 1..=4) => n as u32,
-        Some(n) => return Err(format!("\"n\" {n}: must be in 1..=4")),
-    };
-    let (sw, sh) = (side.0.max(1) as u64, side.1.max(1) as u64);
-    // The built-in 32-pixel images may be enlarged up to 32x (8x by default); larger
-    // images up to 1024 pixels a side.
-    let most = (1024 / sw.max(sh)).clamp(1, 32);
-    let scale = match f.size.as_deref() {
-        None => (256 / sw).clamp(1, 8) as usize,
-        Some(s) => {
-            let parsed = s
-                .split_once('x')
-                .and_then(|(w, h)| Some((w.parse::<u64>().ok()?, h.parse::<u64>().ok()?)));
-            match parsed {
-                Some((w, h))
-                    if w % sw == 0 && (1..=most).contains(&(w / sw)) && h * sw == w * sh =>
-                {
-                    (w / sw) as usize
-                }
-                _ => {
-                    return Err(format!(
-                        "\"size\" {s:?}: must be {sw}x{sh} times a whole number up to {most} \
-                         (the model makes {sw}x{sh} images, scaled up)"
-                    ))
-                }
-            }
-        }
-    };
-    if let Some(f) = f.response_format.as_deref().filter(|f| *f != "b64_json") {
-        return Err(format!(
-            "\"response_format\" {f:?}: only \"b64_json\" is supported (no image hosting)"
-        ));
-    }
-    if let Some(f) = f.output_format.as_deref().filter(|f| *f != "png") {
-        return Err(format!(
-            "\"output_format\" {f:?}: only \"png\" is supported"
-        ));
-    }
-    Ok(GenRequest {
-        prompt,
-        cond: None,
-        cfg,
-        n,
-        scale,
+        ..g.into()
     })
 }
 
