@@ -29,6 +29,7 @@ import numpy as np
 from . import _native
 from ._native import (  # noqa: F401  (re-exported)
     MODELS,
+    PIPELINES,
     Budget,
     Error,
     Gate,
@@ -40,6 +41,7 @@ from ._native import (  # noqa: F401  (re-exported)
 
 __all__ = [
     "MODELS",
+    "PIPELINES",
     "Budget",
     "Engine",
     "Error",
@@ -159,8 +161,22 @@ class Engine:
     runs.
     """
 
-    def __init__(self, model: str = "tinydit", weights: Optional[str] = None, workers: int = 1):
-        self._e = _native.Engine(model, weights, workers)
+    def __init__(
+        self,
+        model: str = "tinydit",
+        weights: Optional[str] = None,
+        workers: int = 1,
+        device: str = "cpu",
+        size: Optional[Tuple[int, int]] = None,
+        guidance: Optional[float] = None,
+        dtype: Optional[str] = None,
+    ):
+        """``model``: a built-in model (:data:`MODELS`; ``weights`` optionally its
+        safetensors file) or a real pipeline (:data:`PIPELINES`; ``weights`` its diffusers
+        folder, ``size`` (height, width), ``guidance`` and ``dtype`` (``f32``, ``bf16``) as
+        the CLI's flags). ``device``: ``cpu``, or ``cuda`` in a build with the ``cuda``
+        feature."""
+        self._e = _native.Engine(model, weights, workers, device, size, guidance, dtype)
 
     @property
     def model(self) -> str:

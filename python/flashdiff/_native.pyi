@@ -6,6 +6,7 @@ import numpy as np
 import numpy.typing as npt
 
 MODELS: List[str]
+PIPELINES: List[str]
 # The engine's defaults: epsilon, patches, max_skip, warmup, steps.
 DEFAULTS: Dict[str, Any]
 
@@ -110,7 +111,14 @@ class Scheduler:
 
 class Engine:
     def __init__(
-        self, model: str = "tinydit", weights: Optional[str] = None, workers: int = 1
+        self,
+        model: str = "tinydit",
+        weights: Optional[str] = None,
+        workers: int = 1,
+        device: str = "cpu",
+        size: Optional[Tuple[int, int]] = None,
+        guidance: Optional[float] = None,
+        dtype: Optional[str] = None,
     ) -> None: ...
     @property
     def model(self) -> str: ...

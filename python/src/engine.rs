@@ -133,26 +133,72 @@ fn short(v: f32) -> serde_json::Value {
 
 #[pymethods]
 impl Engine {
-    /// Loads `model` (a built-in model's name) with its shipped weights, or with the
-    /// TinyDiT-family safetensors file `weights`, on `workers` in-process workers.
+    /// Loads `model`: a built-in model's name with its shipped weights (or the
+    /// TinyDiT-family safetensors file `weights`), or a real pipeline (`flux-dev`,
+    /// `sd3-medium`, ...: `flashdiff.PIPELINES`) from its diffusers folder `weights`, with
+    /// `size` (height, width), `guidance` and `dtype` (`f32`, `bf16`) as the CLI's flags take
+    /// them; on `workers` in-process workers, on `device` (`cpu`, or `cuda` in a build with
+    /// the `cuda` feature).
     #[new]
-    #[pyo3(signature = (model="tinydit", weights=None, workers=1))]
-    fn new(py: Python<'_>, model: &str, weights: Option<PathBuf>, workers: u32) -> PyResult<Self> {
-        let spec = match (&weights, ModelSpec::builtin(model)) {
-            (Some(w), Some(_)) => ModelSpec {
+    #[pyo3(signature = (model="tinydit", weights=None, workers=1, device="cpu", size=None, guidance=None, dtype=None))]
+    #[allow(clippy::too_many_arguments)]
+    fn new(
+        py: Python<'_>,
+        model: &str,
+        weights: Option<PathBuf>,
+        workers: u32,
+        device: &str,
+        size: Option<(usize, usize)>,
+        guidance: Option<f32>,
+        dtype: Option<&str>,
+    ) -> PyResult<Self> {
+        use flashdiff_runtime::models::pipelines;
+        let table = pipelines::pipeline(model);
+        if table.is_none() && (size.is_some() || guidance.is_some() || dtype.is_some()) {
+            return Err(fail(format!(
+                "model {model:?}: size, guidance and dtype are settings of a real pipeline ({})",
+                pipelines::PIPELINES.join(", ")
+            )));
+        }
+        let spec = match (&weights, ModelSpec::builtin(model), table) {
+            (Some(w), Some(_), _) => ModelSpec {
                 name: model.to_string(),
                 ..ModelSpec::file(w)
             },
-            (None, Some(s)) => s,
-            (_, None) => {
+            (None, Some(s), _) => s,
+            (Some(w), None, Some(p)) => ModelSpec::pipeline(
+                model,
+                w,
+                pipelines::PipelineOptions {
+                    size: size.unwrap_or(p.size),
+                    guidance,
+                    dtype: pipelines::parse_dtype(dtype.unwrap_or("f32"))
+                        .map_err(|e| fail(format!("dtype: {e}")))?,
+                    seconds: None,
+                    frames: None,
+                },
+            ),
+            (None, None, Some(_)) => {
                 return Err(fail(format!(
-                    "model {model:?}: not a built-in model ({}); the real pipelines run from \
-                     the CLI or the HTTP server, or inside diffusers through flashdiff.diffusers",
-                    BUILTIN_MODELS.join(", ")
+                    "model {model:?}: a real pipeline needs weights= its diffusers folder"
+                )))
+            }
+            (_, None, None) => {
+                return Err(fail(format!(
+                    "model {model:?}: neither a built-in model ({}) nor a pipeline ({}); inside \
+                     your own diffusers pipeline use flashdiff.diffusers",
+                    BUILTIN_MODELS.join(", "),
+                    pipelines::PIPELINES.join(", ")
                 )))
             }
         };
-        let device = flashdiff_runtime::models::device(false).map_err(fail)?;
+        let cuda = match device {
+            "cpu" => false,
+            "cuda" => true,
+            d => return Err(fail(format!("device {d:?}: cpu or cuda"))),
+        };
+        let device = flashdiff_runtime::models::device(cuda)
+            .map_err(|e| fail(format!("device {device:?}: {e}")))?;
         let inner = py
             .detach(|| {
                 REngine::builder(&spec)
@@ -160,7 +206,13 @@ impl Engine {
                     .device(&device)
                     .build()
             })
-            .map_err(fail)?;
+            .map_err(|e| match spec.is_pipeline() {
+                true => fail(format!(
+                    "model {model:?} from {}: {e}",
+                    spec.weights.display()
+                )),
+                false => fail(e),
+            })?;
         let kind = inner.model().kind();
         Ok(Self {
             inner: Mailbox::start(inner).map_err(fail)?,
@@ -363,6 +415,10 @@ impl Engine {
 pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<Engine>()?;
     m.add("MODELS", BUILTIN_MODELS.to_vec())?;
+    m.add(
+        "PIPELINES",
+        flashdiff_runtime::models::pipelines::PIPELINES.to_vec(),
+    )?;
     // The engine's defaults, which `flashdiff.diffusers.enable` takes for its own.
     let d = PyDict::new(m.py());
     d.set_item(

@@ -171,7 +171,7 @@ def test_tinyflux_l_makes_64_pixel_images():
 
 
 def test_bad_engines():
-    with pytest.raises(flashdiff.Error, match="not a built-in model"):
+    with pytest.raises(flashdiff.Error, match="neither a built-in model"):
         flashdiff.Engine("flux")
     with pytest.raises(flashdiff.Error):
         flashdiff.Engine("tinydit", weights="/nonexistent.safetensors")
@@ -200,3 +200,19 @@ def test_image_requests_are_checked_as_the_http_server_checks_them():
     assert (e.result(ids[1]).sample == e.result(alone).sample).all(), "image 2 is not seed + 1"
     with pytest.raises(flashdiff.Error, match="scale 0"):
         e.result(ids[0], 0)
+
+
+def test_engine_settings_of_a_pipeline_are_checked_by_name():
+    assert "flux-dev" in flashdiff.PIPELINES and "tinydit" not in flashdiff.PIPELINES
+    with pytest.raises(flashdiff.Error, match="needs weights"):
+        flashdiff.Engine("flux-dev")
+    with pytest.raises(flashdiff.Error, match="size, guidance and dtype"):
+        flashdiff.Engine("tinydit", size=(64, 64))
+    with pytest.raises(flashdiff.Error, match='device "tpu"'):
+        flashdiff.Engine("tinydit", device="tpu")
+    with pytest.raises(flashdiff.Error, match="neither a built-in model"):
+        flashdiff.Engine("sdxl")
+    with pytest.raises(flashdiff.Error, match="dtype"):
+        flashdiff.Engine("flux-dev", weights="/nonexistent", dtype="f8")
+    with pytest.raises(flashdiff.Error, match="/nonexistent"):
+        flashdiff.Engine("flux-dev", weights="/nonexistent")

@@ -62,10 +62,18 @@ class Settings:
     """The application's settings: the model, the replicas and the queue bounds."""
 
     model: str = "tinydit"
-    """A built-in model's name (``flashdiff.MODELS``)."""
+    """A built-in model (``flashdiff.MODELS``) or a real pipeline (``flashdiff.PIPELINES``)."""
     weights: Optional[str] = None
-    """A TinyDiT-family safetensors file, on every node at this path (None: the shipped
-    weights)."""
+    """A pipeline's diffusers folder, or a TinyDiT-family safetensors file, at this path on
+    every node (None: a built-in model's shipped weights)."""
+    device: str = "cpu"
+    """``cpu``, or ``cuda`` (a wheel built with the ``cuda`` feature; give ``num_gpus``)."""
+    size: Optional[str] = None
+    """A pipeline's image size, ``HEIGHTxWIDTH`` (None: the pipeline's default)."""
+    guidance: Optional[float] = None
+    """A pipeline's guidance (None: its default)."""
+    dtype: Optional[str] = None
+    """A pipeline's dtype, ``f32`` or ``bf16`` (None: f32)."""
     workers: int = 1
     """The engine's worker threads in each replica."""
     threads: Optional[int] = None
@@ -113,8 +121,14 @@ class Settings:
 
     def check(self) -> None:
         """Raises ``ValueError`` naming the first setting out of its range."""
-        if self.model not in flashdiff.MODELS:
-            raise ValueError(f"model {self.model!r}: not a built-in model ({', '.join(flashdiff.MODELS)})")
+        if self.model not in flashdiff.MODELS and self.model not in flashdiff.PIPELINES:
+            raise ValueError(f"model {self.model!r}: neither a built-in model ({', '.join(flashdiff.MODELS)}) "
+                             f"nor a pipeline ({', '.join(flashdiff.PIPELINES)})")
+        if self.model in flashdiff.PIPELINES and not self.weights:
+            raise ValueError(f"model {self.model!r}: a pipeline needs weights (its diffusers folder on every node)")
+        if self.device not in ("cpu", "cuda"):
+            raise ValueError(f"device {self.device!r}: cpu or cuda")
+        self.size_pair()
         for name, lo in [("workers", 1), ("max_ongoing_requests", 1), ("max_queued_requests", 1),
                          ("max_queue", 1), ("max_body", 64), ("min_replicas", 0), ("max_replicas", 1)]:
             if getattr(self, name) < lo:
@@ -131,16 +145,30 @@ class Settings:
             raise ValueError("target_ongoing_requests must be positive and retry_for_s not negative")
 
 
+    def size_pair(self) -> Optional[Tuple[int, int]]:
+        """``size`` as (height, width)."""
+        if self.size is None:
+            return None
+        try:
+            h, w = (int(x) for x in str(self.size).lower().split("x"))
+        except ValueError:
+            raise ValueError(f"size {self.size!r}: HEIGHTxWIDTH, e.g. 1024x1024") from None
+        return h, w
+
+
+OPTIONAL = ("weights", "threads", "num_replicas", "size", "guidance", "dtype")
+
+
 def _coerce(name: str, v: Any, default: Any) -> Any:
     if not isinstance(v, str):
         return v
     if v.lower() in ("none", "null", ""):
-        if name in ("weights", "threads", "num_replicas"):
+        if name in OPTIONAL:
             return None
         raise ValueError("needs a value")
-    if name in ("model", "weights"):
+    if name in ("model", "weights", "device", "size", "dtype"):
         return v
-    if isinstance(default, float) or name in ("num_cpus", "num_gpus", "target_ongoing_requests", "retry_for_s"):
+    if isinstance(default, float) or name in ("num_cpus", "num_gpus", "target_ongoing_requests", "retry_for_s", "guidance"):
         return float(v)
     return int(v)
 
@@ -163,7 +191,8 @@ class Replica:
 
     def __init__(self, settings: Dict[str, Any]):
         s = Settings(**settings)
-        self._engine = flashdiff.Engine(s.model, s.weights, s.workers)
+        self._engine = flashdiff.Engine(s.model, s.weights, s.workers, s.device, s.size_pair(),
+                                        s.guidance, s.dtype)
         self._name = _replica_name()
 
     def identity(self) -> Dict[str, Any]:
