@@ -168,9 +168,13 @@ def _coerce(name: str, v: Any, default: Any) -> Any:
         raise ValueError("needs a value")
     if name in ("model", "weights", "device", "size", "dtype"):
         return v
-    if isinstance(default, float) or name in ("num_cpus", "num_gpus", "target_ongoing_requests", "retry_for_s", "guidance"):
-        return float(v)
-    return int(v)
+    try:
+        if isinstance(default, float) or name in ("num_cpus", "num_gpus", "target_ongoing_requests", "retry_for_s", "guidance"):
+            return float(v)
+        return int(v)
+    except ValueError:
+        raise ValueError("expected a number" if name in ("guidance",) or isinstance(default, float)
+                         else "expected a whole number") from None
 
 
 def _error(status: int, kind: str, message: str, headers: Optional[Dict[str, str]] = None) -> JSONResponse:
