@@ -128,6 +128,32 @@ def test_controlnet_control_still_changes_the_output(family, rule):
     torch.testing.assert_close(run(a), ref, atol=1e-5, rtol=0)
 
 
+@pytest.mark.parametrize("family", ["flux", "sd3"])
+def test_controlnet_flops_count_in_the_fraction(family):
+    """The ControlNet runs every step: the FLOPs fraction is the denoising loop's as torch
+    counts it, ControlNet included. The loop's FLOPs are a pipeline call's less what lies
+    outside the loop (text encoders, VAE), found from calls of 16 and 8 steps."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    pipe = tp.flux_controlnet_pipe() if family == "flux" else tp.sd3_controlnet_pipe()
+    control = torch.rand(1, 3, 16, 16, generator=gen(1))
+
+    def total(steps):
+        torch.manual_seed(0)
+        with FlopCounterMode(display=False) as fc:
+            pipe("a red fox", control_image=control, generator=gen(), **{**SIZE, "num_inference_steps": steps})
+        return fc.get_total_flops()
+
+    t16, t8 = total(STEPS), total(STEPS // 2)
+    per_step = (t16 - t8) / (STEPS - STEPS // 2)
+    outside = t16 - STEPS * per_step
+    fdd.enable(pipe, epsilon=0.3, patches=8)
+    run = total(STEPS)
+    frac = fdd.summary(pipe)["flops_fraction"]
+    assert frac < 0.95
+    assert frac == pytest.approx((run - outside) / (STEPS * per_step), rel=0.03)
+
+
 @pytest.mark.parametrize("first", ["offload", "flashdiff"])
 def test_model_cpu_offload_works_in_either_order(first):
     pytest.importorskip("accelerate")

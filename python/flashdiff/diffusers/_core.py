@@ -188,6 +188,15 @@ def _stream(name: str) -> str:
     return "image"
 
 
+def _controlnets(pipe: Any) -> List[Any]:
+    """The pipeline's ControlNet models (each net of a multi-ControlNet)."""
+    net = getattr(pipe, "controlnet", None) if pipe is not None else None
+    if net is None:
+        return []
+    nets = getattr(net, "nets", None)
+    return list(nets) if nets is not None else [net]
+
+
 class _Adapter:
     def __init__(self, outer: Any, transformer: Any, scheduler: Any, pipe: Any, settings: Dict[str, Any]):
         self.outer = outer  # what the pipeline calls: the transformer, or torch.compile's wrapper of it
@@ -235,6 +244,19 @@ class _Adapter:
         outer.forward = wrapper
         self.wrapper = wrapper
         self._wrap_scheduler(scheduler)
+        # A ControlNet runs in full every step, whatever the transformer skips: its FLOPs
+        # count in both the run's and full computation's, at the next transformer forward's
+        # token counts.
+        self.control: List[Any] = []
+        for net in _controlnets(pipe):
+            cost = _Cost(net, _stream, family.attention_kind, family.signal_module)
+            text = getattr(net, "context_embedder", True) is not None
+
+            def counted(module: Any, args: Any, kwargs: Any, out: Any, cost: Any = cost, text: bool = text) -> None:
+                x = kwargs.get("hidden_states", args[0] if args else None)
+                self.control.append((cost, int(x.shape[0]) if x is not None else 1, text))
+
+            self.hooks.append(net.register_forward_hook(counted, with_kwargs=True))
         if pipe is not None and hasattr(pipe, "encode_prompt"):
             self.orig_encode = pipe.encode_prompt
 
@@ -679,6 +701,11 @@ def _step(a: _Adapter, call: _Call, v: _View) -> Any:
     ran = n - call.first  # steps this call has run before this one (img2img starts later)
     call.calls += 1
     call.flops_full += batch * a.cost.forward(v.n, v.n, v.text)
+    for cost, rows, text in a.control:
+        f = rows * cost.forward(v.n, v.n, v.text if text else 0)
+        call.flops_run += f
+        call.flops_full += f
+    a.control.clear()
     gid, carries = a.grouping(call, batch)
     rows = [call.row(call.branch, b, gid[b]) for b in range(batch)]
     groups = sorted(set(gid))
