@@ -154,6 +154,32 @@ def test_controlnet_flops_count_in_the_fraction(family):
     assert frac == pytest.approx((run - outside) / (STEPS * per_step), rel=0.03)
 
 
+def test_processors_installed_after_enable_run_and_survive_disable():
+    from diffusers.models.transformers.transformer_flux import FluxAttnProcessor
+
+    class Counting:
+        calls = 0
+
+        def __init__(self):
+            self.inner = FluxAttnProcessor()
+
+        def __call__(self, *a, **k):
+            Counting.calls += 1
+            return self.inner(*a, **k)
+
+    pipe = tp.flux_pipe()
+    fdd.enable(pipe, epsilon=0.3, patches=8)
+    want = pipe("a red fox", generator=gen(), **SIZE).images
+    mine = {n: Counting() for n in pipe.transformer.attn_processors}
+    pipe.transformer.set_attn_processor(dict(mine))
+    got = pipe("a red fox", generator=gen(), **SIZE).images
+    assert Counting.calls > 0, "the processors installed after enable() never ran"
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=0)
+    assert fdd.summary(pipe)["flops_fraction"] < 0.95
+    fdd.disable(pipe)
+    assert all(pipe.transformer.attn_processors[n] is p for n, p in mine.items())
+
+
 @pytest.mark.parametrize("first", ["offload", "flashdiff"])
 def test_model_cpu_offload_works_in_either_order(first):
     pytest.importorskip("accelerate")

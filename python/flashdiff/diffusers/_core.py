@@ -227,6 +227,7 @@ class _Adapter:
         self.dual: List[str] = []
         family = _families()[self.kind]
         procs, forward = family.install(self, transformer, names)
+        self.installed = dict(procs)
         self.cost = _Cost(transformer, _stream, family.attention_kind, family.signal_module)
         width = {name + ".processor": (kind, inner) for name, kind, inner in self.cost.attn}
         # The saliency pass (once per call) and the gate's importance (each regional step)
@@ -301,9 +302,22 @@ class _Adapter:
         elif "set_timesteps" in s.__dict__:
             del s.set_timesteps
 
+    def _adopt_processors(self) -> None:
+        """Processors installed after ``enable`` (an IP-Adapter's, ``set_attention_backend``)
+        become the ones FlashDiff's processors call where they run the pipeline's own
+        attention, and the ones ``disable`` puts back; FlashDiff's go back in their place,
+        so the saliency step and the gate's K/V caches keep working."""
+        current = self.transformer.attn_processors
+        replaced = {n: p for n, p in current.items() if p is not self.installed.get(n)}
+        if not replaced:
+            return
+        self.saved_processors.update(replaced)
+        self.transformer.set_attn_processor({**current, **{n: self.installed[n] for n in replaced if n in self.installed}})
+
     def remove(self) -> None:
         for h in self.hooks:
             h.remove()
+        self._adopt_processors()
         self.transformer.set_attn_processor(self.saved_processors)
         # By identity: accelerate's hooks copy the wrapped function's name onto their own.
         if self.outer.__dict__.get("forward") is self.wrapper:
@@ -333,6 +347,7 @@ class _Adapter:
         c = self.call
         if self.fresh or c is None or c.timesteps is not ts or n < c.step:
             self.fresh = False
+            self._adopt_processors()
             steps = len(ts)
             plain = steps <= 8 and not self.s["force"]
             if plain:
