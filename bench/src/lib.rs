@@ -180,10 +180,13 @@ fn ms(d: Duration) -> f64 {
     d.as_secs_f64() * 1e3
 }
 
-/// Share of the reference's model compute (`steps` full steps) that a run did: warm-up
-/// steps count in full; skipped patch-steps and skipped whole steps do not.
+/// Share of the reference's model FLOPs (`steps` full steps) that a run did: the
+/// report's FLOPs ([`flashdiff_runtime::engine::FlopsCount`]: warm-up steps in full, each
+/// later step's computed tokens and fixed rows, every step's conditioning, the signal a
+/// method reads, DBCache's first blocks) over full computation's; a run of fewer steps
+/// is measured against the reference's steps.
 pub(crate) fn work(o: &Output, steps: u32) -> f64 {
-    (1.0 - o.report.work_skipped) * o.report.steps as f64 / steps as f64
+    o.report.flops.fraction() * o.report.steps as f64 / steps as f64
 }
 
 struct Row {

@@ -68,6 +68,36 @@ pub struct Dims {
     pub cond_len: usize,
 }
 
+/// A model's FLOPs (2 per multiply-add of its matrix products, and 4 x width per query and
+/// key of its attention, as PyTorch's `FlopCounterMode` counts them), split as the engine
+/// runs them: what a step costs is `tokens x per_token + per_step` for the image tokens it
+/// computes, plus `every_step` whether it computes or not, plus the signal where a method
+/// reads it.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Flops {
+    /// One image token computed in a step: its row through every layer, and its query
+    /// against every key (the keys of the tokens not computed come from the cache).
+    pub per_token: f64,
+    /// A step that computes anything, whatever its tokens: the fixed rows (a joint model's
+    /// text stream, through every block, and its queries against every key).
+    pub per_step: f64,
+    /// Every step, computed or not: the step's conditioning (time embedding, modulation),
+    /// which the engine prepares for every step of a request.
+    pub every_step: f64,
+    /// One token of block 0's modulated input ([`Denoiser::first_block_input`]): the
+    /// signal the whole-step rules read each step.
+    pub signal_per_token: f64,
+    /// `false` when these count rows, not FLOPs (a model whose layers are not counted).
+    pub counted: bool,
+}
+
+impl Flops {
+    /// A step computing `tokens` image tokens (without the signal).
+    pub fn step(&self, tokens: usize) -> f64 {
+        tokens as f64 * self.per_token + self.per_step + self.every_step
+    }
+}
+
 /// A prompt, prepared once per request.
 #[derive(Debug, Clone)]
 pub struct Conditioning {
@@ -288,6 +318,18 @@ pub trait Denoiser: Send + Sync + fmt::Debug {
     /// default: none (the built-in models' text is encoded once per request).
     fn fixed_rows(&self) -> usize {
         0
+    }
+    /// The model's FLOPs as the engine's work accounting counts them ([`Flops`]). The
+    /// default counts rows instead (a token 1, a step's fixed rows [`Denoiser::fixed_rows`]),
+    /// for a model whose layers are not counted.
+    fn flops(&self) -> Flops {
+        Flops {
+            per_token: 1.0,
+            per_step: self.fixed_rows() as f64,
+            every_step: 0.0,
+            signal_per_token: 0.0,
+            counted: false,
+        }
     }
     /// The first layer's modulated input for the whole latent: the cheap signal whole-step
     /// caching (TeaCache / first-block cache) watches, `tokens x width`.

@@ -1,6 +1,7 @@
 """The engine from Python: the CLI's output byte for byte, the request schema's settings and
 errors, and the serving loop (submit, step, poll, result, cancel)."""
 
+import json
 import os
 import pathlib
 import shutil
@@ -216,3 +217,41 @@ def test_engine_settings_of_a_pipeline_are_checked_by_name():
         flashdiff.Engine("flux-dev", weights="/nonexistent", dtype="f8")
     with pytest.raises(flashdiff.Error, match="/nonexistent"):
         flashdiff.Engine("flux-dev", weights="/nonexistent")
+
+
+def test_engine_flops_per_step_are_those_torch_counts_on_tinyflux():
+    """The engine's FLOPs of a full TinyFLUX step against FlopCounterMode over diffusers'
+    FluxTransformer2DModel on the same folder, less what the engine runs once per request
+    instead of every step (the text and pooled-text embedders)."""
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("diffusers")
+    from diffusers import FluxTransformer2DModel
+    from safetensors import safe_open
+    from torch.utils.flop_counter import FlopCounterMode
+
+    root = pathlib.Path(__file__).resolve().parents[2] / "models" / "tinyflux"
+    with safe_open(str(root / "text_encoder" / "model.safetensors"), "pt") as f:
+        meta = json.loads(f.metadata()["config"])
+    text, n = meta["max_tokens"], (meta["image"] // meta["patch"]) ** 2
+    t = FluxTransformer2DModel.from_pretrained(str(root / "transformer"))
+    c = t.config
+    d = c.num_attention_heads * c.attention_head_dim
+    with torch.no_grad(), FlopCounterMode(display=False) as fc:
+        t(hidden_states=torch.randn(1, n, c.in_channels),
+          encoder_hidden_states=torch.randn(1, text, c.joint_attention_dim),
+          pooled_projections=torch.randn(1, c.pooled_projection_dim), timestep=torch.tensor([0.5]),
+          img_ids=torch.zeros(n, 3), txt_ids=torch.zeros(text, 3))
+    once = 2 * text * c.joint_attention_dim * d + 2 * c.pooled_projection_dim * d + 2 * d * d
+    steps = 6
+    out = flashdiff.Engine("tinyflux").generate("a red circle left", mode="full", steps=steps, warmup=2)
+    assert out.report["flops_counted"] is True
+    assert out.report["flops_fraction"] == 1.0
+    assert out.report["flops_full"] / steps == pytest.approx(fc.get_total_flops() - once, rel=0.005)
+    # Whole-step caching that skips: the FLOPs fraction is under 1 and above the share of
+    # steps computed (the signal and every step's conditioning are paid on skipped steps).
+    cached = flashdiff.Engine("tinyflux").generate("a red circle left", mode="teacache", cache_threshold=0.5,
+                                                     steps=20, max_skip=3)
+    r = cached.report
+    computed = r["warmup"] + r["whole_steps"]
+    assert computed < 20
+    assert computed / 20 < r["flops_fraction"] < 1.0

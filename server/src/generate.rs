@@ -266,11 +266,13 @@ pub(crate) fn generate(a: GenerateArgs) -> Result<(), String> {
         }
     );
     println!(
-        "patch-steps computed {} of {} ({:.1}% skipped); model work skipped incl. warm-up {:.1}%",
+        "patch-steps computed {} of {} ({:.1}% skipped); model {} {:.3} of full computation's, \
+         warm-up and signal included",
         r.computed,
         r.patch_steps,
         100.0 * r.skipped_share(),
-        100.0 * r.work_skipped
+        if r.flops.counted { "FLOPs" } else { "rows" },
+        r.flops.fraction()
     );
     match r.choice {
         Some(c) => println!("execution: {}", c.explain()),

@@ -153,6 +153,7 @@ impl Engine {
                 },
                 latency: Duration::ZERO,
                 work_skipped: 0.0,
+                flops: super::FlopsCount::default(),
                 epsilon_sum: 0.0,
                 epsilon_steps: 0,
                 reuse_err2: 0.0,
@@ -344,6 +345,24 @@ impl Engine {
             + stepped * self.model.fixed_rows() as f64
             + partial * front * row;
         r.report.work_skipped = (1.0 - done / (r.cfg.steps as f64 * row)).max(0.0);
+        let f = self.model.flops();
+        let tokens = cfg.grid.tokens();
+        let watched = if methods::of(r.cfg.mode).reads_signal() {
+            r.report.active_per_step.len() as f64
+        } else {
+            0.0
+        };
+        let steps = r.cfg.steps as f64;
+        r.report.flops = super::FlopsCount {
+            run: r.cfg.warmup as f64 * f.step(tokens)
+                + r.report.computed_tokens as f64 * f.per_token
+                + stepped * f.per_step
+                + (steps - r.cfg.warmup as f64) * f.every_step
+                + partial * front * (f.step(tokens) - f.every_step)
+                + watched * tokens as f64 * f.signal_per_token,
+            full: steps * f.step(tokens),
+            counted: f.counted,
+        };
         if r.cfg.patches.is_none() && methods::of(r.cfg.mode).adapts_patches() {
             // The request's own time (its queueing belongs to the other requests' load) and
             // the paper's quality term: how wrong the skipped steps' stand-ins were.

@@ -82,7 +82,9 @@ pub use methods::FRONT_BLOCKS as DBCACHE_FRONT_BLOCKS;
 pub use packing::pack_monotasks;
 pub use paths::{builtin_weights, create_private_dir, default_weights, state_dir, BUILTIN_MODELS};
 pub use persist::{from_config_record, to_config_record};
-pub use report::{report_json, Choice, Output, Report, StepEvent, StepKinds, TimeSplit};
+pub use report::{
+    report_json, Choice, FlopsCount, Output, Report, StepEvent, StepKinds, TimeSplit,
+};
 pub use settings::{
     adaptive_epsilon, check_request, fit_warmup, lone_request_patches, LayoutKind, Mode,
     RequestConfig, Reuse, AUTO_DISPERSION, DEFAULT_CACHE_THRESHOLD, DEFAULT_MONOTASKS,

@@ -328,6 +328,7 @@ fn report_from(id: u64, cfg: &RequestConfig, rr: &checkpoint::ReportRecord) -> R
         },
         latency: Duration::ZERO,
         work_skipped: 0.0,
+        flops: super::FlopsCount::default(),
         epsilon_sum: rr.epsilon_sum,
         epsilon_steps: rr.epsilon_steps,
         reuse_err2: rr.reuse_err2,

@@ -70,6 +70,33 @@ pub struct Report {
     pub choice: Option<Choice>,
     /// With [`super::RequestConfig::deadline`]: whether it finished in time.
     pub deadline_met: Option<bool>,
+    /// The model FLOPs the request ran and full computation's (see [`FlopsCount`]).
+    pub flops: FlopsCount,
+}
+
+/// Model FLOPs a request ran, from the model's [`flashdiff_models::Flops`]: the warm-up's
+/// whole steps, each later step's computed tokens and fixed rows, every step's
+/// conditioning, the signal of every step after the warm-up where the method reads it, and
+/// a partial step's first blocks (DBCache); against the same request's steps all computed.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct FlopsCount {
+    /// FLOPs run.
+    pub run: f64,
+    /// Full computation's FLOPs for the same steps.
+    pub full: f64,
+    /// `false` when the model's layers are not counted, and these count rows.
+    pub counted: bool,
+}
+
+impl FlopsCount {
+    /// `run / full` (1 when there is nothing to count).
+    pub fn fraction(&self) -> f64 {
+        if self.full > 0.0 {
+            self.run / self.full
+        } else {
+            1.0
+        }
+    }
 }
 
 /// The automatic choice of [`super::Mode::Auto`] ([`flashdiff_gate::choice`]).
@@ -195,6 +222,10 @@ pub fn report_json(o: &Output) -> serde_json::Value {
         "computed_tokens": r.computed_tokens,
         "skipped_share": r.skipped_share(),
         "work_skipped": r.work_skipped,
+        "flops": r.flops.run,
+        "flops_full": r.flops.full,
+        "flops_fraction": r.flops.fraction(),
+        "flops_counted": r.flops.counted,
         "active_per_step": r.active_per_step,
         "whole_steps": r.step_kinds().whole,
         "execution": r.choice.map(|c| c.execution.to_string()),

@@ -574,6 +574,33 @@ impl JointModel for Flux {
     fn first_block_input(&self, x: &Tensor, _: usize, cond: &Tensor) -> Result<Tensor, ModelError> {
         Flux::first_block_input(self, x, cond)
     }
+    /// Per image token: `img_in`, every double block's image stream and every single block
+    /// (QKV and output projections, the MLP: 8 D^2 + 4 D M each, D the width and M the MLP
+    /// width) with its attention over all N + T keys, and `proj_out`. Per step: the text
+    /// stream's T rows through the same blocks. Every step: the modulation linears and
+    /// the time and guidance embedders. The text and pooled-text embedders run once per
+    /// request (the context), not per step.
+    fn flops(&self, tokens: usize, text_tokens: usize) -> Option<crate::Flops> {
+        let c = self.config();
+        let (d, m) = (c.hidden as f64, (c.hidden as f64 * c.mlp_ratio).round());
+        let keys = (tokens + text_tokens) as f64;
+        let row = 8.0 * d * d + 4.0 * d * m + 4.0 * d * keys;
+        let blocks = (c.depth + c.depth_single) as f64;
+        let io = 2.0 * c.in_channels as f64 * d;
+        let embed = |i: f64| 2.0 * i * d + 2.0 * d * d;
+        let every = c.depth as f64 * 2.0 * (2.0 * d * 6.0 * d)
+            + c.depth_single as f64 * 2.0 * d * 3.0 * d
+            + 2.0 * d * 2.0 * d
+            + embed(256.0)
+            + if c.guidance_embed { embed(256.0) } else { 0.0 };
+        Some(crate::Flops {
+            per_token: 2.0 * io + blocks * row,
+            per_step: text_tokens as f64 * (c.depth + c.depth_single) as f64 * row,
+            every_step: every,
+            signal_per_token: io,
+            counted: true,
+        })
+    }
     fn packing(&self) -> (usize, PixelIndex) {
         self.packing
     }

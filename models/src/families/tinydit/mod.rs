@@ -254,6 +254,50 @@ impl TinyDit {
 }
 
 impl Denoiser for TinyDit {
+    /// Per image token: the patch embedding, every block's Q/K/V and output projections,
+    /// its cross-attention query and output, its MLP, self-attention over all N tokens and
+    /// cross-attention over the prompt's padded tokens, and the output layer. Every step:
+    /// the time MLP and the modulation linears. The text tower and the cross-attention
+    /// keys and values run once per request.
+    fn flops(&self) -> crate::Flops {
+        let lin = |l: &Lin| {
+            let (o, i) = l.w.dims2().unwrap_or((0, 0));
+            2.0 * (o * i) as f64
+        };
+        let (d, n, t) = (
+            self.cfg.d as f64,
+            self.cfg.tokens() as f64,
+            self.cfg.max_tokens as f64,
+        );
+        let blocks: f64 = self
+            .blocks
+            .iter()
+            .map(|b| {
+                lin(&b.q)
+                    + lin(&b.k)
+                    + lin(&b.v)
+                    + lin(&b.proj)
+                    + lin(&b.cq)
+                    + lin(&b.cproj)
+                    + lin(&b.fc1)
+                    + lin(&b.fc2)
+                    + 4.0 * d * n
+                    + 4.0 * d * t
+            })
+            .sum();
+        let every = lin(&self.t1)
+            + lin(&self.t2)
+            + self.blocks.iter().map(|b| lin(&b.ada)).sum::<f64>()
+            + lin(&self.final_ada);
+        crate::Flops {
+            per_token: lin(&self.x_embed) + blocks + lin(&self.final_),
+            per_step: 0.0,
+            every_step: every,
+            signal_per_token: lin(&self.x_embed),
+            counted: true,
+        }
+    }
+
     fn name(&self) -> &str {
         match self.cfg.kind {
             Kind::Image => "tinydit",

@@ -186,6 +186,10 @@ fn pace(
 }
 
 impl Method for FlashDiff {
+    fn reads_signal(&self) -> bool {
+        true
+    }
+
     fn memory(&self) -> Box<dyn Memory> {
         Box::new(Remembered::default())
     }

@@ -203,6 +203,12 @@ pub(super) trait Method: Sync {
         cfg.monotasks.unwrap_or(workers) as usize
     }
 
+    /// Whether the method reads block 0's modulated input of the whole latent every step
+    /// after the warm-up (the accumulated-change rules): its FLOPs count in the request's.
+    fn reads_signal(&self) -> bool {
+        false
+    }
+
     /// The share of a step's model work a step costs that [`Method::skip_step`] advanced
     /// without the whole model (DBCache runs its first blocks there); 0 by default.
     fn front_work(&self, _model: &dyn Denoiser) -> f64 {

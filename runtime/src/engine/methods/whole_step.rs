@@ -39,6 +39,10 @@ impl Memory for Remembered {
 }
 
 impl Method for WholeStep {
+    fn reads_signal(&self) -> bool {
+        true
+    }
+
     fn memory(&self) -> Box<dyn Memory> {
         Box::new(Remembered::default())
     }

@@ -426,6 +426,29 @@ impl<M: JointModel> Denoiser for JointDenoiser<M> {
         self.model.fixed_rows(self.text.tokens())
     }
 
+    fn flops(&self) -> crate::Flops {
+        let rows = crate::Flops {
+            per_token: 1.0,
+            per_step: self.fixed_rows() as f64,
+            every_step: 0.0,
+            signal_per_token: 0.0,
+            counted: false,
+        };
+        let f = self
+            .model
+            .flops(self.dims.grid.tokens(), self.text.tokens())
+            .unwrap_or(rows);
+        // Classifier-free guidance runs every forward twice (the prompt's and the empty
+        // prompt's pass), the signal once.
+        let passes = if self.cfg.is_some() { 2.0 } else { 1.0 };
+        crate::Flops {
+            per_token: f.per_token * passes,
+            per_step: f.per_step * passes,
+            every_step: f.every_step * passes,
+            ..f
+        }
+    }
+
     fn first_block_input(&self, x: &Tensor, step: StepInput<'_>) -> Result<Tensor, ModelError> {
         // With guidance, the prompt's pass: the signal whole-step caching watches.
         let cond = self.cond(&step)?.narrow(0, 0, self.model.cond_rows())?;

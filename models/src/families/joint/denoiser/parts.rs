@@ -99,6 +99,13 @@ pub trait JointModel: Send + Sync + fmt::Debug {
     fn fixed_rows(&self, text_tokens: usize) -> usize {
         text_tokens
     }
+    /// FLOPs of a forward over `tokens` image tokens and `text_tokens` text tokens (see
+    /// [`crate::Flops`]); `None` (the default) where the layers are not counted, and the
+    /// engine counts rows.
+    fn flops(&self, tokens: usize, text_tokens: usize) -> Option<crate::Flops> {
+        let _ = (tokens, text_tokens);
+        None
+    }
 }
 
 /// How a model spaces its steps' times ([`crate::Denoiser::time`]), as its released scheduler
