@@ -339,18 +339,29 @@ class Ingress:
 
     # --- the endpoints -------------------------------------------------------------------
 
-    @api.post("/v1/images/generations")
-    async def generations(self, request: Request) -> Response:
+    async def _admit(self, request: Request, job: bool) -> Tuple[Optional[bytes], int, Optional[JSONResponse]]:
+        """A request's body checked and its images admitted: the body and its image count,
+        or the response that refuses it (413, 400, 429), as the server answers."""
         body, bad = await self._body(request)
         if bad:
-            return bad
+            return None, 0, bad
         g, bad = await self._check(body)
         if bad:
-            return bad
+            return None, 0, bad
+        if job and g["n"] != 1:
+            return None, 0, _error(400, "invalid_request_error",
+                                   "\"n\": a job makes one image; submit one job per image")
         full = self._reserve(g["n"])
         if full:
-            return full
-        images = await self._images(body, g["n"])
+            return None, 0, full
+        return body, g["n"], None
+
+    @api.post("/v1/images/generations")
+    async def generations(self, request: Request) -> Response:
+        body, n, refused = await self._admit(request, job=False)
+        if refused:
+            return refused
+        images = await self._images(body, n)
         for r in images:
             if isinstance(r, JSONResponse):
                 return r
@@ -369,17 +380,9 @@ class Ingress:
 
     @api.post("/v1/jobs")
     async def create_job(self, request: Request) -> Response:
-        body, bad = await self._body(request)
-        if bad:
-            return bad
-        g, bad = await self._check(body)
-        if bad:
-            return bad
-        if g["n"] != 1:
-            return _error(400, "invalid_request_error", "\"n\": a job makes one image; submit one job per image")
-        full = self._reserve(1)
-        if full:
-            return full
+        body, _, refused = await self._admit(request, job=True)
+        if refused:
+            return refused
         jid = next(self._ids)
         job = _Job(created=int(time.time()))
         self._jobs[jid] = job
