@@ -205,6 +205,7 @@ MALFORMED = [
     b'{"prompt": "a red zebra"}',
     b'{"prompt": "a red circle", "steps": 4, "warmup": 9}',
     b'{"prompt": "a red circle", "model": "flux-dev"}',
+    b'{"prompt": "' + b"a " * 40000 + b'circle"}',
 ]
 
 
@@ -243,7 +244,9 @@ def test_malformed_requests_get_flashdiff_serves_400(cluster, server, path):
         ours = post(cluster, path, b)[:2]
         theirs = post(server, path, b)[:2]
         assert ours == theirs, f"{b!r}: Ray answered {ours}, flashdiff serve {theirs}"
-        assert ours[0] == 400 and ours[1]["error"]["type"] == "invalid_request_error", ours
+        assert ours[0] in (400, 413) and ours[1]["error"]["type"] == "invalid_request_error", ours
+    ours, theirs = [(s, b) for s, b, _ in (post(u, "/v1/nowhere", b"{}") for u in (cluster, server))]
+    assert ours == theirs == (404, {"error": {"message": "no such endpoint", "type": "not_found"}})
 
 
 def test_same_image_as_flashdiff_serve(cluster, server):

@@ -192,7 +192,11 @@ fn bad_requests_get_errors_that_name_the_field() {
             400,
             "zebra",
         ),
-        (json!({"prompt": "x".repeat(4096)}).to_string(), 413, ""),
+        (
+            json!({"prompt": "x".repeat(4096)}).to_string(),
+            413,
+            "the request body is over the limit of",
+        ),
         // This server's --warmup 2 does not fit in 2 steps: the error says whose it is.
         (
             json!({"prompt": PROMPT, "steps": 2}).to_string(),

@@ -253,6 +253,12 @@ def image_bodies(body: bytes, n: int) -> List[bytes]:
 api = FastAPI(title="FlashDiff on Ray Serve")
 
 
+@api.exception_handler(404)
+async def _no_endpoint(request: Request, exc: Exception) -> JSONResponse:
+    """An unknown path gets the server's JSON 404."""
+    return _error(404, "not_found", "no such endpoint")
+
+
 @dataclass
 class _Job:
     created: int
@@ -285,7 +291,7 @@ class Ingress:
         body = await request.body()
         if len(body) > self._s.max_body:
             return None, _error(413, "invalid_request_error",
-                                f"request body of {len(body)} bytes: at most {self._s.max_body}")
+                                f"the request body is over the limit of {self._s.max_body} bytes (--max-body)")
         return body, None
 
     async def _check(self, body: bytes) -> Tuple[Optional[Dict[str, Any]], Optional[JSONResponse]]:

@@ -93,12 +93,27 @@ pub(super) async fn metrics(State(hub): State<Shared>) -> Response {
     ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], s).into_response()
 }
 
+/// A request's body as axum read it; one over `--max-body` (or unreadable) gets the JSON
+/// error every other refusal gets.
+type Body = Result<axum::body::Bytes, axum::extract::rejection::BytesRejection>;
+
 /// Parses a request and conditions its prompt off the async threads (for a real model that
 /// runs its text encoders).
-pub(super) async fn parse_blocking(
-    hub: &Shared,
-    body: axum::body::Bytes,
-) -> Result<GenRequest, Response> {
+pub(super) async fn parse_blocking(hub: &Shared, body: Body) -> Result<GenRequest, Response> {
+    let body = match body {
+        Ok(b) => b,
+        Err(e) if e.status() == StatusCode::PAYLOAD_TOO_LARGE => {
+            return Err(error(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                "invalid_request_error",
+                format!(
+                    "the request body is over the limit of {} bytes (--max-body)",
+                    hub.cfg.body_limit
+                ),
+            ))
+        }
+        Err(e) => return Err(error(e.status(), "invalid_request_error", e.body_text())),
+    };
     let hub = hub.clone();
     match tokio::task::spawn_blocking(move || parse(&body, &hub.cfg, &*hub.checker)).await {
         Ok(Ok(g)) => Ok(g),
@@ -111,7 +126,7 @@ pub(super) async fn parse_blocking(
     }
 }
 
-pub(super) async fn generations(State(hub): State<Shared>, body: axum::body::Bytes) -> Response {
+pub(super) async fn generations(State(hub): State<Shared>, body: Body) -> Response {
     let g = match parse_blocking(&hub, body).await {
         Ok(g) => g,
         Err(r) => return r,
@@ -161,7 +176,7 @@ pub(super) async fn generations(State(hub): State<Shared>, body: axum::body::Byt
         .into_response()
 }
 
-pub(super) async fn create_job(State(hub): State<Shared>, body: axum::body::Bytes) -> Response {
+pub(super) async fn create_job(State(hub): State<Shared>, body: Body) -> Response {
     let g = match parse_blocking(&hub, body).await {
         Ok(g) => g,
         Err(r) => return r,
