@@ -281,6 +281,34 @@ def test_jobs_api(cluster, reference):
     assert e.value.code == 404
 
 
+def metric(url: str, name: str) -> float:
+    with urllib.request.urlopen(url + "/metrics", timeout=30) as r:
+        text = r.read().decode()
+    return float(next(line.split()[1] for line in text.splitlines() if line.startswith(name + " ")))
+
+
+def test_cancelled_jobs_end_cancelled_and_free_their_place(cluster):
+    ids = []
+    for i in range(5):
+        status, a, _ = post(cluster, "/v1/jobs", body(200 + i, steps=200))
+        assert status == 202, a
+        req = urllib.request.Request(f"{cluster}/v1/jobs/{a['id']}", method="DELETE")
+        with urllib.request.urlopen(req, timeout=30) as r:
+            assert r.status == 202 and json.load(r)["state"] == "cancelling"
+        ids.append(a["id"])
+    end = time.monotonic() + 60
+    states = {}
+    while time.monotonic() < end:
+        for i in ids:
+            with urllib.request.urlopen(f"{cluster}/v1/jobs/{i}", timeout=30) as r:
+                states[i] = json.load(r)["state"]
+        if set(states.values()) == {"cancelled"} and metric(cluster, "flashdiff_ray_open") == 0:
+            break
+        time.sleep(0.1)
+    assert set(states.values()) == {"cancelled"}, states
+    assert metric(cluster, "flashdiff_ray_open") == 0, "cancelled jobs still hold places in the queue"
+
+
 def test_a_full_cluster_answers_429_not_an_unbounded_queue(cluster):
     replicas_ready(2)
     slow = [body(i, steps=60) for i in range(MAX_QUEUE + 20)]
@@ -315,9 +343,6 @@ def test_a_replica_killed_mid_load_loses_no_request(cluster, reference):
     assert [a[0] for a in answers] == [200] * 40, [a[1] for a in answers if a[0] != 200][:3]
     for b, (_, a, _) in zip(bodies, answers):
         assert a["data"][0]["b64_json"] == reference(b)
-    with urllib.request.urlopen(cluster + "/metrics", timeout=30) as r:
-        metrics = r.read().decode()
-    retried = int(next(line.split()[1] for line in metrics.splitlines()
-                       if line.startswith("flashdiff_ray_retried_total")))
+    retried = metric(cluster, "flashdiff_ray_retried_total")
     assert retried >= 1, "the killed replica's requests were not sent again"
     assert ready  # the other replica was serving throughout

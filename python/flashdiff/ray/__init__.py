@@ -336,12 +336,9 @@ class Ingress:
 
     async def _images(self, body: bytes, n: int) -> Any:
         """Runs the request's ``n`` images on the replicas, together."""
-        try:
-            return await asyncio.gather(*[
-                self._call(lambda h, b=b: h.image.remote(b)) for b in image_bodies(body, n)
-            ])
-        finally:
-            self._open -= n
+        return await asyncio.gather(*[
+            self._call(lambda h, b=b: h.image.remote(b)) for b in image_bodies(body, n)
+        ])
 
     # --- the endpoints -------------------------------------------------------------------
 
@@ -367,7 +364,10 @@ class Ingress:
         body, n, refused = await self._admit(request, job=False)
         if refused:
             return refused
-        images = await self._images(body, n)
+        try:
+            images = await self._images(body, n)
+        finally:
+            self._open -= n
         for r in images:
             if isinstance(r, JSONResponse):
                 return r
@@ -394,6 +394,8 @@ class Ingress:
         self._jobs[jid] = job
         self._forget()
         job.task = asyncio.create_task(self._run_job(job, body))
+        # The task's end releases its place, also when a DELETE cancels it before it ran.
+        job.task.add_done_callback(lambda task, job=job: self._job_ended(job, task))
         return JSONResponse({"id": jid, "state": "queued"}, status_code=202,
                             headers={"Location": f"/v1/jobs/{jid}"})
 
@@ -411,11 +413,16 @@ class Ingress:
                 job.state, job.b64_json, job.report = "succeeded", r["b64_json"], r["report"]
                 job.replica = r["replica"]
                 self._counts["completed"] += 1
-        except asyncio.CancelledError:
+        except Exception as e:  # noqa: BLE001 - a job never dies unanswered
+            job.state, job.error = "failed", f"the ingress failed: {e}"
+            self._counts["failed"] += 1
+
+    def _job_ended(self, job: _Job, task: "asyncio.Task[None]") -> None:
+        self._open -= 1
+        if task.cancelled():
             job.state, job.error = "cancelled", "cancelled"
             self._counts["cancelled"] += 1
-        finally:
-            job.done.set()
+        job.done.set()
 
     def _forget(self) -> None:
         """Finished jobs beyond four times the queue bound are forgotten, oldest first."""
