@@ -60,7 +60,11 @@ impl Engine {
 
     /// An HTTP body (`bytes` or `str`) checked as the HTTP server checks it with its
     /// default flags.
-    fn image_request(&self, py: Python<'_>, body: &Bound<'_, PyAny>) -> PyResult<ImageRequest> {
+    fn image_request(
+        &self,
+        py: Python<'_>,
+        body: &Bound<'_, PyAny>,
+    ) -> PyResult<(ImageRequest, flashdiff_runtime::models::Conditioning)> {
         let bytes: Vec<u8> = if let Ok(b) = body.cast::<PyBytes>() {
             b.as_bytes().to_vec()
         } else if let Ok(s) = body.extract::<String>() {
@@ -72,7 +76,6 @@ impl Engine {
         };
         let model = self.inner.service().model().clone();
         py.detach(|| ImageRequest::check(&bytes, &RequestConfig::default(), None, &*model))
-            .map(|(g, _)| g)
             .map_err(fail)
     }
 
@@ -292,11 +295,16 @@ impl Engine {
     /// [`Error`] with the text the server puts in its 400. Returns the ids of the `n`
     /// images (seeds `seed`, `seed + 1`, ...) and the PNG scale to pass to `result`.
     fn submit_image(&self, py: Python<'_>, body: &Bound<'_, PyAny>) -> PyResult<(Vec<u64>, usize)> {
-        let g = self.image_request(py, body)?;
+        let (g, cond) = self.image_request(py, body)?;
         let mut ids = Vec::with_capacity(g.n as usize);
         for i in 0..g.n {
             let id = self.next_id.fetch_add(1, Ordering::Relaxed);
-            if let Err(e) = py.detach(|| self.inner.submit(id, &g.prompt, g.image(i))) {
+            // The prompt was conditioned by the check: the engine takes it as it is.
+            let submitted = py.detach(|| {
+                self.inner
+                    .submit_conditioned(id, &g.prompt, Some(cond.clone()), g.image(i))
+            });
+            if let Err(e) = submitted {
                 for &done in &ids {
                     let _ = self.inner.cancel(done);
                     let _ = self.inner.take(done);
@@ -314,7 +322,7 @@ impl Engine {
     /// it: returns the number of images and the PNG scale, or raises [`Error`] with the
     /// server's text.
     fn check_image(&self, py: Python<'_>, body: &Bound<'_, PyAny>) -> PyResult<(u32, usize)> {
-        let g = self.image_request(py, body)?;
+        let (g, _) = self.image_request(py, body)?;
         Ok((g.n, g.scale))
     }
 

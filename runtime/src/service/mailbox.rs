@@ -5,6 +5,8 @@ use std::sync::mpsc::{self, Receiver, Sender};
 use std::sync::{Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
+use flashdiff_models::Conditioning;
+
 use super::{Finished, Reply, Service};
 use crate::engine::{Engine, EngineError, Output, RequestConfig};
 
@@ -104,12 +106,24 @@ impl Mailbox {
 
     /// Submits a request; the prompt and settings are checked now.
     pub fn submit(&self, id: u64, prompt: &str, cfg: RequestConfig) -> Result<(), MailboxError> {
+        self.submit_conditioned(id, prompt, None, cfg)
+    }
+
+    /// [`Mailbox::submit`] with the prompt already conditioned by the model (the engine
+    /// does not encode it again).
+    pub fn submit_conditioned(
+        &self,
+        id: u64,
+        prompt: &str,
+        cond: Option<Conditioning>,
+        cfg: RequestConfig,
+    ) -> Result<(), MailboxError> {
         let mut b = self.book();
         if b.standing(id) != Standing::Unknown {
             return Err(MailboxError::Duplicate(id));
         }
         self.service
-            .submit(id, prompt, cfg, Reply::to(self.tx.clone()))
+            .submit_conditioned(id, prompt, cond, cfg, Reply::to(self.tx.clone()))
             .map_err(MailboxError::Engine)?;
         b.pending.insert(id);
         Ok(())

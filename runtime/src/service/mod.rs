@@ -253,11 +253,24 @@ impl Service {
         cfg: RequestConfig,
         reply: Reply,
     ) -> Result<(), EngineError> {
+        self.submit_conditioned(id, prompt, None, cfg, reply)
+    }
+
+    /// [`Service::submit`] with the prompt already conditioned by the model (`cond`), which
+    /// the engine then takes as it is instead of encoding the prompt again.
+    pub fn submit_conditioned(
+        &self,
+        id: u64,
+        prompt: &str,
+        cond: Option<Conditioning>,
+        cfg: RequestConfig,
+        reply: Reply,
+    ) -> Result<(), EngineError> {
         let (tx, rx) = mpsc::channel();
         self.send(Command::Submit {
             id,
             prompt: prompt.to_string(),
-            cond: None,
+            cond,
             cfg,
             reply,
             accepted: Some(tx),
