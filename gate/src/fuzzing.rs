@@ -156,6 +156,34 @@ pub fn pace(data: &[u8]) {
         p.stepped(false).is_err(),
         "a step past the last was accepted"
     );
+    // The allowance of a FLOPs budget from the same bytes: costs of any value (NaN,
+    // infinite, negative among them) give a count within the steps, and finite costs one
+    // whose FLOPs stay within the budget.
+    let cost = |b: u8| match b {
+        0xFF => f64::NAN,
+        0xFE => f64::INFINITY,
+        0xFD => -1.0,
+        v => v as f64,
+    };
+    let at = |i: usize| data.get(i).copied().unwrap_or(1);
+    let fraction = at(2) as f32 / 255.0;
+    let (step, every, extra) = (cost(at(3)), cost(at(4)), cost(at(5)) * steps as f64);
+    let k = crate::pace::computes_within(fraction, steps, step, every, extra);
+    assert!(k <= steps, "{k} of {steps} steps allowed");
+    if k > 0
+        && [step, every, extra]
+            .iter()
+            .all(|c| c.is_finite() && *c >= 0.0)
+        && step > 0.0
+    {
+        let n = steps as f64;
+        let run = k as f64 * step + n * every + extra;
+        let budget = fraction as f64 * n * (step + every);
+        assert!(
+            run <= budget + 1e-5 * step,
+            "{k} steps run {run} FLOPs over the budget {budget}"
+        );
+    }
 }
 
 /// Runs one fuzz case of the automatic choice ([`crate::choice`]): arbitrary changes and

@@ -1,7 +1,8 @@
 //! Work targets: which steps to compute when a request may compute only so many.
 //!
 //! A request given a work budget F (its model work as a fraction of full computation's) may
-//! compute `floor(F * steps)` steps; the warm-up and the final steps are always computed, so
+//! compute `floor(F * steps)` steps where a computed step is all its work, fewer where it
+//! also pays for every step and for a signal ([`computes_within`]); the warm-up and the final steps are always computed, so
 //! a [`Pace`] is given the steps still to decide and how many of them it may compute. It
 //! spends that allowance where the latent moves: a step is computed when the level of the
 //! patches' changes accumulated since the last computed step (the change budget's
@@ -123,12 +124,33 @@ impl Pace {
     }
 }
 
-/// The steps a request with `steps` steps may compute under the work budget `fraction`:
-/// `floor(fraction * steps)` (a budget within 1e-6 of the next whole step counts as
-/// reaching it, so 0.3 of 10 steps is 3).
+/// The steps a request with `steps` steps may compute under the work budget `fraction`
+/// when a computed step is all its work: `floor(fraction * steps)` (a budget within 1e-6 of
+/// the next whole step counts as reaching it, so 0.3 of 10 steps is 3). [`computes_within`]
+/// with no other cost.
 pub fn computes_for(fraction: f32, steps: u32) -> u32 {
-    let c = (fraction as f64 * steps as f64 + 1e-6).floor();
-    c.clamp(0.0, steps as f64) as u32
+    computes_within(fraction, steps, 1.0, 0.0, 0.0)
+}
+
+/// The steps a request may compute when its budget `fraction` counts FLOPs: a computed
+/// step costs `step` FLOPs, every step costs `every` more whether it is computed or not (its
+/// conditioning; full computation pays it too), and the run pays `extra` that full
+/// computation does not (the signal a method reads to decide). Of full computation's
+/// `steps * (step + every)` the budget allows `fraction` of it, so
+/// `floor((fraction * steps * (step + every) - steps * every - extra) / step)`, a budget
+/// within 1e-6 of a step counting as reaching it, between 0 and `steps`. A `step` that is not positive and finite
+/// allows every step (there is nothing to count).
+pub fn computes_within(fraction: f32, steps: u32, step: f64, every: f64, extra: f64) -> u32 {
+    if !(step.is_finite() && step > 0.0) {
+        return steps;
+    }
+    let n = steps as f64;
+    let allowed = fraction as f64 * n * (step + every) - n * every - extra;
+    let c = (allowed / step + 1e-6).floor();
+    if c.is_nan() {
+        return 0;
+    }
+    c.clamp(0.0, n) as u32
 }
 
 #[cfg(test)]
@@ -187,6 +209,20 @@ mod tests {
         }
         .to_string()
         .contains("4"));
+    }
+
+    #[test]
+    fn computes_within_pays_the_overheads_first() {
+        // 10 steps of 100 FLOPs computed and 10 paid by every step: full is 1100; half of
+        // it (550) less the every-step 100 and a signal of 20 leaves 430: 4 steps.
+        assert_eq!(computes_within(0.5, 10, 100.0, 10.0, 20.0), 4);
+        // No overheads: the step count's share.
+        assert_eq!(computes_within(0.5, 10, 100.0, 0.0, 0.0), 5);
+        // More overhead than budget: nothing; all of it: every step.
+        assert_eq!(computes_within(0.01, 10, 100.0, 10.0, 20.0), 0);
+        assert_eq!(computes_within(1.0, 10, 100.0, 10.0, 0.0), 10);
+        assert_eq!(computes_within(1.0, 10, 100.0, 10.0, 20.0), 9);
+        assert_eq!(computes_within(0.5, 10, 0.0, 10.0, 20.0), 10);
     }
 
     #[test]

@@ -1,10 +1,11 @@
 //! Property tests of work targets: the checker accepts every decision on arbitrary change
 //! streams; a run computes exactly its allowance; a steady change is computed evenly, the
 //! run before the final step no longer than the others; more change computes no later; a
-//! checker catches a pace that breaks the rule.
+//! checker catches a pace that breaks the rule; a FLOPs budget allows the most steps whose
+//! FLOPs stay within it.
 
 use flashdiff_gate::checker::PaceChecker;
-use flashdiff_gate::pace::{computes_for, Pace};
+use flashdiff_gate::pace::{computes_for, computes_within, Pace};
 use proptest::prelude::*;
 
 /// Runs a pace over `rates` (one per step; the accumulated change restarts at each computed
@@ -45,6 +46,32 @@ proptest! {
             .map_err(TestCaseError::fail)?;
         prop_assert_eq!(at.len() as u32, computes);
         prop_assert!(computes as f32 <= frac * steps as f32 + 1e-3);
+    }
+
+    #[test]
+    fn a_flops_budget_allows_the_most_steps_within_it(
+        steps in 0u32..200,
+        frac in 0.0f32..=1.0,
+        step in 1.0f64..1e9,
+        every in 0.0f64..0.1,
+        extra in 0.0f64..0.3,
+    ) {
+        // `every` and `extra` as shares of a step and of the run's computed FLOPs.
+        let every = every * step;
+        let extra = extra * step * steps as f64;
+        let k = computes_within(frac, steps, step, every, extra);
+        let n = steps as f64;
+        let budget = frac as f64 * n * (step + every);
+        let run = |k: u32| k as f64 * step + n * every + extra;
+        prop_assert!(k <= steps);
+        if k > 0 {
+            prop_assert!(run(k) <= budget + 1e-5 * step, "{} steps exceed the budget", k);
+        }
+        if k < steps {
+            prop_assert!(run(k + 1) > budget - 1e-5 * step, "{} more steps fit the budget", k + 1);
+        }
+        // The overheads only ever take steps away.
+        prop_assert!(k <= computes_for(frac, steps));
     }
 
     #[test]

@@ -550,37 +550,65 @@ fn a_lone_request_spends_almost_no_time_queued() {
 /// A request continued from the checkpoint of any step, in a fresh engine (as after a
 /// crash), ends bit-identical to the uninterrupted run, in every mode; the checkpoint is
 /// gone once the request ends.
+/// A work budget counts the model's FLOPs: the run's FLOPs (recomputed here from the
+/// model's counts and the steps the report says were computed) stay within F of full
+/// computation's, and one more computed step would not.
 #[test]
-fn a_work_budget_computes_exactly_its_share_of_the_steps() {
+fn a_work_budget_computes_the_most_steps_its_flops_allow() {
     let mut e = Engine::new(&default_weights(), 1).unwrap();
-    for (steps, warmup, f) in [
+    let f = e.model().flops();
+    assert!(
+        f.counted && f.signal_per_token > 0.0 && f.every_step > 0.0,
+        "{f:?}"
+    );
+    let tokens = e.model().dims().grid.tokens() as f64;
+    for (steps, warmup, budget) in [
         (12u32, 3u32, 0.5f32),
         (20, 3, 0.33),
-        (20, 3, 0.2),
+        (20, 3, 0.35),
+        (20, 3, 0.25),
         (12, 3, 1.0),
     ] {
         let c = RequestConfig {
             steps,
             warmup,
-            budget: Some(f),
+            budget: Some(budget),
             ..cfg(Mode::FlashDiff)
         };
         let out = e.generate(PROMPT, c, &mut |_| {}).unwrap();
         let r = &out.report;
-        // Recomputed here: floor(F x steps) steps in all, the warm-up among them.
-        let want = ((f as f64 * steps as f64) + 1e-6).floor() as usize - warmup as usize;
-        let computed = r.active_per_step.iter().filter(|&&a| a > 0).count();
-        assert_eq!(computed, want, "F {f} of {steps} steps");
+        let computed = warmup as usize + r.active_per_step.iter().filter(|&&a| a > 0).count();
         assert!(
             r.active_per_step.iter().all(|&a| a == 0 || a == r.patches),
             "a computed step left patches out: {:?}",
             r.active_per_step
         );
-        let work = 1.0 - r.work_skipped;
-        assert!(work <= f as f64 + 1e-9, "work {work} over the budget {f}");
+        // Every step's conditioning, the signal on every step after the warm-up, and each
+        // computed step's layers.
+        let n = steps as f64;
+        let step = tokens * f.per_token + f.per_step;
+        let run = |k: usize| {
+            k as f64 * step + n * f.every_step + (n - warmup as f64) * tokens * f.signal_per_token
+        };
+        let full = n * (step + f.every_step);
+        let limit = budget as f64 * full;
         assert!(
-            work > f as f64 - 1.0 / steps as f64,
-            "work {work} far under {f}"
+            run(computed) <= limit * (1.0 + 1e-9),
+            "F {budget} of {steps} steps: {computed} steps run {} of full",
+            run(computed) / full
+        );
+        if computed < steps as usize {
+            assert!(
+                run(computed + 1) > limit,
+                "F {budget} of {steps} steps: {} steps would fit",
+                computed + 1
+            );
+        }
+        assert!(
+            (r.flops.fraction() - run(computed) / full).abs() < 1e-9,
+            "the report's FLOPs {} against {}",
+            r.flops.fraction(),
+            run(computed) / full
         );
         assert_eq!(
             *r.active_per_step.last().unwrap(),
@@ -609,27 +637,25 @@ fn a_work_budget_is_refused_where_it_cannot_hold() {
             "(0, 1]",
         );
     }
-    // 12 steps, a warm-up of 3 and the final step: at least 4 of 12, named as a budget that
-    // is accepted (0.333 x 12 floors to 3; 0.334 does not).
-    check(
-        RequestConfig {
-            budget: Some(0.3),
-            ..cfg(Mode::FlashDiff)
-        },
-        "at least 0.334",
-    );
-    check(
-        RequestConfig {
-            budget: Some(0.333),
-            ..cfg(Mode::FlashDiff)
-        },
-        "at least 0.334",
-    );
-    e.validate(&RequestConfig {
-        budget: Some(0.334),
+    // 12 steps, a warm-up of 3 and the final step: at least 4 of 12 and the signal, more
+    // than 4/12 of the FLOPs. The least budget named is one that is accepted, and a
+    // thousandth less is refused with the same number.
+    let at = |f: f32| RequestConfig {
+        budget: Some(f),
         ..cfg(Mode::FlashDiff)
-    })
-    .unwrap();
+    };
+    let least = match e.validate(&at(0.3)) {
+        Err(EngineError::Invalid { field, reason }) => {
+            assert_eq!(field, "budget");
+            let n = reason.rsplit("at least ").next().unwrap();
+            n.parse::<f32>().unwrap_or_else(|_| panic!("{reason}"))
+        }
+        other => panic!("budget 0.3 of 12 steps: {other:?}"),
+    };
+    assert!(least > 4.0 / 12.0 && least < 0.4, "least {least}");
+    e.validate(&at(least)).unwrap();
+    check(at(least - 0.001), &format!("at least {least:.3}"));
+    check(at(1.0 / 3.0), &format!("at least {least:.3}"));
     check(
         RequestConfig {
             budget: Some(0.5),
@@ -637,11 +663,13 @@ fn a_work_budget_is_refused_where_it_cannot_hold() {
         },
         "modes flashdiff, auto and per-patch only",
     );
-    e.validate(&RequestConfig {
-        budget: Some(0.34),
-        ..cfg(Mode::FlashDiff)
-    })
-    .unwrap();
+    for mode in [Mode::Auto, Mode::PerPatch] {
+        e.validate(&RequestConfig {
+            budget: Some(least),
+            ..cfg(mode)
+        })
+        .unwrap();
+    }
 }
 
 #[test]
@@ -1053,7 +1081,7 @@ fn the_automatic_choice_runs_one_of_the_two_modes_and_says_which() {
 }
 
 /// A work budget bounds the regional modes as it bounds whole steps: per-patch and auto under
-/// `budget: F` do at most F of full computation's work, and per-patch's computed steps may
+/// `budget: F` run at most F of full computation's FLOPs, and per-patch's computed steps may
 /// run only the patches at their budget.
 #[test]
 fn a_work_budget_bounds_the_regional_modes_too() {
@@ -1066,10 +1094,10 @@ fn a_work_budget_bounds_the_regional_modes_too() {
             ..cfg(mode)
         };
         let o = e.generate(PROMPT, c, &mut |_| {}).unwrap();
-        let work = 1.0 - o.report.work_skipped;
+        let work = o.report.flops.fraction();
         assert!(
             work <= 0.4 + 1e-9,
-            "{mode:?}: work {work} over the budget 0.4"
+            "{mode:?}: FLOPs {work} of full computation's, over the budget 0.4"
         );
         let k = o.report.step_kinds();
         assert!(k.whole > 0, "{mode:?}: {k:?}");

@@ -209,9 +209,10 @@ pub(crate) struct Knobs {
     /// Longest run of skips per patch, in 0..=1000.
     #[arg(long, default_value_t = ENGINE_DEFAULT_MAX_SKIP)]
     pub(crate) max_skip: u32,
-    /// Work budget F in (0, 1] (mode flashdiff): compute floor(F x steps) steps, the
-    /// warm-up and the final step among them, so the model work is at most F of full
-    /// computation's; the change decides which. Replaces --epsilon and --max-skip.
+    /// Work budget F in (0, 1] (modes flashdiff, auto, per-patch): compute as many steps,
+    /// the warm-up and the final step among them, as keep the model FLOPs (every step's
+    /// conditioning and the signal included) within F of full computation's; the change
+    /// decides which. Replaces --epsilon and --max-skip.
     #[arg(long)]
     pub(crate) budget: Option<f32>,
     /// Scheduling priority, in 0..8 (higher first).

@@ -241,9 +241,10 @@ pub struct RequestConfig {
     pub max_skip: u32,
     /// A work budget F in `(0, 1]` ([`Mode::FlashDiff`], [`Mode::Auto`] and
     /// [`Mode::PerPatch`]; regionally a computed step runs the patches at their budget, every
-    /// patch where none is): the request computes
-    /// `floor(F * steps)` steps, the warm-up and final steps among them, so its model work is
-    /// at most F of full computation's; the others are forecast. Which steps is decided by
+    /// patch where none is): the request computes the most steps, the warm-up and final
+    /// steps among them, whose model FLOPs (every step's conditioning and the signal read
+    /// after the warm-up included) stay within F of full computation's; the others are
+    /// forecast. Which steps is decided by
     /// [`flashdiff_gate::pace::Pace`] from the change budget's accumulated change (`epsilon`
     /// and K are then not used). `None`: `epsilon` decides, and the work follows the content.
     pub budget: Option<f32>,
@@ -360,15 +361,13 @@ pub fn check_request(model: &dyn Denoiser, cfg: &RequestConfig) -> Result<(), En
     super::methods::of(cfg.mode).check(model, cfg)?;
     if let Some(f) = cfg.budget {
         let fixed = cfg.warmup + FINAL_FULL_STEPS;
-        if flashdiff_gate::pace::computes_for(f, cfg.steps) < fixed {
-            // The least budget, rounded up to what is shown, so the number given is one
-            // this check accepts.
-            let least = (1000.0 * fixed as f64 / cfg.steps as f64).ceil() / 1000.0;
+        if super::methods::budget_steps(model, cfg, f) < fixed {
+            let least = super::methods::least_budget(model, cfg, fixed);
             return bad(
                 "budget",
                 format!(
                     "{f}: below the {fixed} of {} steps always computed (the warm-up and the \
-                     final step): at least {least:.3}",
+                     final step) and the signal read on every step: at least {least:.3}",
                     cfg.steps,
                 ),
             );

@@ -9,19 +9,19 @@
 //! observes (`flashdiff_gate::choice`). `pick` says which patches of a regional step run:
 //! those at their budget, or (the ablation of that choice, `random-patches`) as many drawn
 //! at random. A request with a work
-//! budget F computes `floor(F * steps)` steps: which ones the work target
+//! budget F computes the most steps its FLOPs allow (`budget_steps`): which ones the work target
 //! (`flashdiff_gate::pace`) decides from the same accumulated change.
 
 use std::time::Instant;
 
 use flashdiff_gate::budget::{level, step_change, Budget, BudgetConfig};
 use flashdiff_gate::choice::{choose, dispersion, Execution};
-use flashdiff_gate::pace::{computes_for, Pace};
+use flashdiff_gate::pace::Pace;
 use flashdiff_models::Denoiser;
 
 use super::{
-    adaptive_epsilon, block0_input, counts, floats, forecast_whole_step, memory_of, no_work_budget,
-    random_patches, saliency_patches, Memory, Method, Recall,
+    adaptive_epsilon, block0_input, budget_steps, counts, floats, forecast_whole_step, memory_of,
+    no_work_budget, random_patches, saliency_patches, Memory, Method, Recall,
 };
 use crate::checkpoint::MemoryRecord;
 use crate::engine::request::Request;
@@ -135,7 +135,8 @@ impl FlashDiff {
             r.active.fill(true);
             true
         } else if let Some(fraction) = r.cfg.budget {
-            let computed = pace(&r.cfg, fraction, r.step, &r.report.active_per_step)?
+            let allowed = budget_steps(model, &r.cfg, fraction);
+            let computed = pace(&r.cfg, allowed, r.step, &r.report.active_per_step)?
                 .decide(budget.level(), rate);
             r.active.fill(computed);
             // Regionally, a computed step runs the patches at their budget (every patch
@@ -159,19 +160,19 @@ impl FlashDiff {
     }
 }
 
-/// The work target of a request with work budget `fraction` at decidable step `step`,
-/// rebuilt from what its report says was computed (so a request moved between processes or
-/// restored from a checkpoint carries no extra state): `floor(fraction * steps)` computed
-/// steps in all, less the warm-up, the final steps and the decided steps already computed.
+/// The work target of a request allowed `total` computed steps ([`budget_steps`]) at
+/// decidable step `step`, rebuilt from what its report says was computed (so a request moved
+/// between processes or restored from a checkpoint carries no extra state): `total` less
+/// the warm-up, the final steps and the decided steps already computed.
 fn pace(
     cfg: &RequestConfig,
-    fraction: f32,
+    total: u32,
     step: u32,
     active_per_step: &[u32],
 ) -> Result<Pace, EngineError> {
     let decidable = cfg.steps.saturating_sub(FINAL_FULL_STEPS);
     let computed = active_per_step.iter().filter(|&&a| a > 0).count() as u32;
-    let allowed = computes_for(fraction, cfg.steps).saturating_sub(cfg.warmup + FINAL_FULL_STEPS);
+    let allowed = total.saturating_sub(cfg.warmup + FINAL_FULL_STEPS);
     let since = active_per_step
         .iter()
         .rev()
@@ -182,7 +183,7 @@ fn pace(
         allowed.saturating_sub(computed),
         since,
     )
-    .map_err(|e| EngineError::Internal(format!("work budget {fraction}: {e}")))
+    .map_err(|e| EngineError::Internal(format!("work budget of {total} steps: {e}")))
 }
 
 impl Method for FlashDiff {

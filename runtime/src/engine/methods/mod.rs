@@ -58,6 +58,39 @@ fn saliency_patches(cfg: &RequestConfig, adaptive_r: u32) -> (u32, bool) {
     )
 }
 
+/// The steps a request with work budget `fraction` may compute, the warm-up and the final
+/// steps among them: the budget counts the model's FLOPs ([`Denoiser::flops`]), so every
+/// step's conditioning and the signal read on every step after the warm-up are paid from it
+/// before whole computed steps are (a regionally computed step costs less than the whole
+/// step counted here). A model that counts rows has neither, and this is `floor(fraction *
+/// steps)`.
+pub(super) fn budget_steps(model: &dyn Denoiser, cfg: &RequestConfig, fraction: f32) -> u32 {
+    let (step, every, extra) = budget_costs(model, cfg);
+    flashdiff_gate::pace::computes_within(fraction, cfg.steps, step, every, extra)
+}
+
+/// The least work budget under which a request computes `steps` steps ([`budget_steps`]),
+/// rounded up to a thousandth so that the number shown is one the budget accepts.
+pub(super) fn least_budget(model: &dyn Denoiser, cfg: &RequestConfig, steps: u32) -> f64 {
+    let (step, every, extra) = budget_costs(model, cfg);
+    let n = cfg.steps as f64;
+    let least = (steps as f64 * step + n * every + extra) / (n * (step + every));
+    ((1000.0 * least).ceil() / 1000.0).min(1.0)
+}
+
+/// A budget's costs in the model's FLOPs: a computed step's, every step's, and the signal's
+/// over the run (see [`flashdiff_gate::pace::computes_within`]).
+fn budget_costs(model: &dyn Denoiser, cfg: &RequestConfig) -> (f64, f64, f64) {
+    let f = model.flops();
+    let tokens = model.dims().grid.tokens();
+    let watched = cfg.steps.saturating_sub(cfg.warmup) as f64;
+    (
+        f.step(tokens) - f.every_step,
+        f.every_step,
+        watched * tokens as f64 * f.signal_per_token,
+    )
+}
+
 /// Refuses a work budget: a method whose own knob sets its work.
 fn no_work_budget(cfg: &RequestConfig) -> Result<(), EngineError> {
     match cfg.budget {
