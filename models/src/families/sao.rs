@@ -644,6 +644,30 @@ impl JointModel for Sao {
     fn fixed_rows(&self, _text_tokens: usize) -> usize {
         1
     }
+    /// Per latent frame: the pre-convolution and `proj_in`, every block's self-attention
+    /// (Q/K/V and output, 8 D^2, D the width, over the N frames and the global token),
+    /// cross-attention queries and output (4 D^2, T text keys) and SwiGLU feed-forward
+    /// (24 D^2), then `proj_out` and the post-convolution. Per step: the global token
+    /// through every block, and every block's cross-attention keys and values of the T text
+    /// tokens. Every step: the time embedder. The text and global projections run once per
+    /// request (the context), not per step.
+    fn flops(&self, tokens: usize, text_tokens: usize) -> Option<crate::Flops> {
+        let c = self.config();
+        let d = c.hidden() as f64;
+        let (n, t) = (tokens as f64, text_tokens as f64);
+        let (ci, co) = (c.in_channels as f64, c.out_channels as f64);
+        let depth = c.depth as f64;
+        let block = 36.0 * d * d + 4.0 * d * (n + 1.0) + 4.0 * d * t;
+        let kv = (c.kv_heads * c.head_dim) as f64;
+        let signal = 2.0 * ci * ci + 2.0 * ci * d;
+        Some(crate::Flops {
+            per_token: signal + depth * block + 2.0 * d * co + 2.0 * co * co,
+            per_step: depth * (block + t * 4.0 * c.cross_dim as f64 * kv),
+            every_step: 2.0 * c.time_proj_dim as f64 * d + 2.0 * d * d,
+            signal_per_token: signal,
+            counted: true,
+        })
+    }
 }
 
 /// The [`SaoContext`] inside context rows made by [`JointModel::context`] for [`Sao`].

@@ -584,6 +584,30 @@ impl JointModel for Wan {
     fn fixed_rows(&self, _text_tokens: usize) -> usize {
         0
     }
+    /// Per video token: the patch embedding, every block's self-attention (Q/K/V and output
+    /// projections, 8 D^2, D the width, and N keys), cross-attention queries and output
+    /// (4 D^2, T text keys) and feed-forward (4 D F, F its width), and `proj_out`. Per
+    /// step: every block's cross-attention keys and values of the T text tokens. Every
+    /// step: the time embedder and its six-fold projection. The text embedder runs once per
+    /// request (the context), not per step.
+    fn flops(&self, tokens: usize, text_tokens: usize) -> Option<crate::Flops> {
+        let c = self.config();
+        let d = c.hidden() as f64;
+        let (n, t) = (tokens as f64, text_tokens as f64);
+        let depth = c.depth as f64;
+        let io_in = 2.0 * c.token_in() as f64 * d;
+        let block =
+            8.0 * d * d + 4.0 * d * n + 4.0 * d * d + 4.0 * d * t + 4.0 * d * c.ffn_dim as f64;
+        Some(crate::Flops {
+            per_token: io_in
+                + depth * block
+                + 2.0 * d * (c.patch.iter().product::<usize>() * c.out_channels) as f64,
+            per_step: depth * t * 4.0 * d * d,
+            every_step: 2.0 * c.freq_dim as f64 * d + 2.0 * d * d + 12.0 * d * d,
+            signal_per_token: io_in,
+            counted: true,
+        })
+    }
     fn packing(&self) -> (usize, PixelIndex) {
         (self.config().patch[1], |k, dy, dx, p, c| {
             (dy * p + dx) * c + k

@@ -629,6 +629,37 @@ impl JointModel for Mmdit {
     ) -> Result<Tensor, ModelError> {
         Mmdit::first_block_input(self, x, width, cond)
     }
+    /// Per image token: the patch embedding, every block's Q/K/V and output projections
+    /// and MLP (8 D^2 + 16 D^2, D the width) with its attention over all N + T keys, a dual
+    /// block's second attention (8 D^2 and N keys), and `proj_out`. Per step: the text
+    /// stream's T rows through the same blocks (the last block only projects them to Q/K/V
+    /// and attends). Every step: the time embedder and the modulation linears. The context
+    /// and pooled-text embedders run once per request (the context), not per step.
+    fn flops(&self, tokens: usize, text_tokens: usize) -> Option<crate::Flops> {
+        let c = &self.cfg;
+        let d = c.hidden as f64;
+        let (n, t) = (tokens as f64, text_tokens as f64);
+        let attend = 4.0 * d * (n + t);
+        let dual = (0..c.depth).filter(|&b| c.is_dual(b)).count() as f64;
+        let depth = c.depth as f64;
+        let io_in = 2.0 * c.token_in() as f64 * d;
+        let io_out = 2.0 * d * c.token_out() as f64;
+        let mods = (c.cond_rows() as f64) * 2.0 * d * d;
+        Some(crate::Flops {
+            per_token: io_in
+                + io_out
+                + depth * (24.0 * d * d + attend)
+                + dual * (8.0 * d * d + 4.0 * d * n),
+            per_step: if c.depth == 0 {
+                0.0
+            } else {
+                t * ((depth - 1.0) * (24.0 * d * d + attend) + 6.0 * d * d + attend)
+            },
+            every_step: 2.0 * 256.0 * d + 2.0 * d * d + mods,
+            signal_per_token: io_in,
+            counted: true,
+        })
+    }
     fn packing(&self) -> (usize, PixelIndex) {
         // A token holds its patch as (row, column, channel), the channel fastest.
         (self.config().patch, |k, dy, dx, p, c| (dy * p + dx) * c + k)
