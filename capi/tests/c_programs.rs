@@ -213,7 +213,7 @@ fn engine_example_generates_from_c() {
     }
     // The same program on the built-in FLUX models, whose weights are folders.
     let exe = build(&["engine_example.c"], Link::Static, "engine_example");
-    for folder in ["models/tinyflux", "models/tinyflux-l"] {
+    for folder in ["models/tinyflux", "models/tinyflux-l", "models/tinyflux-xl"] {
         let out = run_on(&exe, &root().join(folder));
         assert!(out.contains("PSNR vs full"), "{folder}: {out}");
     }

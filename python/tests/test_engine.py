@@ -165,11 +165,12 @@ def test_other_built_in_models(model, kind, ext):
         assert o.sample.ndim == 2 and o.sample_rate > 0
 
 
-def test_tinyflux_l_makes_64_pixel_images():
-    e = flashdiff.Engine("tinyflux-l")
-    assert "tinyflux-l" in flashdiff.MODELS and e.kind == "image"
-    o = e.generate("a red circle top left on a yellow striped background", steps=10)
-    assert o.sample.shape == (64, 64, 3)
+@pytest.mark.parametrize("model,side", [("tinyflux-l", 64), ("tinyflux-xl", 128)])
+def test_the_larger_tinyflux_make_their_images(model, side):
+    e = flashdiff.Engine(model)
+    assert model in flashdiff.MODELS and e.kind == "image"
+    o = e.generate("a red circle top left on a yellow striped background", steps=6)
+    assert o.sample.shape == (side, side, 3)
 
 
 def test_bad_engines():

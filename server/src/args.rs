@@ -263,8 +263,8 @@ pub(crate) struct RunArgs {
     #[arg(long)]
     pub(crate) processes: bool,
     /// Model: built-in tinydit (images), tinyvideo (8-frame clips), tinyaudio (2 s sounds),
-    /// tinyflux, tinyflux-l (32x32 and 64x64 images: 64 and 256 tokens of a FLUX transformer
-    /// run by the FLUX code); or flux-dev, flux-schnell, sd3, sd3.5 (images), wan2.1 (video), stable-audio-open
+    /// tinyflux, tinyflux-l, tinyflux-xl (32x32, 64x64 and 128x128 images: 64, 256 and 1024
+    /// tokens of a FLUX transformer run by the FLUX code); or flux-dev, flux-schnell, sd3, sd3.5 (images), wan2.1 (video), stable-audio-open
     /// (sound) from a diffusers folder given with --weights.
     #[arg(long, default_value = "tinydit", value_parser = MODELS)]
     pub(crate) model: String,

@@ -272,6 +272,23 @@ fn generate_tinyflux_l_writes_a_64_pixel_image_and_compares_it() {
     assert_eq!(&bytes[1..4], b"PNG");
 }
 
+/// TinyFLUX-XL: 128x128 pixels (1024 image tokens), in the same prompt language.
+#[test]
+fn generate_tinyflux_xl_writes_a_128_pixel_image_and_compares_it() {
+    let bytes = generate_media(
+        "tinyflux-xl",
+        "a green triangle center and a red circle top left on a blue gradient background",
+        "flux-xl.png",
+        &[
+            "128x128 pixels",
+            "patch-steps computed",
+            "checker: ",
+            "vs full computation: PSNR",
+        ],
+    );
+    assert_eq!(&bytes[1..4], b"PNG");
+}
+
 #[test]
 fn generate_video_writes_an_animated_gif_and_compares_frames() {
     let bytes = generate_media(

@@ -23,13 +23,14 @@ use crate::{Denoiser, ModelError};
 
 /// The built-in models, by name: image, video, audio (files of the TinyDiT family, shipped
 /// in this crate's folder of the same name), and the TinyFLUX family (FLUX transformers over
-/// pixels at 64 and 256 image tokens, each shipped as a model folder, [`crate::pipelines::tinyflux`]).
-pub const BUILTIN_MODELS: [&str; 5] = [
+/// pixels at 64, 256 and 1024 image tokens, each shipped as a model folder, [`crate::pipelines::tinyflux`]).
+pub const BUILTIN_MODELS: [&str; 6] = [
     "tinydit",
     "tinyvideo",
     "tinyaudio",
     TINYFLUX_FAMILY[0],
     TINYFLUX_FAMILY[1],
+    TINYFLUX_FAMILY[2],
 ];
 
 /// Every model by name: the built-in models, then the pipelines read from a folder
@@ -49,8 +50,13 @@ pub const MODELS: [&str; BUILTIN_MODELS.len() + pipeline::PIPELINES.len()] = {
     out
 };
 
-/// The TinyFLUX family, smallest first: 32x32 pixels (64 image tokens), 64x64 (256).
-pub const TINYFLUX_FAMILY: [&str; 2] = [crate::pipelines::tinyflux::NAME, "tinyflux-l"];
+/// The TinyFLUX family, smallest first: 32x32 pixels (64 image tokens), 64x64 (256),
+/// 128x128 (1024).
+pub const TINYFLUX_FAMILY: [&str; 3] = [
+    crate::pipelines::tinyflux::NAME,
+    "tinyflux-l",
+    "tinyflux-xl",
+];
 
 /// The shipped weights of a built-in model (`NAME/NAME.safetensors` in [`models_dir`]; a
 /// TinyFLUX model's folder `NAME/`); `None` for a name not in [`BUILTIN_MODELS`].
