@@ -820,6 +820,23 @@ fd_status fd_engine_result(const struct fd_engine *e,
                            struct fd_report *report_out);
 
 /**
+ * Writes a finished request's whole report as JSON (the object the HTTP server and Python
+ * return: steps by kind, the automatic choice, model FLOPs run and full computation's, every
+ * time) into `buf`, NUL-terminated and truncated to `len`; `out_n` (may be NULL) gets its
+ * full length without the NUL, so a caller can size a buffer with `buf` NULL and `len` 0
+ * first. A failed request returns its error, a pending one `FD_ERR_NOT_IDLE`.
+ *
+ * # Safety
+ * `e` live; `buf` NULL (with `len` 0) or writable for `len` bytes; `out_n` NULL or
+ * writable.
+ */
+fd_status fd_engine_report_json(const struct fd_engine *e,
+                                uint64_t id,
+                                char *buf,
+                                size_t len,
+                                size_t *out_n);
+
+/**
  * Forgets a finished (or failed) request's result. A pending request gets
  * `FD_ERR_NOT_IDLE` (cancel it, or let it finish, first).
  *

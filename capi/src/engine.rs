@@ -10,7 +10,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use flashdiff_runtime::engine::{
-    default_weights, Engine, EngineError, LayoutKind, Mode, RequestConfig, Reuse,
+    default_weights, report_json, Engine, EngineError, LayoutKind, Mode, RequestConfig, Reuse,
 };
 use flashdiff_runtime::service::{Mailbox, MailboxError, Standing};
 
@@ -648,6 +648,48 @@ pub unsafe extern "C" fn fd_engine_result(
             )),
             Err(e) => Err(from_mailbox(e)),
         }
+    })
+}
+
+/// Writes a finished request's whole report as JSON (the object the HTTP server and Python
+/// return: steps by kind, the automatic choice, model FLOPs run and full computation's, every
+/// time) into `buf`, NUL-terminated and truncated to `len`; `out_n` (may be NULL) gets its
+/// full length without the NUL, so a caller can size a buffer with `buf` NULL and `len` 0
+/// first. A failed request returns its error, a pending one `FD_ERR_NOT_IDLE`.
+///
+/// # Safety
+/// `e` live; `buf` NULL (with `len` 0) or writable for `len` bytes; `out_n` NULL or
+/// writable.
+#[no_mangle]
+pub unsafe extern "C" fn fd_engine_report_json(
+    e: *const fd_engine,
+    id: u64,
+    buf: *mut c_char,
+    len: usize,
+    out_n: *mut usize,
+) -> fd_status {
+    boundary(|| {
+        // SAFETY: this function's `# Safety` section: live engine.
+        let e = unsafe { ptr::handle(e, "engine") }?;
+        let text = e.inner.read(id, |r| match r {
+            Ok(o) => Ok(report_json(o).to_string()),
+            Err(why) => Err(Fail::new(
+                fd_status::FD_ERR_VALUE,
+                format!("request {id} failed: {why}"),
+            )),
+        });
+        let text = match text {
+            Ok(t) => t?,
+            Err(MailboxError::Pending(_)) => {
+                return Err(Fail::new(
+                    fd_status::FD_ERR_NOT_IDLE,
+                    format!("request {id} is still pending: call fd_engine_run or fd_engine_step"),
+                ))
+            }
+            Err(e) => return Err(from_mailbox(e)),
+        };
+        // SAFETY: the buffers' contract is this function's `# Safety` section.
+        unsafe { crate::copy_text(&text, buf, len, out_n) }
     })
 }
 

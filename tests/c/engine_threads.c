@@ -185,6 +185,28 @@ int main(int argc, char **argv) {
   if (rep.patch_steps != 17 * 4 || rep.computed != 3 * 4)
     FAIL("budget 0.31: %llu of %llu patch-steps computed, expected 12 of 68\n",
          (unsigned long long)rep.computed, (unsigned long long)rep.patch_steps);
+  /* The whole report as JSON, sized first with no buffer: its FLOPs are within the budget. */
+  size_t json_n = 0;
+  check(fd_engine_report_json(engine, 300, NULL, 0, &json_n), "report_json size");
+  if (json_n < 2) FAIL("report_json: %zu bytes\n", json_n);
+  char *json = malloc(json_n + 1);
+  if (!json) FAIL("malloc\n");
+  size_t json_again = 0;
+  check(fd_engine_report_json(engine, 300, json, json_n + 1, &json_again), "report_json");
+  if (json_again != json_n || strlen(json) != json_n || json[0] != '{')
+    FAIL("report_json: %zu then %zu bytes: %s\n", json_n, json_again, json);
+  const char *frac = strstr(json, "\"flops_fraction\":");
+  if (!frac) FAIL("report_json has no flops_fraction: %s\n", json);
+  double flops = strtod(frac + strlen("\"flops_fraction\":"), NULL);
+  if (!(flops > 0.2 && flops <= 0.31)) FAIL("budget 0.31 ran %f of the FLOPs: %s\n", flops, json);
+  /* Truncated into a small buffer: NUL-terminated, the full length still reported. */
+  char small[8];
+  check(fd_engine_report_json(engine, 300, small, sizeof small, &json_again), "report_json small");
+  if (strlen(small) != sizeof small - 1 || json_again != json_n)
+    FAIL("report_json truncated: \"%s\", %zu of %zu\n", small, json_again, json_n);
+  free(json);
+  if (fd_engine_report_json(engine, 987654, NULL, 0, NULL) == FD_OK)
+    FAIL("report_json of an unknown request succeeded\n");
   check(fd_engine_release(engine, 300), "release 300");
   /* Second-order forecasts, which fd_request_config's reuse (0 or 1) does not name: whole-step
      caching with skipped steps along the parabola through their last three computations
