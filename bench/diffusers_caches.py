@@ -23,10 +23,10 @@ The protocol (bench/src/protocol.rs, here bench/protocol_py.py):
 
 Work: the model FLOPs a sample ran (every matmul and attention torch dispatched inside the
 transformer, counted with torch's FLOP formulas; the text encoder, which every method runs
-once, is left out) over full computation's. The engine counts the latent and text rows its
-blocks computed (see the report's note on how the two relate). Quality: PSNR against full
-computation (images in [0, 1], capped at 99 dB), SSIM, and the shapes checker's per-part
-verdict (background, objects present, shapes) compared with full computation's.
+once, is left out) over full computation's; the engine's rows count the model FLOPs the engine ran by its own count of
+the same layers (see the report's note). Quality: PSNR against full computation (images in
+[0, 1], capped at 99 dB), SSIM, and the shapes checker's per-part verdict (background,
+objects present, shapes) compared with full computation's.
 
     flashdiff bench --study curve --model tinyflux --validation V --prompts T --out-dir CURVE
     python3 bench/diffusers_caches.py --engine CURVE --out OUT
@@ -440,6 +440,10 @@ def main():
                     help="development only: this many of each method's 32 candidates (evenly spread); the "
                          "report then says it is not the protocol's count")
     ap.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
+    ap.add_argument("--rejudge", metavar="REPORT_JSON",
+                    help="run nothing in Python: take the Python methods' candidates, choices and test rows "
+                         "from an earlier run's diffusers_caches.json on the same prompts, seeds, steps and "
+                         "weights, and judge them against --engine's rows (after the engine's rows changed)")
     a = ap.parse_args()
     os.makedirs(a.out, exist_ok=True)
     torch.set_num_threads(a.threads)
@@ -453,6 +457,8 @@ def main():
     if [round(x, 6) for x in targets] != [round(x, 6) for x in P.TARGETS]:
         raise SystemExit(f"the study's targets {targets} are not the protocol's {list(P.TARGETS)} for TinyFLUX")
     steps, warmup, patches = cfg["steps"], cfg["warmup"], cfg["patches"]
+    if a.rejudge:
+        return rejudge(a, doc)
 
     flashdiff, fd_why = import_flashdiff()
     cache_dit, cd_why = import_cache_dit()
@@ -627,6 +633,40 @@ def main():
             rows.append(row_of(r["name"], label, cand[pick], recs))
         by_target.append((target, rows))
 
+    config = dict(model="tinyflux", ckpt=os.path.abspath(a.ckpt), ckpt_step=ckpt_step, engine=os.path.abspath(a.engine),
+                  steps=steps, warmup=warmup, patches=patches, validation_seeds=cfg["validation_seeds"],
+                  test_seeds=cfg["test_seeds"], targets=list(P.TARGETS), candidates_per_method=count,
+                  protocol_candidates=P.MAX_CANDIDATES, bootstrap_seed=cfg["bootstrap_seed"],
+                  resamples=P.RESAMPLES, bootstrap_rng="numpy PCG64 (the engine: ChaCha8)",
+                  work="transformer FLOPs / full computation's", block_flop_share=share, torch=torch.__version__,
+                  diffusers=diffusers.__version__, cache_dit=ctx["cache_dit_version"], threads=a.threads)
+    finish(a, doc, config, absent=[dict(method=n, why=w) for n, w in absent],
+           methods=[{k: v for k, v in r.items() if not k.startswith("_")} for r in results],
+           mag=mag, by_target=by_target,
+           full=dict(checker_right=sum(full[c["seed"]]["right"] for c in test_cases), prompts=len(test_cases),
+                     wall_ms=P.mean([full[c["seed"]]["ms"] for c in test_cases])))
+
+
+def rejudge(a, doc):
+    """The Python rows of an earlier run, judged against the engine's rows of `doc`."""
+    prev = json.load(open(a.rejudge))
+    cfg, pc = doc["config"], prev["config"]
+    for k in ["validation_seeds", "test_seeds", "steps", "warmup", "patches"]:
+        if list(np.atleast_1d(cfg[k])) != list(np.atleast_1d(pc[k])):
+            raise SystemExit(f"{a.rejudge} ran {k} {pc[k]}, the engine's study {cfg[k]}: not the same prompts")
+    step = load(a.ckpt)[1]
+    if step != pc["ckpt_step"]:
+        raise SystemExit(f"{a.rejudge} ran the weights of training step {pc['ckpt_step']}, --ckpt is at {step}")
+    say(f"rejudging the Python rows of {a.rejudge} against {a.engine}")
+    config = dict(pc, engine=os.path.abspath(a.engine), rejudged_from=os.path.abspath(a.rejudge))
+    finish(a, doc, config, absent=prev["absent"], methods=prev["methods"], mag=prev["mag_ratios"],
+           by_target=[(t_["target"], t_["rows"]) for t_ in prev["targets"]], full=prev["full"])
+
+
+def finish(a, doc, config, absent, methods, mag, by_target, full):
+    """Pairs the engine's rows with the Python rows, checks the engine's own pair, writes the
+    report."""
+    cfg = doc["config"]
     # Pairs: the engine's regional and whole-step (A) against each Python method (B).
     seed = cfg["bootstrap_seed"]
     test_seeds = [s for s, _ in doc["prompts"]["test"]]
@@ -660,19 +700,8 @@ def main():
                               seed)
                 check.append(dict(target=t_["target"], engine=p, here=q))
 
-    report = dict(
-        config=dict(model="tinyflux", ckpt=os.path.abspath(a.ckpt), ckpt_step=ckpt_step, engine=os.path.abspath(a.engine),
-                    steps=steps, warmup=warmup, patches=patches, validation_seeds=cfg["validation_seeds"],
-                    test_seeds=cfg["test_seeds"], targets=list(P.TARGETS), candidates_per_method=count,
-                    protocol_candidates=P.MAX_CANDIDATES, bootstrap_seed=seed, resamples=P.RESAMPLES,
-                    bootstrap_rng="numpy PCG64 (the engine: ChaCha8)", work="transformer FLOPs / full computation's",
-                    block_flop_share=share, torch=torch.__version__, diffusers=diffusers.__version__,
-                    cache_dit=ctx["cache_dit_version"], threads=a.threads),
-        absent=[dict(method=n, why=w) for n, w in absent],
-        methods=[{k: v for k, v in r.items() if not k.startswith("_")} for r in results],
-        mag_ratios=mag, targets=out_targets, engine_pair_check=check,
-        full=dict(checker_right=sum(full[c["seed"]]["right"] for c in test_cases), prompts=len(test_cases),
-                  wall_ms=P.mean([full[c["seed"]]["ms"] for c in test_cases])))
+    report = dict(config=config, absent=absent, methods=methods, mag_ratios=mag, targets=out_targets,
+                  engine_pair_check=check, full=full)
     json.dump(report, open(os.path.join(a.out, "diffusers_caches.json"), "w"), indent=1)
     md = markdown(report, doc)
     open(os.path.join(a.out, "diffusers_caches.md"), "w").write(md)
@@ -687,25 +716,26 @@ def fmt(x, f="{:.2f}"):
 def markdown(rep, doc):
     c = rep["config"]
     v, t = c["validation_seeds"], c["test_seeds"]
-    md = [f"# Third-party caches on TinyFLUX under the verdict protocol", ""]
+    md = ["# Third-party caches on TinyFLUX under the verdict protocol", ""]
     if c["candidates_per_method"] < c["protocol_candidates"]:
         md += [f"**Development run: {c['candidates_per_method']} candidate settings per method (--max-candidates), "
                f"not the protocol's {c['protocol_candidates']}. Its choices and verdicts are not the protocol's.**", ""]
+    if c.get("rejudged_from"):
+        md += [f"The Python methods' rows (candidates, choices, test samples) are those of {c['rejudged_from']}, on "
+               "the same prompts, seeds, steps and weights, judged here against the engine's rows of the study "
+               "named below (`--rejudge`).", ""]
     md += [f"TinyFLUX (training step {c['ckpt_step']}), the engine's curve study in {c['engine']}: {c['steps']} Euler "
            f"steps, the engine's noise per seed; settings chosen on validation seeds {v[0]}..{v[1]}, judged on test "
            f"seeds {t[0]}..{t[1]} ({t[1] - t[0]} prompts; full computation passes the checker on "
            f"{rep['full']['checker_right']}); {c['candidates_per_method']} candidate settings per Python method, "
            f"{doc['config']['candidates_per_method']} per engine method. PSNR against each side's own full "
            "computation from the same noise (capped at 99 dB).", "",
-           f"Work: the Python rows count the transformer FLOPs a sample ran (torch's FLOP formulas for every matmul "
-           f"and attention dispatched) over full computation's; the engine's rows count the latent and text rows its "
-           f"blocks computed. The blocks hold {100 * c['block_flop_share']:.1f}% of a full forward's FLOPs (measured "
-           f"here); a row costs the same FLOPs in every block (double and single blocks alike), so for whole-step "
-           f"methods the two measures agree up to the other {100 * (1 - c['block_flop_share']):.1f}% (embeddings, "
-           f"final norm and projection), which hooks that skip blocks still run each step, so a Python row's work "
-           f"reads up to that much higher than a row count of the same schedule would. For partial steps "
-           f"(regional, the adapter) the two differ more: attention's score and value products, about a tenth of a "
-           f"block's FLOPs at 80 tokens, scale with rows times keys, not rows.", "",
+           f"Work: the model FLOPs a sample ran over full computation's, on both sides. The Python rows count the "
+           f"transformer's (torch's FLOP formulas for every matmul and attention dispatched); the engine's rows "
+           f"its own count of the same layers (held to torch's count of a full TinyFLUX step within 0.5%): every "
+           f"computed token's row and its attention over all keys, the text rows of every computed step, every "
+           f"step's conditioning, and the signal a method reads each step. The blocks hold "
+           f"{100 * c['block_flop_share']:.1f}% of a full forward's FLOPs (measured here).", "",
            "Verdicts (A = the engine's method, B = the Python method, on the same test prompts): the mean per-prompt "
            f"PSNR difference A - B with its 95% percentile bootstrap interval ({c['resamples']} resamples, seed "
            f"{c['bootstrap_seed']}; numpy's generator, where the engine draws with ChaCha8, so interval ends can differ "
