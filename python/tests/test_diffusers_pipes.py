@@ -9,7 +9,7 @@ pytest.importorskip("transformers")
 
 import flashdiff  # noqa: E402
 import flashdiff.diffusers as fdd  # noqa: E402
-import flashdiff.diffusers._core as core  # noqa: E402
+import flashdiff.diffusers._adapter as core  # noqa: E402
 
 import tiny_pipes as tp  # noqa: E402
 

@@ -49,15 +49,8 @@ per-token timesteps are refused), their ControlNet pipelines, and their transfor
 says so.
 """
 
-from ._core import (  # noqa: F401
-    _budget_observe,
-    _forecast,
-    _refresh,
-    disable,
-    enable,
-    report,
-    set_salient,
-    summary,
-)
+from ._adapter import _forecast, _refresh  # noqa: F401
+from ._core import disable, enable, report, set_salient, summary
+from ._step import _budget_observe  # noqa: F401
 
 __all__ = ["enable", "disable", "set_salient", "report", "summary"]

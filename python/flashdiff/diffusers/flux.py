@@ -7,7 +7,10 @@ from __future__ import annotations
 import re
 from typing import Any, List, Optional
 
-from ._core import _ATTR, _Adapter, _Processor, _View, _control, _output, _plain, _rows, _step, _torch
+from ._adapter import _Adapter
+from ._attention import _Processor
+from ._base import _ATTR, _torch
+from ._step import _View, _control, _output, _plain, _rows, _step
 
 
 def _forward(self: Any, hidden_states: Any, encoder_hidden_states: Any = None, pooled_projections: Any = None,

@@ -7,7 +7,10 @@ from __future__ import annotations
 import re
 from typing import Any, List, Optional
 
-from ._core import _ATTR, _Adapter, _Processor, _grid_view, _control, _output, _plain, _rows, _scatter_tokens, _step, _torch
+from ._adapter import _Adapter
+from ._attention import _Processor
+from ._base import _ATTR, _torch
+from ._step import _control, _grid_view, _output, _plain, _rows, _scatter_tokens, _step
 
 
 class _SD3Processor(_Processor):
