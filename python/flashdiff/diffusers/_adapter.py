@@ -291,3 +291,59 @@ def _record_velocity(a: "_Adapter", row: _Row, v: Any, n: int) -> None:
             row.vel += [torch.zeros_like(v), torch.zeros((v.shape[0],), dtype=torch.long, device=v.device)]
     else:
         _refresh(row.vel, torch.arange(v.shape[0], device=v.device), v, n)
+
+
+def _summary(a: _Adapter) -> Dict[str, Any]:
+    """What the adapter's last call did (see ``summary``)."""
+    c = a.call
+    s = a.s
+    run = c.steps - c.first  # the steps this call ran (an img2img call starts later)
+    warm = 0 if c.plain else min(s["warmup"], run)
+    rows = []
+    for (branch, b), r in sorted(c.rows.items()):
+        tokens = 0 if r.group.layout is None else int(r.group.layout.patch_of.size)
+        whole = warm + sum(1 for x in r.computed if tokens and x >= tokens)
+        some = warm + sum(1 for x in r.computed if x)
+        share = (sum(r.computed) / (tokens * len(r.computed))) if tokens and r.computed else 1.0
+        rows.append(dict(branch=branch, sample=b, steps_computed=run if c.plain else some,
+                         steps_whole=run if c.plain else whole, token_share=share))
+    state: Dict[str, int] = {"velocity": 0, "kv": 0, "signal": 0, "layout": 0}
+    for r in c.rows.values():
+        for k, x in r.nbytes().items():
+            state[k] += x
+    for g in c.groups.values():
+        for k, x in g.nbytes().items():
+            state[k] += x
+    frac = 1.0 if c.plain or c.flops_full == 0 else c.flops_run / c.flops_full
+    seconds = 0.0 if c.t0 is None or c.t1 is None else c.t1 - c.t0
+    whole = [r["steps_whole"] for r in rows]
+    some = [r["steps_computed"] for r in rows]
+
+    def span(xs: List[int]) -> str:
+        return f"{min(xs)}-{max(xs)}" if min(xs) != max(xs) else f"{xs[0]}"
+
+    if c.plain:
+        why = (f"nothing was skipped: {c.steps} steps is a few-step schedule, run unchanged "
+               "(enable(..., force=True) skips anyway)")
+    elif rows and min(whole) >= run:
+        if s["epsilon"] == 0:
+            reason = "epsilon 0 never skips"
+        elif s["max_skip"] == 0:
+            reason = "max_skip 0 never skips"
+        elif s["warmup"] >= run - 1:
+            reason = f"the warm-up of {s['warmup']} steps covers the call"
+        else:
+            reason = (f"every step's change used up epsilon {s['epsilon']} (a larger epsilon skips; "
+                      "the change is measured per patch)")
+        why = f"nothing was skipped: {reason}"
+    elif a.regional:
+        share = min(r["token_share"] for r in rows), max(r["token_share"] for r in rows)
+        shares = f"{share[0]:.2f}" if share[0] == share[1] else f"{share[0]:.2f}-{share[1]:.2f}"
+        why = (f"computed {shares} of the image tokens after the warm-up per row ({span(some)} of "
+               f"{run} steps ran some patches, {span(whole)} all)")
+    else:
+        why = f"computed {span(some)} of {run} steps per row"
+    text = (f"{why}; {frac:.2f} of full computation's FLOPs; denoising {seconds:.2f} s; "
+            f"{c.forwards} transformer forwards for {c.calls} calls; state {sum(state.values())} bytes")
+    return dict(steps=c.steps, warmup=s["warmup"], rule=s["rule"], plain=c.plain, rows=rows, flops_fraction=frac,
+                seconds=seconds, forwards=c.forwards, calls=c.calls, state_bytes=state, text=text)

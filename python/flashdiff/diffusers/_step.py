@@ -11,10 +11,9 @@ from typing import Any, Dict, List, Optional
 import numpy as np
 
 from .. import Budget, Error, Gate, partition_saliency
-from ._adapter import _Adapter, _record_velocity, _refresh, _vel_forecast
+from ._adapter import _Adapter, _record_velocity, _refresh, _summary, _vel_forecast
 from ._base import _log, _torch
 from ._state import _Call, _Ctx, _Group, _Row
-from ._core import _summary
 
 
 def _partition(a: _Adapter, group: _Group, grid: Any, dev: Any) -> None:
