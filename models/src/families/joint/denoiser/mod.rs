@@ -33,16 +33,24 @@ pub struct JointDenoiser<M: JointModel> {
     guidance: f32,
     name: String,
     schedule: Schedule,
-    /// An image's decoder.
-    vae: Option<Box<dyn LatentDecoder>>,
-    /// A sound's decoder and how many samples a sound keeps (Stable Audio Open).
-    audio: Option<(Box<dyn LatentDecoder>, usize)>,
-    /// A video's decoder (Wan2.1).
-    video: Option<Box<dyn LatentDecoder>>,
+    /// What turns a finished latent into the output (none: the latent preview).
+    decoder: Option<Decoder>,
     /// Classifier-free guidance scale (SD3): a second pass on the empty prompt.
     cfg: Option<f32>,
     /// The empty prompt's context rows, encoded once (with guidance).
     empty: std::sync::OnceLock<Vec<f32>>,
+}
+
+/// A pipeline's one decoder, by what it makes.
+#[derive(Debug)]
+enum Decoder {
+    /// Images from a single-frame grid (a VAE, or TinyFLUX's pixels).
+    Image(Box<dyn LatentDecoder>),
+    /// Sound from a 1-D grid of latent frames, keeping the first `usize` samples of each
+    /// channel (Stable Audio Open generates its whole window and cuts the asked duration).
+    Sound(Box<dyn LatentDecoder>, usize),
+    /// Video from every frame of the grid (Wan's VAE).
+    Video(Box<dyn LatentDecoder>),
 }
 
 /// A request context's parts.
@@ -119,9 +127,7 @@ impl<M: JointModel> JointDenoiser<M> {
             guidance,
             name,
             schedule: Schedule::Uniform,
-            vae: None,
-            audio: None,
-            video: None,
+            decoder: None,
             cfg: None,
             empty: std::sync::OnceLock::new(),
         })
@@ -157,7 +163,7 @@ impl<M: JointModel> JointDenoiser<M> {
     /// The same model decoding its latents to images with `vae` (default: the latent
     /// preview). A VAE decodes single frames: a video grid keeps the preview.
     pub fn with_vae(mut self, vae: impl LatentDecoder + 'static) -> Self {
-        self.vae = Some(Box::new(vae));
+        self.decoder = Some(Decoder::Image(Box::new(vae)));
         self
     }
 
@@ -165,14 +171,14 @@ impl<M: JointModel> JointDenoiser<M> {
     /// keeping the first `samples` samples of each channel (Stable Audio Open generates its
     /// whole window and cuts the asked duration).
     pub fn with_audio(mut self, vae: impl LatentDecoder + 'static, samples: usize) -> Self {
-        self.audio = Some((Box::new(vae), samples));
+        self.decoder = Some(Decoder::Sound(Box::new(vae), samples));
         self
     }
 
     /// The same model decoding its video latents with Wan's VAE (default: the latent
     /// preview).
     pub fn with_video_vae(mut self, vae: impl LatentDecoder + 'static) -> Self {
-        self.video = Some(Box::new(vae));
+        self.decoder = Some(Decoder::Video(Box::new(vae)));
         self
     }
 
@@ -457,12 +463,17 @@ impl<M: JointModel> Denoiser for JointDenoiser<M> {
 
     fn image_size(&self) -> Option<(usize, usize)> {
         let (p, _) = self.model.packing();
-        let (g, vae) = (&self.dims.grid, self.vae.as_ref()?);
-        (g.frames == 1).then(|| (vae.scale() * p * g.width, vae.scale() * p * g.height))
+        let g = &self.dims.grid;
+        match &self.decoder {
+            Some(Decoder::Image(vae)) if g.frames == 1 => {
+                Some((vae.scale() * p * g.width, vae.scale() * p * g.height))
+            }
+            _ => None,
+        }
     }
 
     fn kind(&self) -> Kind {
-        if self.audio.is_some() {
+        if matches!(self.decoder, Some(Decoder::Sound(..))) {
             Kind::Audio
         } else if self.dims.grid.frames > 1 {
             Kind::Video
@@ -483,7 +494,9 @@ impl<M: JointModel> Denoiser for JointDenoiser<M> {
             self.dims.channels,
         );
         let (p, at) = self.model.packing();
-        if let (Some((vae, keep)), true) = (&self.audio, latent.len() == f * h * w * c) {
+        if let (Some(Decoder::Sound(vae, keep)), true) =
+            (&self.decoder, latent.len() == f * h * w * c)
+        {
             // Frames x channels -> channels x frames -> audio channels x samples.
             let z = Tensor::from_slice(latent, (f * h * w, c), &self.device)?.t()?;
             let a = vae.decode(&z.contiguous()?)?;
@@ -501,11 +514,14 @@ impl<M: JointModel> Denoiser for JointDenoiser<M> {
             )));
         }
         let ch = (c / (p * p)).min(c);
-        if let (Some(vae), 1) = (&self.vae, f) {
-            return self.vae_decode(&**vae, latent, (h, w, c, p, ch), at);
-        }
-        if let Some(vae) = &self.video {
-            return self.video_decode(&**vae, latent, (f, h, w, c, p, ch), at);
+        match &self.decoder {
+            Some(Decoder::Image(vae)) if f == 1 => {
+                return self.vae_decode(&**vae, latent, (h, w, c, p, ch), at)
+            }
+            Some(Decoder::Video(vae)) => {
+                return self.video_decode(&**vae, latent, (f, h, w, c, p, ch), at)
+            }
+            _ => {}
         }
         let (pw, ph) = (p * w, p * h);
         let mut rgb = vec![0f32; f * ph * pw * 3];
