@@ -421,16 +421,12 @@ pub enum SaoLayout {
 }
 
 /// The DiT of a Stable Audio checkpoint, in either layout.
-#[derive(Debug)]
-pub struct SaoCheckpoint {
-    weights: crate::io::shards::MappedWeights,
-    layout: SaoLayout,
-}
+pub type SaoCheckpoint = crate::io::shards::Checkpoint<SaoLayout>;
 
 /// The released model's head width (1536 wide, 24 heads).
 pub const SAO_HEAD_DIM: usize = 64;
 
-impl SaoCheckpoint {
+impl crate::io::shards::Checkpoint<SaoLayout> {
     /// Opens a safetensors file or a folder of shards (diffusers' `transformer/`).
     pub fn open(path: &std::path::Path) -> Result<Self, ModelError> {
         let files = crate::io::shards::Shards::open(path)?;
@@ -447,30 +443,16 @@ impl SaoCheckpoint {
             )));
         };
         let named = layout.clone();
-        Ok(Self {
-            weights: crate::io::shards::MappedWeights::new(files, move |name| {
-                layout_source(&named, name)
-            }),
-            layout,
-        })
-    }
-
-    /// The layout found.
-    pub fn layout(&self) -> &SaoLayout {
-        &self.layout
-    }
-
-    /// The checkpoint's tensors under the transformer's own names (diffusers'):
-    /// [`crate::io::shards::MappedWeights::var_builder`] is candle's `VarBuilder` over them.
-    pub fn weights(&self) -> &crate::io::shards::MappedWeights {
-        &self.weights
+        Ok(Self::new(files, layout, move |name| {
+            layout_source(&named, name)
+        }))
     }
 
     /// The architecture, from the tensors' shapes; heads of `head_dim` (the released model:
     /// [`SAO_HEAD_DIM`]).
     pub fn config(&self, head_dim: usize) -> Result<SaoConfig, ModelError> {
-        let what = format!("Stable Audio DiT, {:?} layout", self.layout);
-        let need = |n: &str, rank: usize| self.weights.need(n, rank, &what);
+        let what = format!("Stable Audio DiT, {:?} layout", self.layout());
+        let need = |n: &str, rank: usize| self.weights().need(n, rank, &what);
         let c = need("preprocess_conv.weight", 3)?[0];
         let proj_in = need("proj_in.weight", 2)?;
         let h = proj_in[0];
@@ -478,7 +460,7 @@ impl SaoCheckpoint {
         let cross = need("cross_attention_proj.0.weight", 2)?;
         let depth = (0..)
             .take_while(|i| {
-                self.weights
+                self.weights()
                     .shape(&format!("transformer_blocks.{i}.norm1.weight"))
                     .is_some()
             })
@@ -501,7 +483,7 @@ impl SaoCheckpoint {
             global_in: need("global_proj.0.weight", 2)?[1],
             time_proj_dim: 2 * need(
                 "time_proj.weight",
-                1 + usize::from(self.layout == SaoLayout::Official),
+                1 + usize::from(*self.layout() == SaoLayout::Official),
             )?[0],
         };
         cfg.validate()?;
@@ -516,7 +498,7 @@ impl SaoCheckpoint {
         dev: &candle_core::Device,
     ) -> Result<Sao, ModelError> {
         crate::io::shards::dtype_for("", &[], compute)?;
-        let vb = self.weights.var_builder(compute, dev);
+        let vb = self.weights().var_builder(compute, dev);
         Sao::load(self.config(head_dim)?, &vb)
     }
 }

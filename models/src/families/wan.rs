@@ -18,7 +18,7 @@ use crate::families::joint::{
     affine, check_rows, layer_norm, lin, rope, rope_table, Attention, Lin, Pass,
 };
 pub use crate::families::joint::{JointOutput, Rows};
-use crate::io::shards::{MappedWeights, Shards, Source};
+use crate::io::shards::{Checkpoint, Shards, Source};
 use crate::ModelError;
 
 /// The architecture's sizes (diffusers' `WanTransformer3DModel` config).
@@ -392,13 +392,9 @@ pub enum WanLayout {
 }
 
 /// One or more safetensors files holding a Wan2.1 transformer.
-#[derive(Debug)]
-pub struct WanCheckpoint {
-    weights: MappedWeights,
-    layout: WanLayout,
-}
+pub type WanCheckpoint = Checkpoint<WanLayout>;
 
-impl WanCheckpoint {
+impl Checkpoint<WanLayout> {
     /// Opens a safetensors file or a folder of shards.
     pub fn open(path: &std::path::Path) -> Result<Self, ModelError> {
         let files = Shards::open(path)?;
@@ -412,28 +408,16 @@ impl WanCheckpoint {
             Some(prefix) => WanLayout::Official { prefix },
         };
         let named = layout.clone();
-        Ok(Self {
-            weights: MappedWeights::new(files, move |name| layout_source(&named, name)),
-            layout,
-        })
-    }
-
-    /// The layout found.
-    pub fn layout(&self) -> &WanLayout {
-        &self.layout
-    }
-
-    /// The checkpoint's tensors under the transformer's own names (diffusers'):
-    /// [`MappedWeights::var_builder`] is candle's `VarBuilder` over them.
-    pub fn weights(&self) -> &MappedWeights {
-        &self.weights
+        Ok(Self::new(files, layout, move |name| {
+            layout_source(&named, name)
+        }))
     }
 
     /// The architecture, from the tensors' shapes; the head count cannot be read from them
     /// (Q/K norms span every head): `heads`, or heads of 128 as in every released Wan2.1.
     pub fn config(&self, heads: Option<usize>) -> Result<WanConfig, ModelError> {
-        let what = format!("Wan checkpoint, {:?} layout", self.layout);
-        let need = |n: &str, rank: usize| self.weights.need(n, rank, &what);
+        let what = format!("Wan checkpoint, {:?} layout", self.layout());
+        let need = |n: &str, rank: usize| self.weights().need(n, rank, &what);
         let conv = need("patch_embedding.weight", 5)?;
         let (hidden, in_channels, patch) = (conv[0], conv[1], [conv[2], conv[3], conv[4]]);
         let heads = heads.unwrap_or(hidden / 128).max(1);
@@ -444,7 +428,7 @@ impl WanCheckpoint {
         }
         let depth = (0..)
             .take_while(|i| {
-                self.weights
+                self.weights()
                     .shape(&format!("blocks.{i}.attn1.to_q.weight"))
                     .is_some()
             })
@@ -459,7 +443,7 @@ impl WanCheckpoint {
             ffn_dim: need("blocks.0.ffn.net.0.proj.weight", 2)?[0],
             text_dim: need("condition_embedder.text_embedder.linear_1.weight", 2)?[1],
             freq_dim: need("condition_embedder.time_embedder.linear_1.weight", 2)?[1],
-            cross_attn_norm: self.weights.shape("blocks.0.norm2.weight").is_some(),
+            cross_attn_norm: self.weights().shape("blocks.0.norm2.weight").is_some(),
         };
         cfg.validate()?;
         Ok(cfg)
@@ -479,7 +463,7 @@ impl WanCheckpoint {
         dev: &candle_core::Device,
     ) -> Result<Wan, ModelError> {
         crate::io::shards::dtype_for("", &[], compute)?;
-        let vb = self.weights.var_builder(compute, dev);
+        let vb = self.weights().var_builder(compute, dev);
         Wan::load(self.config(heads)?, &vb)
     }
 }

@@ -59,10 +59,45 @@ pub(crate) struct Shards {
 /// Where a layout keeps each of a model's tensors ([`Source`] of the model's name).
 pub(crate) type Mapping = Arc<dyn Fn(&str) -> Source + Send + Sync>;
 
+/// One transformer checkpoint of any family: its tensors under the model's own names, and
+/// the naming (`L`, the family's layout enum) its files were found in. Each family opens
+/// its own (`Checkpoint<FluxLayout>::open`, and so on: the layout is told from the names in
+/// the files) and reads its architecture and weights from [`Checkpoint::weights`].
+#[derive(Debug)]
+pub struct Checkpoint<L> {
+    weights: MappedWeights,
+    layout: L,
+}
+
+impl<L> Checkpoint<L> {
+    /// A checkpoint of `files` in `layout`, each of the model's tensor names found through
+    /// `map`.
+    pub(crate) fn new(
+        files: Shards,
+        layout: L,
+        map: impl Fn(&str) -> Source + Send + Sync + 'static,
+    ) -> Self {
+        Self {
+            weights: MappedWeights::new(files, map),
+            layout,
+        }
+    }
+
+    /// The layout found.
+    pub fn layout(&self) -> &L {
+        &self.layout
+    }
+
+    /// The checkpoint's tensors under the transformer's own names:
+    /// [`MappedWeights::var_builder`] is candle's `VarBuilder` over them.
+    pub fn weights(&self) -> &MappedWeights {
+        &self.weights
+    }
+}
+
 /// A checkpoint's tensors under a model's own names: its files and where its layout keeps
 /// each tensor (one tensor, several concatenated, a part of a fused one, halves swapped, a
-/// vector kept as a matrix). What the transformer checkpoints (`FluxCheckpoint`,
-/// `MmditCheckpoint`, `WanCheckpoint`, `SaoCheckpoint`) read their sizes and weights from.
+/// vector kept as a matrix). What a [`Checkpoint`] reads its sizes and weights from.
 #[derive(Clone)]
 pub struct MappedWeights {
     files: Arc<Shards>,

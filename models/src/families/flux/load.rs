@@ -11,7 +11,7 @@ use std::path::Path;
 use candle_core::{DType, Device};
 
 use super::{Flux, FluxConfig};
-use crate::io::shards::{dtype_for, MappedWeights, Shards, Source};
+use crate::io::shards::{dtype_for, Checkpoint, Shards, Source};
 use crate::ModelError;
 
 /// How a checkpoint names its tensors.
@@ -27,13 +27,9 @@ pub enum FluxLayout {
 }
 
 /// One or more safetensors files holding a FLUX transformer.
-#[derive(Debug)]
-pub struct FluxCheckpoint {
-    weights: MappedWeights,
-    layout: FluxLayout,
-}
+pub type FluxCheckpoint = Checkpoint<FluxLayout>;
 
-impl FluxCheckpoint {
+impl Checkpoint<FluxLayout> {
     /// Opens `path`: a safetensors file, or a folder holding `*.safetensors` shards (a
     /// diffusers `transformer/` folder, or the model folder above it).
     pub fn open(path: &Path) -> Result<Self, ModelError> {
@@ -48,35 +44,23 @@ impl FluxCheckpoint {
             Some(prefix) => FluxLayout::Bfl { prefix },
         };
         let named = layout.clone();
-        Ok(Self {
-            weights: MappedWeights::new(files, move |name| layout_source(&named, name)),
-            layout,
-        })
-    }
-
-    /// The layout found.
-    pub fn layout(&self) -> &FluxLayout {
-        &self.layout
-    }
-
-    /// The checkpoint's tensors under the transformer's own names (Black Forest Labs'):
-    /// [`MappedWeights::var_builder`] is candle's `VarBuilder` over them.
-    pub fn weights(&self) -> &MappedWeights {
-        &self.weights
+        Ok(Self::new(files, layout, move |name| {
+            layout_source(&named, name)
+        }))
     }
 
     /// The architecture, from the tensors' shapes. `axes_dim` sets the RoPE split of a head
     /// (default: FLUX.1's 16/56/56, which needs heads of 128).
     pub fn config(&self, axes_dim: Option<[usize; 3]>) -> Result<FluxConfig, ModelError> {
-        let what = format!("FLUX checkpoint, {:?} layout", self.layout);
-        let need = |n: &str, rank: usize| self.weights.need(n, rank, &what);
+        let what = format!("FLUX checkpoint, {:?} layout", self.layout());
+        let need = |n: &str, rank: usize| self.weights().need(n, rank, &what);
         let img_in = need("img_in.weight", 2)?;
         let (hidden, in_channels) = (img_in[0], img_in[1]);
         let head_dim = need("double_blocks.0.img_attn.norm.query_norm.scale", 1)?[0];
         let mlp = need("double_blocks.0.img_mlp.0.weight", 2)?[0];
         let count = |f: &dyn Fn(usize) -> String| {
             (0..)
-                .take_while(|&i| self.weights.shape(&f(i)).is_some())
+                .take_while(|&i| self.weights().shape(&f(i)).is_some())
                 .count()
         };
         let depth = count(&|i| format!("double_blocks.{i}.img_mod.lin.weight"));
@@ -108,10 +92,13 @@ impl FluxCheckpoint {
             axes_dim,
             theta: 10_000.0,
             qkv_bias: self
-                .weights
+                .weights()
                 .shape("double_blocks.0.img_attn.qkv.bias")
                 .is_some(),
-            guidance_embed: self.weights.shape("guidance_in.in_layer.weight").is_some(),
+            guidance_embed: self
+                .weights()
+                .shape("guidance_in.in_layer.weight")
+                .is_some(),
         };
         cfg.validate()?;
         Ok(cfg)
@@ -134,7 +121,7 @@ impl FluxCheckpoint {
     ) -> Result<Flux, ModelError> {
         dtype_for("", &[], compute)?;
         let cfg = self.config(axes_dim)?;
-        let vb = self.weights.var_builder(compute, dev);
+        let vb = self.weights().var_builder(compute, dev);
         Flux::load(cfg, &vb)
     }
 }

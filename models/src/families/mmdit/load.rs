@@ -3,7 +3,7 @@
 //! f16 or bf16.
 
 use super::{Mmdit, MmditConfig};
-use crate::io::shards::{MappedWeights, Shards, Source};
+use crate::io::shards::{Checkpoint, Shards, Source};
 use crate::ModelError;
 
 /// How an SD3 checkpoint names its tensors.
@@ -20,15 +20,9 @@ pub enum MmditLayout {
 }
 
 /// One or more safetensors files holding an SD3 / SD3.5 transformer.
-#[derive(Debug)]
-pub struct MmditCheckpoint {
-    weights: MappedWeights,
-    layout: MmditLayout,
-    /// Joint blocks (the last block's text modulation is stored differently).
-    depth: usize,
-}
+pub type MmditCheckpoint = Checkpoint<MmditLayout>;
 
-impl MmditCheckpoint {
+impl Checkpoint<MmditLayout> {
     /// Opens a safetensors file or a (diffusers) folder of shards.
     pub fn open(path: &std::path::Path) -> Result<Self, ModelError> {
         let files = Shards::open(path)?;
@@ -49,31 +43,30 @@ impl MmditCheckpoint {
                 files.shape(&layout_source(&layout, 0, &name)).is_some()
             })
             .count();
+        // The mapping needs it: the last block's text modulation is stored differently.
         let named = layout.clone();
-        Ok(Self {
-            weights: MappedWeights::new(files, move |name| layout_source(&named, depth, name)),
-            layout,
-            depth,
-        })
+        Ok(Self::new(files, layout, move |name| {
+            layout_source(&named, depth, name)
+        }))
     }
 
-    /// The layout found.
-    pub fn layout(&self) -> &MmditLayout {
-        &self.layout
-    }
-
-    /// The checkpoint's tensors under the transformer's own names (diffusers'):
-    /// [`MappedWeights::var_builder`] is candle's `VarBuilder` over them.
-    pub fn weights(&self) -> &MappedWeights {
-        &self.weights
+    /// Joint blocks: a block's first norm is named alike in every block of either layout.
+    fn depth(&self) -> usize {
+        (0..)
+            .take_while(|i| {
+                self.weights()
+                    .shape(&format!("transformer_blocks.{i}.norm1.linear.weight"))
+                    .is_some()
+            })
+            .count()
     }
 
     /// The architecture, from the tensors' shapes. The head count comes from the Q/K norms'
     /// width where the model has them; otherwise from `heads`, or heads of 64 as in every
     /// released SD3.
     pub fn config(&self, heads: Option<usize>) -> Result<MmditConfig, ModelError> {
-        let what = format!("SD3 checkpoint, {:?} layout", self.layout);
-        let need = |n: &str, rank: usize| self.weights.need(n, rank, &what);
+        let what = format!("SD3 checkpoint, {:?} layout", self.layout());
+        let need = |n: &str, rank: usize| self.weights().need(n, rank, &what);
         let proj = need("pos_embed.proj.weight", 4)?;
         let (hidden, in_channels, patch) = (proj[0], proj[1], proj[2]);
         let cells = need("pos_embed.pos_embed", 3)?[1];
@@ -84,7 +77,7 @@ impl MmditCheckpoint {
             )));
         }
         let qk = self
-            .weights
+            .weights()
             .shape("transformer_blocks.0.attn.norm_q.weight");
         let head_dim = match (&qk, heads) {
             (Some(s), _) => s[0],
@@ -102,14 +95,14 @@ impl MmditCheckpoint {
             out_channels: need("proj_out.weight", 2)?[0] / (patch * patch),
             hidden,
             heads: hidden / head_dim,
-            depth: self.depth,
+            depth: self.depth(),
             pos_max,
             context_in_dim: need("context_embedder.weight", 2)?[1],
             pooled_dim: need("time_text_embed.text_embedder.linear_1.weight", 2)?[1],
             qk_norm: qk.is_some(),
-            dual: (0..self.depth)
+            dual: (0..self.depth())
                 .filter(|i| {
-                    self.weights
+                    self.weights()
                         .shape(&format!("transformer_blocks.{i}.attn2.to_q.weight"))
                         .is_some()
                 })
@@ -139,7 +132,7 @@ impl MmditCheckpoint {
         dev: &candle_core::Device,
     ) -> Result<Mmdit, ModelError> {
         crate::io::shards::dtype_for("", &[], compute)?;
-        let vb = self.weights.var_builder(compute, dev);
+        let vb = self.weights().var_builder(compute, dev);
         Mmdit::load(self.config(heads)?, &vb)
     }
 }
