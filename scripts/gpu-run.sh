@@ -14,7 +14,7 @@
 #   3. the FLUX-shaped token-subset forward at 1024 and 4096 tokens, f32 and bf16;
 #   4. the FLUX.1 dev, SD3.5, Wan2.1 and Stable Audio Open pipelines on small random
 #      weights, GPU against CPU;
-#   5. the diffusers adapter in wall time (bench/diffusers_wall.py --device cuda), from the
+#   5. the diffusers adapter in wall time (studies/diffusers_wall.py --device cuda), from the
 #      staged wheels where the machine's Python lacks flashdiff or diffusers.
 # The whole run stays under 8 minutes. Without a GPU it says so and exits 2 after the
 # machine section; with one, it exits 1 if any stage failed, 0 otherwise.
@@ -193,7 +193,7 @@ if ! python3 -c "import diffusers, flashdiff" 2>/dev/null; then
     say "no staged wheels and no diffusers or flashdiff here"
   fi
 fi
-run "adapter wall time" 240 env PYTHONPATH="$py${PYTHONPATH:+:$PYTHONPATH}" python3 bench/diffusers_wall.py \
+run "adapter wall time" 240 env PYTHONPATH="$py${PYTHONPATH:+:$PYTHONPATH}" python3 studies/diffusers_wall.py \
   --device cuda --cases flux-1024,tinyflux --reps 3 --threads 16 --out "$out/wall"
 
 echo "== summary ($(( $(date +%s) - start ))s)"

@@ -12,7 +12,7 @@
 //! `inputs.safetensors` holds `x` (`tokens x in_channels`, a square grid), `txt` (`text
 //! tokens x context width`), `pooled`, and `t` and `g` (one value each). The velocity of the
 //! full forward is written to `--out` for a parity check. Threads: `RAYON_NUM_THREADS`.
-//! `bench/speed_study.py` runs it beside diffusers on the same weights and inputs.
+//! `studies/speed_study.py` runs it beside diffusers on the same weights and inputs.
 
 use std::path::PathBuf;
 use std::time::Instant;

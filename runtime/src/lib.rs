@@ -11,7 +11,7 @@
 //! - [`image`]: PNG, PSNR, SSIM; [`media`]: GIF and WAV, video and sound metrics. Models (the `Denoiser` contract, TinyDiT, the prompt
 //!   language and checker) live in `flashdiff-models`, re-exported as [`models`].
 //!
-//! The `flashdiff` command lives in `server/`, the evaluation in `bench/`.
+//! The `flashdiff` command lives in `server/`, the studies in `studies/`.
 
 pub mod checkpoint;
 pub mod engine;

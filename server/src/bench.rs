@@ -1,4 +1,4 @@
-//! `flashdiff bench`: the evaluation against every baseline (flashdiff-bench).
+//! `flashdiff bench`: the evaluation against every baseline (flashdiff-studies).
 
 use flashdiff_runtime::engine::RequestConfig;
 use flashdiff_runtime::models::Kind;
@@ -10,7 +10,7 @@ use crate::setup::{cores, make_engine, weights_path};
 /// `flashdiff bench`.
 pub(crate) fn bench(a: BenchArgs) -> Result<(), String> {
     let base = a.knobs.request(a.steps, None, 0);
-    let cfg = flashdiff_bench::BenchConfig {
+    let cfg = flashdiff_studies::BenchConfig {
         prompts: a.prompts.unwrap_or(if a.quick { 8 } else { 64 }),
         seed: a.seed,
         steps: a.steps,
@@ -28,14 +28,14 @@ pub(crate) fn bench(a: BenchArgs) -> Result<(), String> {
     let out = a.out_dir;
     if a.reread {
         if a.study.as_deref() == Some("curve") {
-            println!("{}", flashdiff_bench::curve::reread(&out)?);
+            println!("{}", flashdiff_studies::curve::reread(&out)?);
             println!(
                 "rewrote {}/report.md and quality_vs_work.svg and .png",
                 out.display()
             );
             return Ok(());
         }
-        let table = flashdiff_bench::crossover::reread(&out)?;
+        let table = flashdiff_studies::crossover::reread(&out)?;
         println!("{table}");
         println!(
             "rewrote the reports, pictures and {}/crossover.md",
@@ -51,7 +51,7 @@ pub(crate) fn bench(a: BenchArgs) -> Result<(), String> {
         ));
     }
     let mut engine = make_engine(&a.run, cores())?;
-    let cfg = flashdiff_bench::BenchConfig {
+    let cfg = flashdiff_studies::BenchConfig {
         base: with_model_warmup(cfg.base, a.knobs.warmup, engine.model()),
         ..cfg
     };
@@ -72,12 +72,12 @@ pub(crate) fn bench(a: BenchArgs) -> Result<(), String> {
                 (None, false, Kind::Video) => 32,
                 (None, false, _) => 64,
             };
-            let cfg = flashdiff_bench::BenchConfig { prompts, ..cfg };
+            let cfg = flashdiff_studies::BenchConfig { prompts, ..cfg };
             if a.study.as_deref() == Some("crossover") {
                 if !a.methods.is_empty() {
                     return Err("--methods: the crossover study runs all its methods".into());
                 }
-                flashdiff_bench::crossover::run(
+                flashdiff_studies::crossover::run(
                     &mut engine,
                     &cfg,
                     a.validation,
@@ -86,7 +86,7 @@ pub(crate) fn bench(a: BenchArgs) -> Result<(), String> {
                 )
             } else {
                 let only = (!a.methods.is_empty()).then_some(&a.methods[..]);
-                flashdiff_bench::curve::run(
+                flashdiff_studies::curve::run(
                     &mut engine,
                     &cfg,
                     only,
@@ -97,13 +97,13 @@ pub(crate) fn bench(a: BenchArgs) -> Result<(), String> {
             }
         }
         Kind::Image if a.only.is_some() => {
-            flashdiff_bench::wall_time(&engine, &cfg, &out, &mut progress)
+            flashdiff_studies::wall_time(&engine, &cfg, &out, &mut progress)
         }
         _ if a.only.is_some() => {
             return Err("--only wall-time: the wall-time study runs on image models only".into())
         }
-        Kind::Image => flashdiff_bench::run(&mut engine, &cfg, &out, &mut progress),
-        _ => flashdiff_bench::media::run(&mut engine, &cfg, &out, &mut progress),
+        Kind::Image => flashdiff_studies::run(&mut engine, &cfg, &out, &mut progress),
+        _ => flashdiff_studies::media::run(&mut engine, &cfg, &out, &mut progress),
     }
     .map_err(|e| format!("{e:#}"))?;
     println!("{report}");

@@ -187,7 +187,7 @@ impl std::str::FromStr for Reuse {
 
 /// The dispersion of the patches' changes (see [`flashdiff_gate::choice`]) at and above which
 /// [`Mode::Auto`] runs a request regionally. Measured with `cargo run --release -p
-/// flashdiff-bench --example auto_calibrate -- MODEL 16` (validation seeds 10000-10015, 50
+/// flashdiff-studies --example auto_calibrate -- MODEL 16` (validation seeds 10000-10015, 50
 /// steps, 16 patches, ε 0.1 / 0.2 / 0.4 at K 2 / 4 / 8, second order): on TinyFLUX the
 /// dispersions lie in 0.027-0.055, on TinyFLUX-L in 0.020-0.052, and at every setting whole
 /// steps gave the higher mean PSNR (regional 0.2-4.0 dB lower), so the best threshold lay

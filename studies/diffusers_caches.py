@@ -10,7 +10,7 @@ study's prompts, seeds and steps, the engine's noise for each seed (`engine_nois
 same Euler sampler as the engine; its reference is full computation in diffusers from the same
 noise.
 
-The protocol (bench/src/protocol.rs, here bench/protocol_py.py):
+The protocol (studies/src/protocol.rs, here studies/protocol_py.py):
 - each method has 32 candidate settings over its own published knobs (see `methods`), run on
   the study's validation prompts;
 - per target work level (0.2, 0.25, 0.33, 0.5) its setting is the candidate with the highest
@@ -29,7 +29,7 @@ the same layers (see the report's note). Quality: PSNR against full computation 
 objects present, shapes) compared with full computation's.
 
     flashdiff bench --study curve --model tinyflux --validation V --prompts T --out-dir CURVE
-    python3 bench/diffusers_caches.py --engine CURVE --out OUT
+    python3 studies/diffusers_caches.py --engine CURVE --out OUT
 
 Needs torch and diffusers; cache-dit (`pip install cache-dit`) and the flashdiff package (as
 installed, or as built into target/py) are optional: a method whose package does not import

@@ -1,7 +1,7 @@
 """The cost of the Ray hop: the same requests through `flashdiff serve --port` and through
 flashdiff.ray with 1 and 2 replicas, on this machine.
 
-    python bench/ray_serving.py --flashdiff target/release/flashdiff \
+    python studies/ray_serving.py --flashdiff target/release/flashdiff \
         --requests 200 --concurrency 16 --rounds 3 --out docs/ray/serving.json
 
 Each case starts its server, sends a few warm-up requests, then `--requests` image requests

@@ -4,7 +4,7 @@
 //! default rule) at the same ε, K and forecast order; then, per setting and over all, the
 //! threshold whose choice would have given the highest mean PSNR.
 //!
-//! `cargo run --release -p flashdiff-bench --example auto_calibrate -- MODEL [PROMPTS]`
+//! `cargo run --release -p flashdiff-studies --example auto_calibrate -- MODEL [PROMPTS]`
 //! (seeds from 10000: the studies' validation seeds, never their test seeds).
 
 use flashdiff_models::families::tinydit::scene;

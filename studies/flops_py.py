@@ -1,5 +1,5 @@
-"""FLOPs of what PyTorch runs, for the Python studies (bench/diffusers_caches.py,
-bench/diffusers_wall.py)."""
+"""FLOPs of what PyTorch runs, for the Python studies (studies/diffusers_caches.py,
+studies/diffusers_wall.py)."""
 
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.flop_counter import flop_registry

@@ -3,11 +3,11 @@
 diffusers' FirstBlockCache and TaylorSeerCache and cache-dit (DBCache + TaylorSeer), at
 matched FLOPs.
 
-    python3 bench/diffusers_wall.py [--cases tinyflux,flux-1024] [--steps 28] [--reps 3]
+    python3 studies/diffusers_wall.py [--cases tinyflux,flux-1024] [--steps 28] [--reps 3]
                                     [--target 0.5] [--threads 2] [--device cpu] [--out DIR]
 
 Cases: `tinyflux` (models/tinyflux, trained, 64 image and 16 text tokens) and `flux-1024`
-(bench/speed_study.py's FLUX-shaped transformer with random weights: FLUX.1's block structure
+(studies/speed_study.py's FLUX-shaped transformer with random weights: FLUX.1's block structure
 and head width, 3 blocks of width 768, 1024 image and 512 text tokens, about a second a step
 on two CPU threads). Each loop is what a pipeline runs: the scheduler's `set_timesteps`, then
 one transformer call and one `scheduler.step` per step (FlowMatchEulerDiscreteScheduler).
@@ -226,7 +226,7 @@ def main():
                             cwd=HERE).stdout.strip() or "unknown"
     machine = (torch.cuda.get_device_name(0) if args.device.startswith("cuda")
                else f"{os.cpu_count()} CPUs ({os.uname().machine})")
-    rep = dict(commit=commit, date=time.strftime("%Y-%m-%d"), command=" ".join(["python3", "bench/diffusers_wall.py"]
+    rep = dict(commit=commit, date=time.strftime("%Y-%m-%d"), command=" ".join(["python3", "studies/diffusers_wall.py"]
                + sys.argv[1:]), torch=torch.__version__, diffusers=diffusers.__version__, machine=machine,
                target=args.target, reps=args.reps, cases=cases)
     os.makedirs(args.out, exist_ok=True)

@@ -118,7 +118,7 @@ pub fn run(
 ) -> anyhow::Result<String> {
     let kind = engine.model().kind();
     if kind == Kind::Image {
-        bail!("the media bench is for video and sound models; images have flashdiff_bench::run");
+        bail!("the media bench is for video and sound models; images have flashdiff_studies::run");
     }
     let base = prepare(cfg, out)?;
     let all = methods();

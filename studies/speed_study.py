@@ -1,7 +1,7 @@
 """The engine's forward against diffusers on PyTorch: same weights, same inputs, same threads,
 same machine, in one run.
 
-    python3 bench/speed_study.py [--threads 2] [--reps 5] [--rounds 3]
+    python3 studies/speed_study.py [--threads 2] [--reps 5] [--rounds 3]
                                  [--cases tinyflux,flux-1024,flux-4096]
                                  [--out target/speed] [--binary PATH] [--keep DIR]
 

@@ -1,5 +1,5 @@
-"""The verdict protocol of bench/src/protocol.rs, in Python, for scripts that judge methods
-the engine does not run (bench/diffusers_caches.py) against its study's rows.
+"""The verdict protocol of studies/src/protocol.rs, in Python, for scripts that judge methods
+the engine does not run (studies/diffusers_caches.py) against its study's rows.
 
 - A method's setting per target work level is chosen on validation prompts: among its
   candidates whose mean validation work is at or under the target, the highest mean

@@ -5,7 +5,7 @@ saliency map and the partition; per patch-step, a scheduler dispatch and complet
 forward is a FLUX transformer (diffusers' FluxTransformer2DModel, TinyFLUX's configuration
 with random weights) on one 32x32 image, 64 image and 16 text tokens.
 
-    python3 bench/python_policies.py [--repeat N]
+    python3 studies/python_policies.py [--repeat N]
 
 Prints median microseconds per call and the share of one forward.
 """
