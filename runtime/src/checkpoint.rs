@@ -1,7 +1,7 @@
 //! A request's checkpoint: everything needed to continue it from its last committed step in
 //! another process (after the coordinator or server died): settings, prompt, step, patch
-//! layout, gate state, extrapolation state, what the request's method remembers (its own
-//! record, named arrays), report counters and the committed regions of its state. One file per request, replaced atomically (written to a temporary name, then
+//! layout, extrapolation state, what the request's method remembers (its own record, named
+//! arrays: the change budget's, the patch gate's, a cache's), report counters and the committed regions of its state. One file per request, replaced atomically (written to a temporary name, then
 //! renamed) at every step boundary; mode 0600. Format: a 24-byte header (magic "FDCK",
 //! format version, payload length, CRC-32 of the payload) and an rkyv archive, mapped and
 //! validated (bytecheck) on open. Bytes that are truncated, flipped or of another version
@@ -13,7 +13,7 @@ use std::path::{Path, PathBuf};
 use rkyv::rancor::Error as RkyvError;
 
 const MAGIC: [u8; 4] = *b"FDCK";
-const VERSION: u32 = 8;
+const VERSION: u32 = 9;
 const HEADER: usize = 24;
 /// Largest checkpoint accepted (far above any model's request state today).
 pub const MAX_CHECKPOINT: u64 = 1 << 34;
@@ -51,21 +51,6 @@ mod records {
         pub reuse: u8,
         pub monotasks: Option<u32>,
         pub deadline_ns: Option<u64>,
-    }
-
-    /// The gate's state ([`flashdiff_gate::GateState`]).
-    #[derive(Archive, Serialize, Deserialize, Debug, Clone, PartialEq)]
-    pub struct GateRecord {
-        pub epsilon: f32,
-        pub eta: f32,
-        pub max_skip: u32,
-        pub r_bar: Vec<f32>,
-        pub delta: Vec<f32>,
-        pub seen: Vec<u8>,
-        pub skipped_run: Vec<u32>,
-        pub active: Vec<bool>,
-        pub weights: Vec<f32>,
-        pub steps: u64,
     }
 
     /// One named array of what a request's method remembers between steps: floats or
@@ -129,7 +114,6 @@ mod records {
         pub patch_of: Vec<u32>,
         pub patches: u32,
         pub active: Vec<bool>,
-        pub gate: GateRecord,
         pub track: Option<TrackRecord>,
         /// What the request's method remembers, as it wrote it.
         pub memory: Vec<MemoryRecord>,
@@ -285,18 +269,6 @@ pub fn sample() -> Checkpoint {
         patch_of: vec![0, 1, 2, 3],
         patches: 4,
         active: vec![true; 4],
-        gate: GateRecord {
-            epsilon: 0.1,
-            eta: 0.0,
-            max_skip: 3,
-            r_bar: vec![0.0; 4],
-            delta: vec![0.0; 4],
-            seen: vec![0; 4],
-            skipped_run: vec![0; 4],
-            active: vec![true; 4],
-            weights: vec![0.25; 4],
-            steps: 2,
-        },
         track: None,
         memory: vec![
             MemoryRecord {

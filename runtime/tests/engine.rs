@@ -740,13 +740,14 @@ fn a_request_resumed_from_any_checkpoint_ends_bit_identical() {
             );
             for (step, bytes) in &saved {
                 let ck = checkpoint::decode(bytes).unwrap();
-                // Only a method that decides through the paper's gate has one (and its
-                // state in the checkpoint); FlashDiff's budget and RAS decide otherwise.
-                let gated = !matches!(mode, Mode::FlashDiff | Mode::Ras);
+                // Only the paper's gate decides through one: it is the patch gate's memory
+                // from its first decision on, and in no other method's checkpoint.
+                let gated = mode == Mode::PatchGate && ck.step > ck.cfg.warmup;
                 assert_eq!(
-                    !ck.gate.r_bar.is_empty(),
+                    ck.memory.iter().any(|m| m.name == "gate.r_bar"),
                     gated,
-                    "{mode:?}: gate state in the checkpoint"
+                    "{mode:?}: gate state in the checkpoint of step {}",
+                    ck.step
                 );
                 let mut b = Engine::new(&default_weights(), 1).unwrap();
                 b.resume(ck).unwrap();
@@ -841,9 +842,23 @@ fn a_damaged_or_foreign_checkpoint_is_refused() {
             gated_bytes = std::fs::read(&gated).ok();
         }
     });
-    let mut wrong = checkpoint::decode(&gated_bytes.unwrap()).unwrap();
-    wrong.gate.r_bar[0] = f32::NAN;
+    let gated = checkpoint::decode(&gated_bytes.unwrap()).unwrap();
+    let mut wrong = gated.clone();
+    wrong
+        .memory
+        .iter_mut()
+        .find(|m| m.name == "gate.r_bar")
+        .expect("the gate's record")
+        .floats[0] = f32::NAN;
     assert!(b.resume(wrong).is_err());
+    let mut wrong = gated.clone();
+    wrong.memory.retain(|m| m.name != "gate.delta");
+    assert!(b.resume(wrong).is_err(), "an incomplete gate");
+    let mut wrong = gated.clone();
+    for m in wrong.memory.iter_mut().filter(|m| m.name == "gate.active") {
+        m.counts[0] = 2;
+    }
+    assert!(b.resume(wrong).is_err(), "an active flag of 2");
     let mut wrong = ck.clone();
     wrong.regions[1].truncate(3);
     assert!(b.resume(wrong).unwrap_err().to_string().contains("region"));

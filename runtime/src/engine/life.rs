@@ -3,7 +3,6 @@
 
 use std::time::{Duration, Instant};
 
-use flashdiff_gate::{Gate, GateConfig};
 use flashdiff_models::{Conditioning, ModelError, Tensor};
 use flashdiff_partitioner::{
     objective, partition_saliency, partition_uniform, saliency_map, Grid, PartitionError,
@@ -135,7 +134,6 @@ impl Engine {
             conds: Vec::new(),
             state,
             layout: None,
-            gate: None,
             step: 0,
             active: Vec::new(),
             report: Report {
@@ -275,21 +273,6 @@ impl Engine {
             },
             Err(e) => return self.fail(id, e.into()),
         };
-        let method = methods::of(r.cfg.mode);
-        let gate = match method.uses_gate().then(|| {
-            Gate::new(
-                layout.patches() as usize,
-                GateConfig {
-                    epsilon: method.epsilon(&r.cfg),
-                    eta: flashdiff_gate::DEFAULT_ETA,
-                    max_skip: r.cfg.max_skip,
-                },
-            )
-        }) {
-            None => None,
-            Some(Ok(g)) => Some(g),
-            Some(Err(e)) => return self.fail(id, e.into()),
-        };
         for (dst, &p) in r
             .state
             .get_mut(Region::PatchOf)
@@ -301,7 +284,6 @@ impl Engine {
         r.report.patches = layout.patches();
         r.active = vec![false; layout.patches() as usize];
         r.layout = Some(layout);
-        r.gate = gate;
         r.report.time.partition += t0.elapsed();
     }
 

@@ -4,7 +4,6 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use flashdiff_gate::choice::Execution;
-use flashdiff_gate::{Gate, GateConfig};
 use flashdiff_models::{Dims, ModelError, Tensor};
 use flashdiff_partitioner::{Grid, PatchLayout};
 
@@ -87,11 +86,10 @@ impl Engine {
             )));
         }
         let method = methods::of(cfg.mode);
-        let (layout, gate, track) = restore_policies(&c, self.model.dims(), method.uses_gate())
-            .map_err(|e| match e {
-                EngineError::Config(m) => bad(m),
-                e => e,
-            })?;
+        let (layout, track) = restore_policies(&c, self.model.dims()).map_err(|e| match e {
+            EngineError::Config(m) => bad(m),
+            e => e,
+        })?;
         let memory = method
             .recall(&methods::Recall {
                 records: &c.memory,
@@ -136,7 +134,6 @@ impl Engine {
                 conds: Vec::new(),
                 state,
                 layout: Some(layout),
-                gate,
                 step: c.step,
                 active: c.active,
                 report,
@@ -206,13 +203,13 @@ pub fn from_config_record(c: &checkpoint::ConfigRecord) -> Result<RequestConfig,
     })
 }
 
-/// A request's policies as a checkpoint restores them: layout, gate, extrapolation.
-type Policies = (PatchLayout, Option<Gate>, Option<Track>);
+/// A request's policies as a checkpoint restores them: layout and extrapolation (what its
+/// method remembers, a gate or a budget, is the method's to recall).
+type Policies = (PatchLayout, Option<Track>);
 
-/// A checkpoint's patch layout, gate (`None` unless the method `uses_gate`; the record of
-/// one that does not is not read) and extrapolation state, each checked against the model
+/// A checkpoint's patch layout and extrapolation state, each checked against the model
 /// (untrusted input).
-fn restore_policies(c: &Checkpoint, dims: &Dims, uses_gate: bool) -> Result<Policies, EngineError> {
+fn restore_policies(c: &Checkpoint, dims: &Dims) -> Result<Policies, EngineError> {
     let bad = |m: &str| EngineError::Config(m.to_string());
     let g = dims.grid;
     let grid = Grid::new(g.frames as u32, g.height as u32, g.width as u32)?;
@@ -222,34 +219,11 @@ fn restore_policies(c: &Checkpoint, dims: &Dims, uses_gate: bool) -> Result<Poli
             "the active patches and the layout disagree on the patch count",
         ));
     }
-    let gate = match uses_gate {
-        false => None,
-        true => Some(Gate::from_state(flashdiff_gate::GateState {
-            cfg: GateConfig {
-                epsilon: c.gate.epsilon,
-                eta: c.gate.eta,
-                max_skip: c.gate.max_skip,
-            },
-            r_bar: c.gate.r_bar.clone(),
-            delta: c.gate.delta.clone(),
-            seen: c.gate.seen.clone(),
-            skipped_run: c.gate.skipped_run.clone(),
-            active: c.gate.active.clone(),
-            weights: c.gate.weights.clone(),
-            steps: c.gate.steps,
-        })?),
-    };
-    if gate
-        .as_ref()
-        .is_some_and(|g| g.patches() != layout.patches() as usize)
-    {
-        return Err(bad("gate and layout disagree on the patch count"));
-    }
     let tokens = g.tokens();
     let vel = tokens * dims.channels;
     let kv = dims.kv_layers * tokens * dims.kv_dim;
     let Some(t) = &c.track else {
-        return Ok((layout, gate, None));
+        return Ok((layout, None));
     };
     let reuse = Reuse::of_code(c.cfg.reuse);
     let ok = [&t.k_base, &t.v_base_kv, &t.k_slope, &t.v_slope_kv]
@@ -279,7 +253,7 @@ fn restore_policies(c: &Checkpoint, dims: &Dims, uses_gate: bool) -> Result<Poli
         gap: t.gap.clone(),
         last: t.last.clone(),
     };
-    Ok((layout, gate, Some(track)))
+    Ok((layout, Some(track)))
 }
 
 /// Copies a checkpoint's committed regions into a fresh state, refusing wrong sizes.
@@ -349,24 +323,6 @@ fn report_from(id: u64, cfg: &RequestConfig, rr: &checkpoint::ReportRecord) -> R
 /// A request between steps as a checkpoint (`None` before its partition).
 fn to_checkpoint(id: u64, r: &Request) -> Option<Checkpoint> {
     let layout = r.layout.as_ref()?;
-    // A method without a gate records its settings and no state.
-    let gate = r.gate.as_ref().map_or_else(
-        || flashdiff_gate::GateState {
-            cfg: GateConfig {
-                epsilon: methods::of(r.cfg.mode).epsilon(&r.cfg),
-                eta: flashdiff_gate::DEFAULT_ETA,
-                max_skip: r.cfg.max_skip,
-            },
-            r_bar: Vec::new(),
-            delta: Vec::new(),
-            seen: Vec::new(),
-            skipped_run: Vec::new(),
-            active: Vec::new(),
-            weights: Vec::new(),
-            steps: 0,
-        },
-        Gate::state,
-    );
     let rep = &r.report;
     let t = &rep.time;
     let ns = |d: Duration| d.as_nanos().min(u64::MAX as u128) as u64;
@@ -384,18 +340,6 @@ fn to_checkpoint(id: u64, r: &Request) -> Option<Checkpoint> {
         patch_of: layout.patch_of().to_vec(),
         patches: layout.patches(),
         active: r.active.clone(),
-        gate: checkpoint::GateRecord {
-            epsilon: gate.cfg.epsilon,
-            eta: gate.cfg.eta,
-            max_skip: gate.cfg.max_skip,
-            r_bar: gate.r_bar,
-            delta: gate.delta,
-            seen: gate.seen,
-            skipped_run: gate.skipped_run,
-            active: gate.active,
-            weights: gate.weights,
-            steps: gate.steps,
-        },
         track: r.track.as_ref().map(|t| checkpoint::TrackRecord {
             kv_weight: t.kv_weight,
             k_base: t.kv_base[0].clone(),

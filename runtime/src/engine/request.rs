@@ -4,7 +4,6 @@
 
 use std::time::Instant;
 
-use flashdiff_gate::Gate;
 use flashdiff_models::Tensor;
 use flashdiff_partitioner::PatchLayout;
 
@@ -29,7 +28,6 @@ pub(super) struct Request {
     pub(super) conds: Vec<f32>,
     pub(super) state: SharedState,
     pub(super) layout: Option<PatchLayout>,
-    pub(super) gate: Option<Gate>,
     pub(super) step: u32,
     pub(super) active: Vec<bool>,
     pub(super) report: Report,

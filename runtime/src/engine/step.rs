@@ -165,7 +165,6 @@ impl Engine {
             ));
         }
         let layout = r.layout.as_ref().expect("partitioned");
-        let mut gate = r.gate.as_mut();
         for p in (0..layout.patches()).filter(|&p| r.active[p as usize]) {
             for &t in layout.patch_tokens(p) {
                 let t = t as usize;
@@ -181,13 +180,6 @@ impl Engine {
                 }
                 let (src, dst) = r.state.get_pair(Region::FreshVelocity, Region::Velocity);
                 dst[t * pd..(t + 1) * pd].copy_from_slice(&src[t * pd..(t + 1) * pd]);
-            }
-            let importance = r.state.get(Region::Importance)[p as usize];
-            // Only a method that decides through the gate has one to feed.
-            if let Some(gate) = gate.as_deref_mut() {
-                if let Err(e) = gate.observe(p as usize, importance) {
-                    return self.fail(id, e.into());
-                }
             }
         }
         if let Some(tr) = r.track.as_mut() {

@@ -247,10 +247,6 @@ impl Method for FlashDiff {
         saliency_patches(cfg, adaptive_r)
     }
 
-    fn epsilon(&self, cfg: &RequestConfig) -> f32 {
-        cfg.epsilon
-    }
-
     fn forecasts(&self, cfg: &RequestConfig) -> bool {
         cfg.reuse.forecasts()
     }
@@ -287,9 +283,5 @@ impl Method for FlashDiff {
             .ok_or_else(|| EngineError::Internal("a step chosen before it was decided".into()))?;
         budget.ran(&r.active)?;
         Ok(())
-    }
-
-    fn uses_gate(&self) -> bool {
-        false
     }
 }

@@ -180,11 +180,6 @@ pub(super) trait Method: Sync {
     /// (`true`) or follows the saliency map.
     fn partition(&self, cfg: &RequestConfig, adaptive_r: u32) -> (u32, bool);
 
-    /// The gate's threshold ε (0 computes every patch every step).
-    fn epsilon(&self, _cfg: &RequestConfig) -> f32 {
-        0.0
-    }
-
     /// Whether reused K/V and skipped velocities are forecast along their slopes
     /// (`forecast.rs`) rather than reused as last computed.
     fn forecasts(&self, _cfg: &RequestConfig) -> bool {
@@ -203,21 +198,16 @@ pub(super) trait Method: Sync {
     }
 
     /// Decides the step's active patches into `r.active` (every patch when `final_full`);
-    /// by default the gate at its fixed threshold.
+    /// by default every patch.
     fn choose(
         &self,
         _model: &dyn Denoiser,
         r: &mut Request,
-        load: f32,
-        final_full: bool,
+        _load: f32,
+        _final_full: bool,
     ) -> Result<(), EngineError> {
-        gate_choose(r, load, final_full, false)
-    }
-
-    /// Whether the method decides through the paper's gate, which computed patches'
-    /// refinement importance then feeds; a method that decides otherwise has no gate.
-    fn uses_gate(&self) -> bool {
-        true
+        r.active.fill(true);
+        Ok(())
     }
 
     /// Just before a step's fresh velocities are committed.
@@ -366,33 +356,6 @@ modes! {
     /// for the length of its steps when other requests are in flight.
     DbCache = 10, "dbcache", "DBCache (cache-dit's dual block cache), thresholded by cache_threshold."
         => &dbcache::DbCache;
-}
-
-/// The gate decides the active patches: every patch in the final steps (ε = 0 never skips,
-/// and the gate records every patch as run), else at its threshold, or at the load's ε when
-/// `adaptive`.
-fn gate_choose(
-    r: &mut Request,
-    load: f32,
-    final_full: bool,
-    adaptive: bool,
-) -> Result<(), EngineError> {
-    let gate = r.gate.as_mut().expect("partitioned");
-    let eps = if final_full {
-        Some(0.0)
-    } else if adaptive {
-        let e = adaptive_epsilon(r.cfg.epsilon).epsilon(load);
-        r.report.epsilon_sum += e as f64;
-        r.report.epsilon_steps += 1;
-        Some(e)
-    } else {
-        None
-    };
-    if let Some(e) = eps {
-        gate.set_epsilon(e)?;
-    }
-    gate.decide(&mut r.active)?;
-    Ok(())
 }
 
 /// The request's latent (`tokens x channels`) and its step's conditioning as tensors on the

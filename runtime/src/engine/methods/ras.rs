@@ -70,10 +70,6 @@ impl Method for Ras {
     fn forecasts(&self, cfg: &RequestConfig) -> bool {
         cfg.reuse.forecasts()
     }
-
-    fn uses_gate(&self) -> bool {
-        false
-    }
 }
 
 /// The authors' starvation scale: a region's score grows by `exp(STARVATION)` for each step
