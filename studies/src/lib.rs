@@ -18,16 +18,13 @@ pub mod study;
 mod wall_time;
 
 use anyhow::{anyhow, Context};
-use plots::*;
-use scale::*;
+use plots::plots;
+use scale::scale_section;
 
 use std::path::Path;
 use std::time::Duration;
 
 use serde_json::{json, Value};
-
-use flashdiff_scheduler::sim::{bursty_arrivals, simulate, ActiveModel, SimRequest};
-use flashdiff_scheduler::SchedulerConfig;
 
 use flashdiff_models::families::tinydit::scene::{self, IMAGE};
 use flashdiff_models::{euler_full_step, ModelError, Tensor};

@@ -1,6 +1,10 @@
 //! The report's SVG plots: quality against work, completion times, simulated scale.
 
-use crate::*;
+use std::path::Path;
+
+use serde_json::{json, Value};
+
+use crate::colours;
 
 /// What drawing a plot returns.
 pub(crate) type PlotResult = Result<(), Box<dyn std::error::Error>>;

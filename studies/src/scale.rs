@@ -1,6 +1,11 @@
 //! The simulated scale study: the scheduler over 1-64 devices, fed the measured costs.
 
-use crate::*;
+use flashdiff_runtime::engine::RequestConfig;
+use flashdiff_scheduler::sim::{bursty_arrivals, simulate, ActiveModel, SimRequest};
+use flashdiff_scheduler::SchedulerConfig;
+use serde_json::{json, Value};
+
+use crate::BenchConfig;
 
 /// The scheduler's simulator beyond this machine, with the costs measured in this run.
 pub(crate) fn scale_section(
