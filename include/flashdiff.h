@@ -401,6 +401,58 @@ typedef struct fd_request_config {
 } fd_request_config;
 
 /**
+ * Gate settings.
+ */
+typedef struct fd_gate_config {
+  /**
+   * ε in [0, 1]: a patch whose normalised weight is below it is skipped. 0 never skips.
+   */
+  float epsilon;
+  /**
+   * η >= 0 added to every change before normalising.
+   */
+  float eta;
+  /**
+   * K: no patch is skipped more than K steps in a row.
+   */
+  uint32_t max_skip;
+} fd_gate_config;
+
+/**
+ * Load-adaptive ε settings: ε is `eps_min` up to load `low`, `eps_base` at load 1 and
+ * `eps_max` from load `high` on, linear in between.
+ */
+typedef struct fd_load_epsilon {
+  /**
+   * ε with slack.
+   */
+  float eps_min;
+  /**
+   * ε at full load.
+   */
+  float eps_base;
+  /**
+   * ε under overload.
+   */
+  float eps_max;
+  /**
+   * Load at and below which ε is `eps_min`, in [0, 1).
+   */
+  float low;
+  /**
+   * Load at and above which ε is `eps_max`, > 1.
+   */
+  float high;
+} fd_load_epsilon;
+
+/**
+ * A host's log sink: `level` is 1 error, 2 warning, 3 information; `message` is
+ * NUL-terminated UTF-8, valid only during the call. Called from any thread, including the
+ * library's own; it must not call back into the library.
+ */
+typedef void (*fd_log_fn)(void *user, uint32_t level, const char *message);
+
+/**
  * A finished request's report (times in milliseconds).
  */
 typedef struct fd_report {
@@ -457,58 +509,6 @@ typedef struct fd_report {
    */
   double queue_ms;
 } fd_report;
-
-/**
- * Gate settings.
- */
-typedef struct fd_gate_config {
-  /**
-   * ε in [0, 1]: a patch whose normalised weight is below it is skipped. 0 never skips.
-   */
-  float epsilon;
-  /**
-   * η >= 0 added to every change before normalising.
-   */
-  float eta;
-  /**
-   * K: no patch is skipped more than K steps in a row.
-   */
-  uint32_t max_skip;
-} fd_gate_config;
-
-/**
- * Load-adaptive ε settings: ε is `eps_min` up to load `low`, `eps_base` at load 1 and
- * `eps_max` from load `high` on, linear in between.
- */
-typedef struct fd_load_epsilon {
-  /**
-   * ε with slack.
-   */
-  float eps_min;
-  /**
-   * ε at full load.
-   */
-  float eps_base;
-  /**
-   * ε under overload.
-   */
-  float eps_max;
-  /**
-   * Load at and below which ε is `eps_min`, in [0, 1).
-   */
-  float low;
-  /**
-   * Load at and above which ε is `eps_max`, > 1.
-   */
-  float high;
-} fd_load_epsilon;
-
-/**
- * A host's log sink: `level` is 1 error, 2 warning, 3 information; `message` is
- * NUL-terminated UTF-8, valid only during the call. Called from any thread, including the
- * library's own; it must not call back into the library.
- */
-typedef void (*fd_log_fn)(void *user, uint32_t level, const char *message);
 
 /**
  * Scheduler settings (costs in one unit, e.g. seconds of device time).
@@ -806,46 +806,6 @@ fd_status fd_engine_poll(const struct fd_engine *e, uint64_t id, fd_request_stat
 fd_status fd_engine_image_side(const struct fd_engine *e, uint32_t *side_out);
 
 /**
- * Copies a finished request's RGB image (`rgb_len` must be side*side*3) and report. A failed
- * request returns its error (the reason is in `fd_last_error_detail`).
- *
- * # Safety
- * `e` live; `rgb_out` writable for `rgb_len` floats (or NULL with 0 to skip the image);
- * `report_out` NULL or writable.
- */
-fd_status fd_engine_result(const struct fd_engine *e,
-                           uint64_t id,
-                           float *rgb_out,
-                           size_t rgb_len,
-                           struct fd_report *report_out);
-
-/**
- * Writes a finished request's whole report as JSON (the object the HTTP server and Python
- * return: steps by kind, the automatic choice, model FLOPs run and full computation's, every
- * time) into `buf`, NUL-terminated and truncated to `len`; `out_n` (may be NULL) gets its
- * full length without the NUL, so a caller can size a buffer with `buf` NULL and `len` 0
- * first. A failed request returns its error, a pending one `FD_ERR_NOT_IDLE`.
- *
- * # Safety
- * `e` live; `buf` NULL (with `len` 0) or writable for `len` bytes; `out_n` NULL or
- * writable.
- */
-fd_status fd_engine_report_json(const struct fd_engine *e,
-                                uint64_t id,
-                                char *buf,
-                                size_t len,
-                                size_t *out_n);
-
-/**
- * Forgets a finished (or failed) request's result. A pending request gets
- * `FD_ERR_NOT_IDLE` (cancel it, or let it finish, first).
- *
- * # Safety
- * `e` live.
- */
-fd_status fd_engine_release(const struct fd_engine *e, uint64_t id);
-
-/**
  * The default gate settings (ε 0.05, η 1e-6, K 4).
  */
 struct fd_gate_config fd_gate_config_default(void);
@@ -1082,6 +1042,46 @@ fd_status fd_granularity_current(const struct fd_granularity *g, uint32_t *r_out
  * `g` live; `used_out` NULL or writable.
  */
 fd_status fd_granularity_observe(struct fd_granularity *g, uint32_t r, double cost, bool *used_out);
+
+/**
+ * Copies a finished request's RGB image (`rgb_len` must be side*side*3) and report. A failed
+ * request returns its error (the reason is in `fd_last_error_detail`).
+ *
+ * # Safety
+ * `e` live; `rgb_out` writable for `rgb_len` floats (or NULL with 0 to skip the image);
+ * `report_out` NULL or writable.
+ */
+fd_status fd_engine_result(const struct fd_engine *e,
+                           uint64_t id,
+                           float *rgb_out,
+                           size_t rgb_len,
+                           struct fd_report *report_out);
+
+/**
+ * Writes a finished request's whole report as JSON (the object the HTTP server and Python
+ * return: steps by kind, the automatic choice, model FLOPs run and full computation's, every
+ * time) into `buf`, NUL-terminated and truncated to `len`; `out_n` (may be NULL) gets its
+ * full length without the NUL, so a caller can size a buffer with `buf` NULL and `len` 0
+ * first. A failed request returns its error, a pending one `FD_ERR_NOT_IDLE`.
+ *
+ * # Safety
+ * `e` live; `buf` NULL (with `len` 0) or writable for `len` bytes; `out_n` NULL or
+ * writable.
+ */
+fd_status fd_engine_report_json(const struct fd_engine *e,
+                                uint64_t id,
+                                char *buf,
+                                size_t len,
+                                size_t *out_n);
+
+/**
+ * Forgets a finished (or failed) request's result. A pending request gets
+ * `FD_ERR_NOT_IDLE` (cancel it, or let it finish, first).
+ *
+ * # Safety
+ * `e` live.
+ */
+fd_status fd_engine_release(const struct fd_engine *e, uint64_t id);
 
 /**
  * Default scheduler settings (1 worker, 1024 requests, 2^20 queued, no switch costs,

@@ -18,6 +18,7 @@ mod log_callback;
 mod logging;
 mod partitioner;
 mod ptr;
+mod results;
 mod scheduler;
 
 pub use engine::*;
