@@ -78,7 +78,7 @@ def compare(a_db, a_work, b_db, b_work, seed):
     p = paired(a_db, b_db, seed)
     q = quality_verdict(p)
     wa, wb = mean(a_work), mean(b_work)
-    if abs(wa - wb) <= WORK_MATCH or (wa < wb and q == "ahead") or (wb < wa and q == "behind"):
+    if abs(wa - wb) <= WORK_MATCH + 1e-9 or (wa < wb and q == "ahead") or (wb < wa and q == "behind"):
         p["verdict"] = q
     else:
         p["verdict"] = "not matched"
