@@ -670,6 +670,17 @@ fn a_work_budget_is_refused_where_it_cannot_hold() {
         })
         .unwrap();
     }
+    // Two steps, one of them warm-up: both are always computed, and the signal of the second
+    // makes them cost more than full computation, so no budget can hold them.
+    check(
+        RequestConfig {
+            steps: 2,
+            warmup: 1,
+            budget: Some(1.0),
+            ..cfg(Mode::FlashDiff)
+        },
+        "no work budget holds them",
+    );
 }
 
 #[test]

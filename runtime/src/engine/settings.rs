@@ -363,6 +363,18 @@ pub fn check_request(model: &dyn Denoiser, cfg: &RequestConfig) -> Result<(), En
         let fixed = cfg.warmup + FINAL_FULL_STEPS;
         if super::methods::budget_steps(model, cfg, f) < fixed {
             let least = super::methods::least_budget(model, cfg, fixed);
+            if least > 1.0 {
+                return bad(
+                    "budget",
+                    format!(
+                        "{f}: the {fixed} of {} steps always computed (the warm-up and the final \
+                         step) and the signal read on every step cost more than full \
+                         computation: no work budget holds them (more steps or a shorter \
+                         warm-up do)",
+                        cfg.steps,
+                    ),
+                );
+            }
             return bad(
                 "budget",
                 format!(

@@ -70,12 +70,13 @@ pub(super) fn budget_steps(model: &dyn Denoiser, cfg: &RequestConfig, fraction: 
 }
 
 /// The least work budget under which a request computes `steps` steps ([`budget_steps`]),
-/// rounded up to a thousandth so that the number shown is one the budget accepts.
+/// rounded up to a thousandth so that the number shown is one the budget accepts; over 1
+/// when those steps and the signal cost more than full computation.
 pub(super) fn least_budget(model: &dyn Denoiser, cfg: &RequestConfig, steps: u32) -> f64 {
     let (step, every, extra) = budget_costs(model, cfg);
     let n = cfg.steps as f64;
     let least = (steps as f64 * step + n * every + extra) / (n * (step + every));
-    ((1000.0 * least).ceil() / 1000.0).min(1.0)
+    (1000.0 * least).ceil() / 1000.0
 }
 
 /// A budget's costs in the model's FLOPs: a computed step's, every step's, and the signal's
