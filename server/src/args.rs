@@ -135,12 +135,15 @@ pub(crate) struct BenchArgs {
     /// regional against every other way to save work on the engine; writes OUT_DIR/curve.json,
     /// report.md and the picture); "crossover" (image models: regional against whole-step
     /// caching with a forecaster and FlashDiff's ablations; writes OUT_DIR/MODEL/ and
-    /// OUT_DIR/crossover.md, the margin by size from every model run into OUT_DIR).
-    #[arg(long, value_parser = ["curve", "crossover"])]
+    /// OUT_DIR/crossover.md, the margin by size from every model run into OUT_DIR);
+    /// "serving" (regional, whole-step caching and fewer steps chosen as in "curve", then each
+    /// chosen setting serves a bursty trace of the test prompts, with and without the
+    /// scheduler, compared request by request; writes OUT_DIR/serving.json and report.md).
+    #[arg(long, value_parser = ["curve", "crossover", "serving"])]
     pub(crate) study: Option<String>,
     /// With --study: run nothing; write the reports and pictures again from the study's files
     /// in OUT_DIR (curve: OUT_DIR/curve.json; crossover: every OUT_DIR/MODEL/crossover.json,
-    /// and OUT_DIR/crossover.md).
+    /// and OUT_DIR/crossover.md; serving: OUT_DIR/serving.json).
     #[arg(long, requires = "study")]
     pub(crate) reread: bool,
     /// With --study: validation prompts (seeds from --seed; the test prompts' seeds follow

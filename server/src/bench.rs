@@ -35,6 +35,11 @@ pub(crate) fn bench(a: BenchArgs) -> Result<(), String> {
             );
             return Ok(());
         }
+        if a.study.as_deref() == Some("serving") {
+            println!("{}", flashdiff_studies::serving_protocol::reread(&out)?);
+            println!("rewrote {}/report.md", out.display());
+            return Ok(());
+        }
         let table = flashdiff_studies::crossover::reread(&out)?;
         println!("{table}");
         println!(
@@ -73,10 +78,21 @@ pub(crate) fn bench(a: BenchArgs) -> Result<(), String> {
                 (None, false, _) => 64,
             };
             let cfg = flashdiff_studies::BenchConfig { prompts, ..cfg };
-            if a.study.as_deref() == Some("crossover") {
-                if !a.methods.is_empty() {
-                    return Err("--methods: the crossover study runs all its methods".into());
-                }
+            if a.study.as_deref() != Some("curve") && !a.methods.is_empty() {
+                return Err(format!(
+                    "--methods: the {} study runs all its methods",
+                    a.study.as_deref().unwrap_or_default()
+                ));
+            }
+            if a.study.as_deref() == Some("serving") {
+                flashdiff_studies::serving_protocol::run(
+                    &mut engine,
+                    &cfg,
+                    a.validation,
+                    &out,
+                    &mut progress,
+                )
+            } else if a.study.as_deref() == Some("crossover") {
                 flashdiff_studies::crossover::run(
                     &mut engine,
                     &cfg,
@@ -112,6 +128,12 @@ pub(crate) fn bench(a: BenchArgs) -> Result<(), String> {
             "{}/{}/ (crossover.json, report.md, quality_vs_work.svg and .png) and {}/crossover.md",
             out.display(),
             engine.model().name(),
+            out.display()
+        )
+    } else if a.study.as_deref() == Some("serving") {
+        format!(
+            "{}/serving.json and {}/report.md",
+            out.display(),
             out.display()
         )
     } else if a.study.is_some() {

@@ -897,6 +897,90 @@ fn the_curve_study_runs_only_the_methods_asked_for() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("--study"));
 }
 
+/// `bench --study serving` chooses each method's setting as the curve study does and serves
+/// exactly those settings on the test prompts: each way's served fidelity, recomputed from its
+/// outputs, is its protocol row's test mean (request i is test prompt i mod the test prompts,
+/// with that prompt's seed), and every pair of ways has a latency verdict.
+#[test]
+fn the_serving_study_serves_the_chosen_settings_on_the_test_prompts() {
+    let dir = std::env::temp_dir().join(format!("flashdiff-serving-{}", std::process::id()));
+    let mut c = flashdiff();
+    c.args([
+        "bench",
+        "--study",
+        "serving",
+        "--prompts",
+        "2",
+        "--validation",
+        "1",
+    ])
+    .args([
+        "--steps",
+        "12",
+        "--warmup",
+        "2",
+        "--workers",
+        "1",
+        "--out-dir",
+    ])
+    .arg(&dir);
+    succeeds_with(&mut c, &["## Serving the test prompts", "| regional |"]);
+    let doc: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("serving.json")).unwrap()).unwrap();
+    let mut served = 0;
+    for (t, s) in doc["targets"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .zip(doc["serving"]["targets"].as_array().unwrap())
+    {
+        assert_eq!(t["target"], s["target"]);
+        if s["served"] != serde_json::json!(true) {
+            continue;
+        }
+        served += 1;
+        let rows = s["rows"].as_array().unwrap();
+        for r in rows {
+            let m = r["method"].as_str().unwrap();
+            let chosen = t["rows"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .find(|x| x["method"] == m)
+                .unwrap();
+            assert_eq!(r["setting"], chosen["setting"], "{m}");
+            let judged = chosen["db"].as_f64().unwrap();
+            let got = r["db"].as_f64().unwrap();
+            assert!(
+                (got - judged).abs() < 1e-6,
+                "{m}: served {got} dB, judged {judged} dB"
+            );
+            assert_eq!(
+                r["way"].as_str().unwrap().ends_with("-fifo"),
+                r["fifo"] == true
+            );
+        }
+        assert!(rows
+            .iter()
+            .any(|r| r["way"] == "regional" && r["fifo"] == false));
+        let n = rows.len();
+        assert_eq!(s["pairs"].as_array().unwrap().len(), n * (n - 1) / 2);
+        for p in s["pairs"].as_array().unwrap() {
+            let v = p["verdict"].as_str().unwrap();
+            assert!(["ahead", "behind", "level"].contains(&v), "{p}");
+        }
+    }
+    assert!(served > 0, "no target served: {}", doc["serving"]);
+    std::fs::remove_dir_all(&dir).ok();
+    let out = flashdiff()
+        .args(["bench", "--study", "serving", "--methods", "whole-step"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("serving study runs all its methods"), "{err}");
+}
+
 /// `serve` streams: a request starts when its line arrives and its result is written when
 /// it finishes, while the input is still open.
 #[test]

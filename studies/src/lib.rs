@@ -14,6 +14,7 @@ mod plots;
 pub mod protocol;
 mod scale;
 mod serving;
+pub mod serving_protocol;
 pub mod study;
 mod wall_time;
 

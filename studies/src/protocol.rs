@@ -14,6 +14,9 @@
 //!   "level". Two methods whose mean test work differs by more than [`WORK_MATCH`] are "not
 //!   matched", unless the one with less work is ahead anyway.
 //!
+//! Ways of serving the same trace are compared request by request in the same way
+//! ([`latency`]): what one saves over the other, mean and p99, with block-bootstrap intervals.
+//!
 //! Nothing here runs a model: the studies measure, this module decides, so its rules can be
 //! tested apart from any model.
 
@@ -22,6 +25,8 @@ use std::ops::Range;
 
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
+
+pub mod latency;
 
 /// The work levels an image or TinyFLUX comparison is judged at.
 pub const IMAGE_TARGETS: [f64; 4] = [0.2, 0.25, 0.33, 0.5];

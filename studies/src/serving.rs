@@ -23,7 +23,7 @@ use std::time::{Duration, Instant};
 use serde_json::{json, Value};
 
 use flashdiff_models::families::tinydit::scene;
-use flashdiff_runtime::engine::{Engine, Mode, RequestConfig, START_WINDOW_EXTRA};
+use flashdiff_runtime::engine::{Engine, Mode, Output, RequestConfig, START_WINDOW_EXTRA};
 use flashdiff_runtime::service::{Reply, Service};
 use flashdiff_scheduler::sim::bursty_arrivals;
 
@@ -678,6 +678,52 @@ pub(crate) fn serve_shaped(
     seed: u64,
     shape: &dyn Fn(usize) -> (u8, Option<Duration>),
 ) -> anyhow::Result<Value> {
+    let request = |i: usize| {
+        let scene = scene::sample(seed + 500 + i as u64);
+        let (priority, deadline) = shape(i);
+        let c = RequestConfig {
+            seed: seed + i as u64,
+            priority,
+            deadline,
+            ..base.clone()
+        };
+        (scene::prompt_text(&scene), crate::budget_for_mode(c))
+    };
+    let mut r = serve_requests(
+        engine,
+        arrivals,
+        fifo,
+        (1_000_000 + seed, base.steps),
+        &request,
+        &mut |_, _| {},
+    )?;
+    let order: Vec<usize> = r["completion_order"]
+        .as_array()
+        .map(|a| {
+            a.iter()
+                .filter_map(|x| x.as_u64())
+                .map(|x| x as usize)
+                .collect()
+        })
+        .unwrap_or_default();
+    r["completion_inversions"] = json!(inversions(&order, shape));
+    Ok(r)
+}
+
+/// Serves `arrivals` in real time: request i, `request(i)` (its prompt and settings; its id
+/// `id_base + i`), is submitted when its arrival time passes (at once to the scheduler, or
+/// in arrival order with at most one per worker in flight when `fifo`); `seen(i, output)`
+/// hears of each output as it finishes. Returns the run's numbers: throughput, percentiles,
+/// each request's latency (`latency_of_request_s`), the completion order, mean work (a share
+/// of full computation's at `full_steps`).
+pub(crate) fn serve_requests(
+    engine: &mut Engine,
+    arrivals: &[f64],
+    fifo: bool,
+    (id_base, full_steps): (u64, u32),
+    request: &dyn Fn(usize) -> (String, RequestConfig),
+    seen: &mut dyn FnMut(usize, &Output),
+) -> anyhow::Result<Value> {
     let start = Instant::now();
     let n = arrivals.len();
     let slots = engine.workers() as usize;
@@ -689,7 +735,6 @@ pub(crate) fn serve_shaped(
     let (mut met, mut with_deadline) = (0usize, 0usize);
     // Model time spent (warm-up + compute of every request), and completion order.
     let (mut busy, mut order) = (0.0, Vec::with_capacity(n));
-    let id_base = 1_000_000 + seed;
     Service::scoped(engine, |service| {
         let (tx, rx) = mpsc::channel();
         let mut in_flight = 0usize;
@@ -704,17 +749,8 @@ pub(crate) fn serve_shaped(
                     break;
                 }
                 queue.pop_front();
-                let scene = scene::sample(seed + 500 + i as u64);
-                let (priority, deadline) = shape(i);
-                let c = RequestConfig {
-                    seed: seed + i as u64,
-                    priority,
-                    deadline,
-                    ..base.clone()
-                };
-                let c = crate::budget_for_mode(c);
-                let id = id_base + i as u64;
-                service.submit(id, &scene::prompt_text(&scene), c, Reply::to(tx.clone()))?;
+                let (prompt, c) = request(i);
+                service.submit(id_base + i as u64, &prompt, c, Reply::to(tx.clone()))?;
                 in_flight += 1;
             }
             // Until the next arrival, or a while when every request has arrived.
@@ -735,7 +771,7 @@ pub(crate) fn serve_shaped(
                 of_request[i] = t - arrivals[i];
                 busy += (o.report.time.warmup + o.report.time.compute).as_secs_f64();
                 order.push(i);
-                work_sum += work(&o, base.steps);
+                work_sum += work(&o, full_steps);
                 if let Some(m) = o.report.deadline_met {
                     with_deadline += 1;
                     met += m as usize;
@@ -744,6 +780,7 @@ pub(crate) fn serve_shaped(
                     eps_sum += e;
                     eps_n += 1;
                 }
+                seen(i, &o);
                 done += 1;
             }
         }
@@ -762,7 +799,7 @@ pub(crate) fn serve_shaped(
         "mean_epsilon": if eps_n > 0 { json!(eps_sum / eps_n as f64) } else { Value::Null },
         "deadlines_met": if with_deadline > 0 { json!(met as f64 / with_deadline as f64) } else { Value::Null },
         "busy_s": busy,
-        "completion_inversions": inversions(&order, shape),
+        "completion_order": order,
         "latencies_s": latency,
         "latency_of_request_s": of_request,
     }))

@@ -97,11 +97,11 @@ struct Measured {
 }
 
 /// A prompt's checker: its per-part verdict on a sample (empty where the model has none).
-type Checker = Box<dyn Fn(&Sample) -> Vec<bool>>;
+pub(crate) type Checker = Box<dyn Fn(&Sample) -> Vec<bool>>;
 
 /// The prompt of `seed` for a model of `kind` (images: scenes drawn for `side` pixels) and
 /// its checker.
-fn prompt(kind: Kind, side: usize, seed: u64) -> (String, Checker) {
+pub(crate) fn prompt(kind: Kind, side: usize, seed: u64) -> (String, Checker) {
     match kind {
         Kind::Image => {
             let s = scene::sample_sized(side, seed);
@@ -122,7 +122,7 @@ fn prompt(kind: Kind, side: usize, seed: u64) -> (String, Checker) {
 }
 
 /// Fidelity to full computation in dB (capped at 99) and SSIM (images; NaN otherwise).
-fn fidelity(kind: Kind, side: usize, o: &Sample, full: &Sample) -> (f64, f64) {
+pub(crate) fn fidelity(kind: Kind, side: usize, o: &Sample, full: &Sample) -> (f64, f64) {
     match kind {
         Kind::Image => (
             flashdiff_eval::metrics::psnr(&o.rgb, &full.rgb).min(99.0),
@@ -212,7 +212,7 @@ impl Bench<'_> {
 
 /// The canvas side scenes are drawn for: the model's square image side (images), else the
 /// built-in image size (unused).
-fn side_of(engine: &Engine) -> anyhow::Result<usize> {
+pub(crate) fn side_of(engine: &Engine) -> anyhow::Result<usize> {
     let model = engine.model().name().to_string();
     match engine.model().image_size() {
         Some((w, h)) if w == h => Ok(w),
