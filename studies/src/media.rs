@@ -187,7 +187,7 @@ fn report(
 ) -> (Vec<Value>, String) {
     let video = kind == Kind::Video;
     let mut md = format!(
-        "# flashdiff bench: {model} ({})\n\n{} held-out prompts (seeds {}..{}), {} steps, {} patches, FlashDiff at {}; one request at a time.\nFidelity against full computation from the same seed (identical: shown as 99 dB). Work: share of the full model compute actually done (warm-up included).\n\n",
+        "# flashdiff bench: {model} ({})\n\nEach method at one setting on the prompts reported; nothing here is a verdict between methods (those come from the verdict protocol: `flashdiff bench --study curve`).\n\n{} held-out prompts (seeds {}..{}), {} steps, {} patches, FlashDiff at {}; one request at a time.\nFidelity against full computation from the same seed (identical: shown as 99 dB). Work: share of the full model compute actually done (warm-up included).\n\n",
         kind.name(),
         cfg.prompts,
         cfg.seed,

@@ -354,13 +354,31 @@ pub fn report(doc: &Value) -> String {
                 if r["overloaded"] == json!(true) { "**overloaded**" } else { "stable" },
             ));
         }
-        md.push_str("\n| A | B | mean saved s [95%] | p99 saved s [95%] | verdict |\n| --- | --- | --- | --- | --- |\n");
+        md.push_str("\n| A | B | mean saved s [95%] | p99 saved s [95%] | latency verdict of A | quality verdict of A (the protocol's, above) |\n| --- | --- | --- | --- | --- | --- |\n");
+        let method_of = |way: &str| -> String {
+            t["rows"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .find(|r| r["way"] == way)
+                .and_then(|r| r["method"].as_str())
+                .unwrap_or("-")
+                .to_string()
+        };
+        let judged = doc["targets"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .find(|x| x["target"] == *target);
         for p in t["pairs"].as_array().into_iter().flatten() {
             let f = |k: &str| p[k].as_f64().unwrap_or(f64::NAN);
-            md.push_str(&format!(
-                "| {} | {} | {:+.3} [{:+.3}, {:+.3}] | {:+.3} [{:+.3}, {:+.3}] | {} |\n",
+            let (a, b) = (
                 p["a"].as_str().unwrap_or("-"),
                 p["b"].as_str().unwrap_or("-"),
+            );
+            let quality = quality_of(judged, &method_of(a), &method_of(b));
+            md.push_str(&format!(
+                "| {a} | {b} | {:+.3} [{:+.3}, {:+.3}] | {:+.3} [{:+.3}, {:+.3}] | {} | {quality} |\n",
                 f("saved_mean_s"),
                 f("lo"),
                 f("hi"),
@@ -372,6 +390,30 @@ pub fn report(doc: &Value) -> String {
         }
     }
     md
+}
+
+/// Method `a`'s quality verdict against method `b` at a target of the protocol's document
+/// (its `pairs` hold each pair once, either way round); "the same outputs" for one method.
+fn quality_of(target: Option<&Value>, a: &str, b: &str) -> String {
+    if a == b {
+        return "the same outputs".into();
+    }
+    let pairs = target.and_then(|t| t["pairs"].as_array());
+    for p in pairs.into_iter().flatten() {
+        let v = p["verdict"].as_str().unwrap_or("-");
+        if p["a"] == a && p["b"] == b {
+            return v.into();
+        }
+        if p["a"] == b && p["b"] == a {
+            return match v {
+                "ahead" => "behind",
+                "behind" => "ahead",
+                other => other,
+            }
+            .into();
+        }
+    }
+    "-".into()
 }
 
 /// Reads `serving.json` in `dir` again and writes its `report.md` as this version writes it;
@@ -386,4 +428,29 @@ pub fn reread(dir: &Path) -> Result<String, String> {
     std::fs::write(dir.join("report.md"), &md)
         .map_err(|e| format!("{}: {e}", dir.join("report.md").display()))?;
     Ok(md)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_quality_verdict_is_read_either_way_round() {
+        let t = json!({"pairs": [
+            {"a": "regional", "b": "whole-step", "verdict": "behind"},
+            {"a": "regional", "b": "fewer-steps", "verdict": "not matched"},
+        ]});
+        assert_eq!(quality_of(Some(&t), "regional", "whole-step"), "behind");
+        assert_eq!(quality_of(Some(&t), "whole-step", "regional"), "ahead");
+        assert_eq!(
+            quality_of(Some(&t), "fewer-steps", "regional"),
+            "not matched"
+        );
+        assert_eq!(
+            quality_of(Some(&t), "whole-step", "whole-step"),
+            "the same outputs"
+        );
+        assert_eq!(quality_of(Some(&t), "whole-step", "fewer-steps"), "-");
+        assert_eq!(quality_of(None, "regional", "whole-step"), "-");
+    }
 }
