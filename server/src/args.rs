@@ -356,15 +356,17 @@ pub(crate) fn check_run_args(o: &RunArgs, model_given: bool) -> Result<(), Strin
     if !pipeline && model_given && o.weights.is_some() {
         return Err(format!(
             "--model {} cannot be used with --weights: a built-in model runs its shipped \
-             weights (--weights alone takes a TinyDiT-family file; a folder needs --model \
-             flux-dev, flux-schnell, sd3 or sd3.5)",
-            o.model
+             weights (--weights alone takes a TinyDiT-family file or a TinyFLUX folder; a \
+             diffusers folder needs --model with one of {})",
+            o.model,
+            flashdiff_runtime::models::pipelines::PIPELINES.join(", ")
         ));
     }
     if !pipeline && (o.size.is_some() || o.guidance.is_some() || o.dtype.is_some()) {
         return Err(format!(
-            "--size, --guidance and --dtype apply to the pipelines (flux-dev, flux-schnell, \
-             sd3, sd3.5); {} has a fixed size, no guidance and computes in f32",
+            "--size, --guidance and --dtype apply to the pipelines ({}); {} has a fixed size, \
+             no guidance and computes in f32",
+            flashdiff_runtime::models::pipelines::PIPELINES.join(", "),
             o.model
         ));
     }

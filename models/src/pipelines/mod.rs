@@ -56,10 +56,16 @@ pub enum Family {
     Wan,
     /// Stable Audio Open: T5, the DiT, the audio autoencoder.
     StableAudio,
+    /// The built-in TinyDiT family: one safetensors file (the file says whether it makes
+    /// images, video or sound) with its own prompt language.
+    TinyDit,
+    /// The built-in TinyFLUX family: diffusers' FLUX transformer over pixel cells with the
+    /// built-in text encoder, a model folder ([`tinyflux`]).
+    TinyFlux,
 }
 
-/// One pipeline read from a diffusers folder: what the loader, the CLI and the servers need
-/// to know about it by name.
+/// One model by name, built in or read from a diffusers folder: what the loader, the CLI and
+/// the servers need to know about it.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Pipeline {
     /// Its `--model` name.
@@ -76,12 +82,93 @@ pub struct Pipeline {
     /// The variant the transformer's weights must show: FLUX.1 dev's guidance embedding,
     /// SD3.5's Q/K norms (`false`: schnell, SD3).
     pub variant: bool,
-    /// Its default size in pixels, `(height, width)` (the sound pipeline takes none).
+    /// Its default size in pixels, `(height, width)` (the sound models take none; a built-in
+    /// model's is its only size).
     pub size: (usize, usize),
+    /// A built-in model's shipped weights, a file or folder under
+    /// [`registry::models_dir`]; `None` for a pipeline read from a folder the caller names.
+    pub shipped: Option<&'static str>,
 }
 
-/// Every pipeline `flashdiff generate --model` knows besides the built-in models.
-pub const TABLE: [Pipeline; 6] = [
+impl Pipeline {
+    /// Whether it is one of the built-in models (its weights ship with this crate).
+    pub const fn is_builtin(&self) -> bool {
+        self.shipped.is_some()
+    }
+}
+
+/// A built-in model's row: no guidance, no variant.
+const fn builtin(
+    name: &'static str,
+    family: Family,
+    kind: Kind,
+    text_tokens: usize,
+    size: (usize, usize),
+    shipped: &'static str,
+) -> Pipeline {
+    Pipeline {
+        name,
+        family,
+        kind,
+        guidance: None,
+        text_tokens,
+        variant: false,
+        size,
+        shipped: Some(shipped),
+    }
+}
+
+/// Every model `flashdiff generate --model` knows: the built-in models (their weights ship
+/// with this crate), then the pipelines read from a diffusers folder.
+pub const TABLE: [Pipeline; 12] = [
+    builtin(
+        "tinydit",
+        Family::TinyDit,
+        Kind::Image,
+        0,
+        (32, 32),
+        "tinydit/tinydit.safetensors",
+    ),
+    builtin(
+        "tinyvideo",
+        Family::TinyDit,
+        Kind::Video,
+        0,
+        (32, 32),
+        "tinyvideo/tinyvideo.safetensors",
+    ),
+    builtin(
+        "tinyaudio",
+        Family::TinyDit,
+        Kind::Audio,
+        0,
+        (0, 0),
+        "tinyaudio/tinyaudio.safetensors",
+    ),
+    builtin(
+        tinyflux::NAME,
+        Family::TinyFlux,
+        Kind::Image,
+        16,
+        (32, 32),
+        tinyflux::NAME,
+    ),
+    builtin(
+        "tinyflux-l",
+        Family::TinyFlux,
+        Kind::Image,
+        32,
+        (64, 64),
+        "tinyflux-l",
+    ),
+    builtin(
+        "tinyflux-xl",
+        Family::TinyFlux,
+        Kind::Image,
+        32,
+        (128, 128),
+        "tinyflux-xl",
+    ),
     Pipeline {
         name: "flux-dev",
         family: Family::Flux,
@@ -90,6 +177,7 @@ pub const TABLE: [Pipeline; 6] = [
         text_tokens: 512,
         variant: true,
         size: (1024, 1024),
+        shipped: None,
     },
     Pipeline {
         name: "flux-schnell",
@@ -99,6 +187,7 @@ pub const TABLE: [Pipeline; 6] = [
         text_tokens: 256,
         variant: false,
         size: (1024, 1024),
+        shipped: None,
     },
     Pipeline {
         name: "sd3",
@@ -108,6 +197,7 @@ pub const TABLE: [Pipeline; 6] = [
         text_tokens: 256,
         variant: false,
         size: (1024, 1024),
+        shipped: None,
     },
     Pipeline {
         name: "sd3.5",
@@ -117,6 +207,7 @@ pub const TABLE: [Pipeline; 6] = [
         text_tokens: 256,
         variant: true,
         size: (1024, 1024),
+        shipped: None,
     },
     Pipeline {
         name: VIDEO,
@@ -127,6 +218,7 @@ pub const TABLE: [Pipeline; 6] = [
         variant: false,
         // Wan2.1's 480p.
         size: (480, 832),
+        shipped: None,
     },
     Pipeline {
         name: AUDIO,
@@ -136,22 +228,46 @@ pub const TABLE: [Pipeline; 6] = [
         text_tokens: 0,
         variant: false,
         size: (0, 0),
+        shipped: None,
     },
 ];
 
-/// The pipelines' names, in [`TABLE`]'s order.
-pub const PIPELINES: [&str; TABLE.len()] = {
-    let mut out = [""; TABLE.len()];
-    let mut i = 0;
+/// How many rows of [`TABLE`] are built in (`true`) or pipelines (`false`).
+pub(crate) const fn count(builtin: bool) -> usize {
+    let (mut n, mut i) = (0, 0);
     while i < TABLE.len() {
-        out[i] = TABLE[i].name;
+        if TABLE[i].is_builtin() == builtin {
+            n += 1;
+        }
+        i += 1;
+    }
+    n
+}
+
+/// The names of [`TABLE`]'s built-in rows (`true`) or pipeline rows (`false`), in its order.
+pub(crate) const fn names<const N: usize>(builtin: bool) -> [&'static str; N] {
+    let mut out = [""; N];
+    let (mut i, mut j) = (0, 0);
+    while i < TABLE.len() {
+        if TABLE[i].is_builtin() == builtin {
+            out[j] = TABLE[i].name;
+            j += 1;
+        }
         i += 1;
     }
     out
-};
+}
 
-/// The pipeline named `name`, if it is one.
+/// The pipelines' names (the models read from a diffusers folder), in [`TABLE`]'s order.
+pub const PIPELINES: [&str; count(false)] = names(false);
+
+/// The pipeline named `name` (read from a diffusers folder), if it is one.
 pub fn pipeline(name: &str) -> Option<&'static Pipeline> {
+    model(name).filter(|p| !p.is_builtin())
+}
+
+/// The model named `name`, built in or a pipeline, if it is one.
+pub fn model(name: &str) -> Option<&'static Pipeline> {
     TABLE.iter().find(|p| p.name == name)
 }
 
@@ -304,6 +420,11 @@ pub fn load(
         Family::StableAudio => Box::new(audio::load(dir, opts.seconds, guidance, opts.dtype, dev)?),
         Family::Sd3 => Box::new(load_sd3(p, dir, grid, guidance, opts.dtype, dev)?),
         Family::Flux => Box::new(load_flux(p, dir, grid, guidance, opts.dtype, dev)?),
+        Family::TinyDit | Family::TinyFlux => {
+            return Err(ModelError::Input(format!(
+                "{name} is a built-in model, not a pipeline read from a folder"
+            )))
+        }
     })
 }
 

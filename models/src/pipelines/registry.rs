@@ -18,56 +18,66 @@ use std::path::{Path, PathBuf};
 use candle_core::{DType, Device};
 
 use crate::families::tinydit::TinyDit;
-use crate::pipelines::{self as pipeline, PipelineOptions, DTYPES};
+use crate::pipelines::{self as pipeline, Family, PipelineOptions, DTYPES};
 use crate::{Denoiser, ModelError};
 
-/// The built-in models, by name: image, video, audio (files of the TinyDiT family, shipped
-/// in this crate's folder of the same name), and the TinyFLUX family (FLUX transformers over
-/// pixels at 64, 256 and 1024 image tokens, each shipped as a model folder, [`crate::pipelines::tinyflux`]).
-pub const BUILTIN_MODELS: [&str; 6] = [
-    "tinydit",
-    "tinyvideo",
-    "tinyaudio",
-    TINYFLUX_FAMILY[0],
-    TINYFLUX_FAMILY[1],
-    TINYFLUX_FAMILY[2],
-];
+/// The built-in models, by name: the rows of [`pipeline::TABLE`] whose weights ship with
+/// this crate. The TinyDiT family (image, video, audio: one file each) and the TinyFLUX
+/// family (FLUX transformers over pixels at 64, 256 and 1024 image tokens, each a model
+/// folder, [`crate::pipelines::tinyflux`]).
+pub const BUILTIN_MODELS: [&str; pipeline::count(true)] = pipeline::names(true);
 
 /// Every model by name: the built-in models, then the pipelines read from a folder
 /// ([`crate::pipelines::PIPELINES`]).
-pub const MODELS: [&str; BUILTIN_MODELS.len() + pipeline::PIPELINES.len()] = {
-    let mut out = [""; BUILTIN_MODELS.len() + pipeline::PIPELINES.len()];
+pub const MODELS: [&str; pipeline::TABLE.len()] = {
+    let mut out = [""; pipeline::TABLE.len()];
+    let (builtin, folders) = (BUILTIN_MODELS, pipeline::PIPELINES);
     let mut i = 0;
-    while i < BUILTIN_MODELS.len() {
-        out[i] = BUILTIN_MODELS[i];
+    while i < builtin.len() {
+        out[i] = builtin[i];
         i += 1;
     }
     let mut j = 0;
-    while j < pipeline::PIPELINES.len() {
-        out[i + j] = pipeline::PIPELINES[j];
+    while j < folders.len() {
+        out[i + j] = folders[j];
         j += 1;
     }
     out
 };
 
 /// The TinyFLUX family, smallest first: 32x32 pixels (64 image tokens), 64x64 (256),
-/// 128x128 (1024).
-pub const TINYFLUX_FAMILY: [&str; 3] = [
-    crate::pipelines::tinyflux::NAME,
-    "tinyflux-l",
-    "tinyflux-xl",
-];
-
-/// The shipped weights of a built-in model (`NAME/NAME.safetensors` in [`models_dir`]; a
-/// TinyFLUX model's folder `NAME/`); `None` for a name not in [`BUILTIN_MODELS`].
-pub fn builtin_weights(name: &str) -> Option<PathBuf> {
-    let root = &models_dir();
-    if TINYFLUX_FAMILY.contains(&name) {
-        return Some(root.join(name));
+/// 128x128 (1024): the rows of [`pipeline::TABLE`] of [`Family::TinyFlux`].
+pub const TINYFLUX_FAMILY: [&str; family_count(Family::TinyFlux)] = {
+    let mut out = [""; family_count(Family::TinyFlux)];
+    let (mut i, mut j) = (0, 0);
+    while i < pipeline::TABLE.len() {
+        if matches!(pipeline::TABLE[i].family, Family::TinyFlux) {
+            out[j] = pipeline::TABLE[i].name;
+            j += 1;
+        }
+        i += 1;
     }
-    BUILTIN_MODELS
-        .contains(&name)
-        .then(|| root.join(format!("{name}/{name}.safetensors")))
+    out
+};
+
+const fn family_count(f: Family) -> usize {
+    let (mut n, mut i) = (0, 0);
+    while i < pipeline::TABLE.len() {
+        // `==` is not const on enums; their discriminants are.
+        if pipeline::TABLE[i].family as u8 == f as u8 {
+            n += 1;
+        }
+        i += 1;
+    }
+    n
+}
+
+/// The shipped weights of a built-in model (its row's file or folder in [`models_dir`]);
+/// `None` for a name not in [`BUILTIN_MODELS`].
+pub fn builtin_weights(name: &str) -> Option<PathBuf> {
+    pipeline::model(name)?
+        .shipped
+        .map(|path| models_dir().join(path))
 }
 
 /// The folder that holds the built-in models' weights: `$FLASHDIFF_MODELS_DIR` (a binary
@@ -149,25 +159,22 @@ impl ModelSpec {
 
     /// Loads the model onto `device`; the error names what is wrong.
     pub fn load(&self, device: &Device) -> Result<Box<dyn Denoiser>, ModelError> {
-        if self.is_pipeline() {
-            return pipeline::load(&self.name, &self.weights, &self.options, device);
-        }
-        if !BUILTIN_MODELS.contains(&self.name.as_str()) {
+        let Some(row) = pipeline::model(&self.name) else {
             return Err(ModelError::Input(format!(
-                "unknown model {:?}; known: {}, {}",
+                "unknown model {:?}; known: {}",
                 self.name,
-                BUILTIN_MODELS.join(", "),
-                pipeline::PIPELINES.join(", ")
+                MODELS.join(", ")
             )));
-        }
-        if TINYFLUX_FAMILY.contains(&self.name.as_str()) {
-            return Ok(Box::new(crate::pipelines::tinyflux::load_named(
+        };
+        Ok(match row.family {
+            Family::TinyFlux => Box::new(crate::pipelines::tinyflux::load_named(
                 &self.weights,
                 &self.name,
                 device,
-            )?));
-        }
-        Ok(Box::new(TinyDit::load(&self.weights, device)?))
+            )?),
+            Family::TinyDit => Box::new(TinyDit::load(&self.weights, device)?),
+            _ => return pipeline::load(&self.name, &self.weights, &self.options, device),
+        })
     }
 
     /// The description as arguments of `flashdiff worker`: `--model NAME --weights PATH`,
@@ -306,6 +313,40 @@ mod tests {
         assert!(err(&["--weights", "w", "--options", "size=12"]).contains("HxW"));
         assert!(err(&["--weights", "w", "--options", "dtype=f64"]).contains("dtype"));
         assert!(err(&["--weights", "w", "--options", "speed=3"]).contains("speed"));
+    }
+
+    /// Each built-in row of the table says what its shipped weights load as: the kind, and
+    /// the image size where the model knows it; the pipelines' rows ship nothing.
+    #[test]
+    fn the_table_rows_of_the_built_in_models_are_what_their_weights_load() {
+        assert_eq!(
+            BUILTIN_MODELS.len() + pipeline::PIPELINES.len(),
+            MODELS.len()
+        );
+        for row in pipeline::TABLE {
+            let Some(weights) = builtin_weights(row.name) else {
+                assert!(pipeline::PIPELINES.contains(&row.name), "{}", row.name);
+                assert!(pipeline::pipeline(row.name).is_some());
+                continue;
+            };
+            assert!(BUILTIN_MODELS.contains(&row.name) && pipeline::pipeline(row.name).is_none());
+            assert!(weights.exists(), "{}: {}", row.name, weights.display());
+            let model = ModelSpec::builtin(row.name)
+                .unwrap()
+                .load(&Device::Cpu)
+                .unwrap();
+            assert_eq!(model.kind(), row.kind, "{}", row.name);
+            if let Some((w, h)) = model.image_size() {
+                assert_eq!((h, w), row.size, "{}", row.name);
+            }
+            assert_eq!(
+                TINYFLUX_FAMILY.contains(&row.name),
+                row.family == Family::TinyFlux,
+                "{}",
+                row.name
+            );
+        }
+        assert_eq!(TINYFLUX_FAMILY, ["tinyflux", "tinyflux-l", "tinyflux-xl"]);
     }
 
     #[test]
