@@ -139,6 +139,8 @@ pub(crate) struct BenchArgs {
     /// "serving" (regional, whole-step caching and fewer steps chosen as in "curve", then each
     /// chosen setting serves a bursty trace of the test prompts, with and without the
     /// scheduler, compared request by request; writes OUT_DIR/serving.json and report.md).
+    /// Each keeps every result in a journal as it is measured (OUT_DIR/measured.jsonl, the
+    /// crossover's in OUT_DIR/MODEL/): the same command again continues a stopped run.
     #[arg(long, value_parser = ["curve", "crossover", "serving"])]
     pub(crate) study: Option<String>,
     /// With --study: run nothing; write the reports and pictures again from the study's files

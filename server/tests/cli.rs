@@ -881,6 +881,18 @@ fn the_curve_study_runs_only_the_methods_asked_for() {
     let report = std::fs::read_to_string(dir.join("report.md")).unwrap();
     assert!(!report.contains("| ras |"), "{report}");
     assert!(dir.join("quality_vs_work.png").is_file());
+    // Run again into the same folder: every result comes from the journal (the first prompt
+    // computed again to check this build against it), and the document is the same.
+    let out = study("whole-step").output().unwrap();
+    assert!(out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("continuing from") && err.contains("test prompt 1/1: from the journal"),
+        "{err}"
+    );
+    let again: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("curve.json")).unwrap()).unwrap();
+    assert_eq!(again, doc);
     std::fs::remove_dir_all(&dir).ok();
     let out = study("whole-step,bogus").output().unwrap();
     assert!(!out.status.success());

@@ -128,7 +128,7 @@ pub fn run(
         "crossover",
         &METHODS,
         &list,
-        validation,
+        (validation, Some(&out.join(&model))),
         progress,
     )?;
     let md = study::write(&out.join(&model), "crossover.json", &doc).map_err(Error::msg)?;

@@ -218,7 +218,15 @@ pub fn run(
         ..cfg.base.clone()
     };
     let settings = candidates(&base, &list);
-    let doc = study::run(engine, cfg, "curve", &list, &settings, validation, progress)?;
+    let doc = study::run(
+        engine,
+        cfg,
+        "curve",
+        &list,
+        &settings,
+        (validation, Some(out)),
+        progress,
+    )?;
     study::write(out, "curve.json", &doc).map_err(Error::msg)
 }
 

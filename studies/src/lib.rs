@@ -8,6 +8,7 @@
 
 pub mod crossover;
 pub mod curve;
+pub mod journal;
 pub mod media;
 mod ordering;
 mod plots;

@@ -90,7 +90,13 @@ pub fn run(
     };
     let list = curve::candidates(&base, &methods);
     let mut choice = study::run(
-        engine, cfg, "serving", &methods, &list, validation, progress,
+        engine,
+        cfg,
+        "serving",
+        &methods,
+        &list,
+        (validation, Some(out)),
+        progress,
     )?;
     let kind = engine.model().kind();
     let side = study::side_of(engine)?;

@@ -13,6 +13,7 @@ use std::path::Path;
 
 use serde_json::{json, Value};
 
+use crate::journal::Journal;
 use crate::protocol::{self, PerPrompt, Split, IMAGE_TARGETS, MEDIA_TARGETS};
 use crate::{ms, work, BenchConfig};
 use flashdiff_models::families::tinydit::scene;
@@ -140,17 +141,28 @@ pub(crate) fn fidelity(kind: Kind, side: usize, o: &Sample, full: &Sample) -> (f
     }
 }
 
-/// What a run measures on: the engine's model, its kind and canvas side, the steps.
+/// What a run measures on: the engine's model, its kind and canvas side, the steps, and the
+/// journal its results go to (and come back from, when a stopped run continues).
 struct Bench<'a> {
     engine: &'a mut Engine,
     kind: Kind,
     side: usize,
     steps: u32,
+    journal: Option<Journal>,
+}
+
+/// One request's result as the journal keeps it.
+fn push(m: &mut Measured, v: &Value) {
+    m.scores.push(num(v, "work"), num(v, "db"));
+    m.ssim.push(num(v, "ssim"));
+    m.agree.push(v["agree"] == json!(true));
+    m.full_right.push(v["full_right"] == json!(true));
+    m.ms.push(num(v, "ms"));
 }
 
 impl Bench<'_> {
-    /// Runs full computation and `settings` on the prompts of `seeds`; `progress` hears of
-    /// each prompt.
+    /// Runs full computation and `settings` on the prompts of `seeds`, or takes their results
+    /// from the journal; `progress` hears of each prompt.
     fn measure(
         &mut self,
         settings: &[&Candidate],
@@ -166,47 +178,81 @@ impl Bench<'_> {
             .first()
             .map_or_else(RequestConfig::default, |c| c.cfg.clone());
         for (i, seed) in seeds.enumerate() {
+            let full_cfg = RequestConfig {
+                mode: Mode::Full,
+                steps,
+                seed,
+                budget: None,
+                ..base.clone()
+            };
+            let cfgs: Vec<RequestConfig> = settings
+                .iter()
+                .map(|c| RequestConfig {
+                    seed,
+                    ..c.cfg.clone()
+                })
+                .collect();
+            let cached =
+                |j: &Option<Journal>, c: &RequestConfig| j.as_ref().and_then(|j| j.get(c)).cloned();
+            let all_cached = std::iter::once(&full_cfg)
+                .chain(&cfgs)
+                .all(|c| cached(&self.journal, c).is_some());
+            let verified = self.journal.as_ref().is_none_or(|j| j.verified);
+            if all_cached && verified {
+                progress(&format!("{what} prompt {}/{n}: from the journal", i + 1));
+                for (c, m) in
+                    std::iter::once((&full_cfg, &mut full)).chain(cfgs.iter().zip(each.iter_mut()))
+                {
+                    push(m, &cached(&self.journal, c).unwrap_or(Value::Null));
+                }
+                continue;
+            }
             progress(&format!(
                 "{what} prompt {}/{n}: full computation and {} settings",
                 i + 1,
                 settings.len()
             ));
             let (text, check) = prompt(kind, side, seed);
-            let reference = self.engine.generate(
-                &text,
-                RequestConfig {
-                    mode: Mode::Full,
-                    steps,
-                    seed,
-                    budget: None,
-                    ..base.clone()
-                },
-                &mut |_| {},
-            )?;
+            let reference = self.engine.generate(&text, full_cfg.clone(), &mut |_| {})?;
             let fparts = check(&reference.sample);
             let right = !fparts.is_empty() && fparts.iter().all(|&ok| ok);
-            let record = |m: &mut Measured, o: &flashdiff_runtime::engine::Output| {
+            let result = |o: &flashdiff_runtime::engine::Output| {
                 let (db, ssim) = fidelity(kind, side, &o.sample, &reference.sample);
-                m.scores.push(work(o, steps), db);
-                m.ssim.push(ssim);
-                m.agree.push(check(&o.sample) == fparts);
-                m.full_right.push(right);
-                m.ms.push(ms(o.report.latency));
+                json!({
+                    "work": work(o, steps), "db": db, "ssim": ssim,
+                    "agree": check(&o.sample) == fparts, "full_right": right,
+                    "ms": ms(o.report.latency),
+                })
             };
-            record(&mut full, &reference);
-            for (c, m) in settings.iter().zip(&mut each) {
-                let o = self.engine.generate(
-                    &text,
-                    RequestConfig {
-                        seed,
-                        ..c.cfg.clone()
-                    },
-                    &mut |_| {},
-                )?;
-                record(m, &o);
+            let r = result(&reference);
+            self.note(&full_cfg, &r)?;
+            push(&mut full, &r);
+            for (c, m) in cfgs.iter().zip(&mut each) {
+                let verified = self.journal.as_ref().is_none_or(|j| j.verified);
+                let r = match cached(&self.journal, c) {
+                    // A build that computes differently is caught on the first result the
+                    // journal gives: it is computed again and compared.
+                    Some(r) if verified => r,
+                    _ => {
+                        let o = self.engine.generate(&text, c.clone(), &mut |_| {})?;
+                        let r = result(&o);
+                        self.note(c, &r)?;
+                        r
+                    }
+                };
+                push(m, &r);
             }
         }
         Ok((full, each))
+    }
+
+    /// A result computed now: checked against the journal's where it has one, else added.
+    fn note(&mut self, cfg: &RequestConfig, r: &Value) -> anyhow::Result<()> {
+        match self.journal.as_mut() {
+            Some(j) if j.get(cfg).is_some() => j.verify(cfg, r),
+            Some(j) => j.put(cfg, r.clone()),
+            None => Ok(()),
+        }
     }
 }
 
@@ -226,14 +272,15 @@ pub(crate) fn side_of(engine: &Engine) -> anyhow::Result<usize> {
 /// Runs the protocol on `engine`'s model: `methods` (name, what) with their candidates
 /// `list`, `validation` validation prompts, then `cfg.prompts` test prompts (the seeds after
 /// them); returns the study's document (see the module's description). `study` names the
-/// study in its reports.
+/// study in its reports. With `journal`, every result is kept in that folder's journal as it
+/// is measured and a stopped run continues from it ([`crate::journal`]).
 pub fn run(
     engine: &mut Engine,
     cfg: &BenchConfig,
     study: &str,
     methods: &[Method],
     list: &[Candidate],
-    validation: u32,
+    (validation, journal): (u32, Option<&Path>),
     progress: &mut dyn FnMut(&str),
 ) -> anyhow::Result<Value> {
     let most = methods
@@ -264,11 +311,26 @@ pub fn run(
     })?;
     let warmup = list.first().map_or(cfg.base.warmup, |c| c.cfg.warmup);
     let workers = engine.workers();
+    let journal = match journal {
+        Some(dir) => {
+            let j = Journal::open(dir, &model, &cfg.weights)?;
+            if !j.is_empty() {
+                progress(&format!(
+                    "continuing from {} results in {}",
+                    j.len(),
+                    dir.join(crate::journal::FILE).display()
+                ));
+            }
+            Some(j)
+        }
+        None => None,
+    };
     let mut bench = Bench {
         engine,
         kind,
         side,
         steps: cfg.steps,
+        journal,
     };
     // Validation: every candidate on every validation prompt.
     let all: Vec<&Candidate> = list.iter().collect();
