@@ -510,6 +510,32 @@ def test_summary_says_what_was_skipped_or_why_nothing_was(model, caplog):
     assert s["flops_fraction"] == 1.0 and s["forwards"] == 4
 
 
+def test_a_whole_step_reuses_the_signals_layers_on_flux(model):
+    """FLUX: a computed step takes the patch embedding, timestep embedding and first
+    modulation its signal computed, so with every step computed (ε 0) torch counts the plain
+    loop's FLOPs plus only the saliency read of the warm-up, the output is the plain loop's,
+    and the summary's FLOPs are torch's."""
+    t, sched, kind = model
+    if kind.name != "flux":
+        pytest.skip("the signal's layers are shared on FLUX only")
+    x, e, p = inputs(model, 2, 3)
+    plain_out = euler(model, 12, x, e, p)
+    plain = flop_count(lambda: euler(model, 12, x, e, p))
+    fdd.enable(t, epsilon=0.0, patches=8, scheduler=sched)
+    a = t._flashdiff_adapter
+    got = euler(model, 12, x, e, p)
+    total = flop_count(lambda: euler(model, 12, x, e, p))
+    s = fdd.summary(t)
+    fdd.disable(t)
+    torch.testing.assert_close(got, plain_out, atol=1e-5, rtol=0)
+    signal = 2 * a.cost.signal(H * W, TEXT)  # both rows' signal of one step
+    n = H * W
+    saliency = sum(2 * 2 * inner * n * (TEXT if k == "cross" else n + TEXT) for k, inner in a.saliency_blocks)
+    # Without the sharing, each of the 7 steps after the warm-up would add its signal.
+    assert abs(total - plain - saliency) < signal / 2, (total - plain, saliency, signal)
+    assert s["flops_fraction"] * plain == pytest.approx(total, rel=0.01)
+
+
 def test_compiled_transformer_decides_outside_the_graph_with_bounded_recompiles(model):
     """torch.compile's wrapper, enabled after compiling: the outputs are those of the
     uncompiled transformer with FlashDiff, and the graphs compiled stay few (one on these

@@ -258,9 +258,10 @@ def _forecast(last: Any, slope: Any, last_step: Any, n: int, extrapolate: bool,
 
 
 def _refresh(store: List[Any], pos: Any, fresh: Any, n: int) -> None:
-    """Writes fresh rows at `pos` of a [last, slope, last_step] store, updating slopes; a
-    second-order store ([..., curve, gap]) also keeps the second divided difference (Newton's
-    form, so uneven gaps stay exact for a parabola) and the gap behind the slope."""
+    """Writes fresh rows at `pos` (an index tensor, or ``slice(None)`` for every row) of a
+    [last, slope, last_step] store, updating slopes; a second-order store ([..., curve, gap])
+    also keeps the second divided difference (Newton's form, so uneven gaps stay exact for a
+    parabola) and the gap behind the slope."""
     torch = _torch()
     last, slope, last_step = store[:3]
     shape = (-1, *([1] * (fresh.dim() - 1)))
@@ -290,7 +291,7 @@ def _record_velocity(a: "_Adapter", row: _Row, v: Any, n: int) -> None:
         if a.s["reuse"] == "extrapolate2":
             row.vel += [torch.zeros_like(v), torch.zeros((v.shape[0],), dtype=torch.long, device=v.device)]
     else:
-        _refresh(row.vel, torch.arange(v.shape[0], device=v.device), v, n)
+        _refresh(row.vel, slice(None), v, n)  # every row: whole slices, no index tensors
 
 
 def _summary(a: _Adapter) -> Dict[str, Any]:

@@ -76,13 +76,16 @@ class _View:
       tokens only;
     - ``untokens(v)``: token rows (batch, N, channels) in the transformer's output layout;
     - ``signal(sel)``: the first block's modulated input of every image token of rows `sel`,
-      (rows, N, width).
+      (rows, N, width);
+    - ``reused()``: whether the last forward took the signal's layers' outputs instead of
+      computing them again (their FLOPs are then counted once).
     """
 
     def __init__(self, batch: int, text: int, grid: Any, device: Any, run: Any, tokens: Any, untokens: Any,
-                 signal: Any) -> None:
+                 signal: Any, reused: Any = None) -> None:
         self.batch, self.text, self.grid, self.device = batch, text, grid, device
         self.run, self.tokens, self.untokens, self.signal = run, tokens, untokens, signal
+        self.reused = reused or (lambda: False)
         self.n = int(np.prod(grid))
 
 
@@ -156,17 +159,20 @@ def _step(a: _Adapter, call: _Call, v: _View) -> Any:
                 _partition(a, call.groups[g], v.grid, v.device)
             if a.s["rule"] == "budget":
                 sig = v.signal(None)
-                call.flops_run += batch * a.cost.signal(v.n, v.text)
+                if not v.reused():  # (else the signal took the forward's layers' outputs)
+                    call.flops_run += batch * a.cost.signal(v.n, v.text)
                 for g in groups:
                     call.groups[g].signal = sig[[b for b in range(batch) if gid[b] == g]]
         _end_forward(a, call, v.device)
         return out
     undecided = [g for g in groups if n not in call.groups[g].decided]
+    signal_rows = 0
     if undecided:
         sig = None
         if a.s["rule"] == "budget":
             sel = [b for b in range(batch) if gid[b] in undecided]
             sig = v.signal(torch.tensor(sel, device=v.device) if len(sel) < batch else None)
+            signal_rows = len(sel)
             call.flops_run += len(sel) * a.cost.signal(v.n, v.text)
             where = {b: j for j, b in enumerate(sel)}
         for g in undecided:
@@ -199,6 +205,8 @@ def _step(a: _Adapter, call: _Call, v: _View) -> Any:
         idx_of[key] = idx
     if list(sets) == ["all"] and len(sets["all"]) == batch and not a.regional:
         out = _run(a, call, v, rows, None, None, None)
+        if signal_rows == batch and v.reused():
+            call.flops_run -= batch * a.cost.signal(v.n, v.text)  # the forward took the signal's work
         tok = v.tokens(out, None)
         for j, row in enumerate(rows):
             _record_velocity(a, row, tok[j], n)

@@ -10,6 +10,7 @@ from typing import Any, List, Optional
 from ._adapter import _Adapter
 from ._attention import _Processor
 from ._base import _ATTR, _torch
+from ._memo import _Memo
 from ._step import _View, _control, _output, _plain, _rows, _step
 
 
@@ -48,9 +49,17 @@ def _forward(self: Any, hidden_states: Any, encoder_hidden_states: Any = None, p
         return _flux_signal(self, _rows(hidden_states, sel, batch), _rows(pooled_projections, sel, batch),
                             _rows(timestep, sel, batch), _rows(guidance, sel, batch))
 
-    view = _View(batch, encoder_hidden_states.shape[1], grid, hidden_states.device, run,
-                 tokens=lambda out, idx: out, untokens=lambda v: v.to(hidden_states.dtype), signal=signal)
-    return _output(_step(a, call, view), return_dict)
+    # A step that runs whole takes the signal's patch embedding, timestep embedding and first
+    # modulation from the signal instead of computing them again. Not under torch.compile:
+    # its graph holds the modules' own forwards, and wrapping them would recompile it.
+    shared = {"x_embedder": self.x_embedder, "time_text_embed": self.time_text_embed,
+              "norm1": self.transformer_blocks[0].norm1}
+    memo = _Memo(shared if a.outer is self else {})
+    with memo:
+        view = _View(batch, encoder_hidden_states.shape[1], grid, hidden_states.device, run,
+                     tokens=lambda out, idx: out, untokens=lambda v: v.to(hidden_states.dtype), signal=signal,
+                     reused=memo.reused)
+        return _output(_step(a, call, view), return_dict)
 
 
 def _flux_signal(t: Any, hs: Any, pooled: Any, timestep: Any, guidance: Optional[Any]) -> Any:
@@ -65,7 +74,8 @@ def _flux_signal(t: Any, hs: Any, pooled: Any, timestep: Any, guidance: Optional
         else:
             temb = t.time_text_embed(ts, guidance.to(x.dtype) * 1000, pooled)
         m = t.transformer_blocks[0].norm1(x, emb=temb)[0]
-    return m.detach().float()
+    # A copy: the forward that may follow reads the same tensor (see _memo).
+    return m.detach().float().clone()
 
 
 def attention_kind(name: str) -> Optional[str]:
