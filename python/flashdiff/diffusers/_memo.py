@@ -21,8 +21,9 @@ _SMALL = 64
 
 def _same(a: Any, b: Any) -> bool:
     torch = _torch()
-    if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
-        if not (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)):
+    tensor = torch.Tensor
+    if isinstance(a, tensor) or isinstance(b, tensor):
+        if not (isinstance(a, tensor) and isinstance(b, tensor)):
             return False
         if a is b:
             return True  # unchanged since it was cached: the caller compares versions
@@ -81,14 +82,14 @@ class _Memo:
         return bool(self.hits) and all(n > 0 for n in self.hits.values())
 
 
-def _versions(x: Any) -> Any:
+def _versions(x: Any, tensor: Any = None) -> Any:
     """The in-place version of every tensor in `x` (nested tuples, lists, dicts): a cached
     call stands only while none of its inputs and outputs was changed in place."""
-    torch = _torch()
-    if isinstance(x, torch.Tensor):
+    tensor = tensor or _torch().Tensor
+    if isinstance(x, tensor):
         return x._version
     if isinstance(x, (tuple, list)):
-        return tuple(_versions(o) for o in x)
+        return tuple([_versions(o, tensor) for o in x])
     if isinstance(x, dict):
-        return tuple((k, _versions(v)) for k, v in x.items())
+        return tuple([(k, _versions(v, tensor)) for k, v in x.items()])
     return None
