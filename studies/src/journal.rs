@@ -8,9 +8,10 @@
 //!   `RequestConfig`, seed included), so a setting or prompt the journal has not seen runs.
 //! - A result is appended and flushed as soon as it is measured; a line cut short by a stop
 //!   is ignored on reading.
-//! - A build that computes differently would make old lines wrong: the run checks the first
-//!   prompt it takes wholly from the journal by computing it again ([`Journal::verify`]) and
-//!   stops with an error that says so when the work or fidelity differ.
+//! - A build that computes differently would make old lines wrong: the first setting the run
+//!   would take from the journal is computed again (with its prompt's full computation) and
+//!   compared ([`Journal::verify`]); the run stops with an error that says so when the work or
+//!   fidelity differ.
 
 use anyhow::{bail, Context};
 use std::collections::HashMap;
