@@ -788,7 +788,7 @@ pub(crate) fn serve_requests(
     })?;
     let makespan = start.elapsed().as_secs_f64() - arrivals[0].min(start.elapsed().as_secs_f64());
     latency.sort_by(f64::total_cmp);
-    let pct = |q: f64| latency[((latency.len() as f64 * q) as usize).min(latency.len() - 1)];
+    let pct = |q: f64| crate::protocol::latency::quantile(&latency, q);
     Ok(json!({
         "requests": n,
         "throughput_rps": n as f64 / makespan.max(1e-9),
