@@ -13,13 +13,18 @@ pub fn exp_f32(x: f32) -> f32 {
     // |t| < 128): baseline x86-64 has no SSE4.1 round, and a libm call would stop the loops
     // from vectorising.
     const MAGIC: f32 = 12_582_912.0;
-    let n = (x * LOG2E + MAGIC) - MAGIC;
+    let t = x * LOG2E + MAGIC;
+    let n = t - MAGIC;
     let r = (x - n * LN2_HI) - n * LN2_LO;
     let p = 1.0
         + r * (1.0
             + r * (0.5
                 + r * (1.0 / 6.0 + r * (1.0 / 24.0 + r * (1.0 / 120.0 + r * (1.0 / 720.0))))));
-    p * f32::from_bits(((n as i32 + 127) as u32) << 23)
+    // 2^n from t's bits: t = 1.5 * 2^23 + n with |n| < 128 lies in one binade of unit step, so
+    // its bits are those of 1.5 * 2^23 plus n. Integer lane ops only (a float-to-int `as`
+    // saturates lane by lane in scalar code and stopped the loops from vectorising).
+    let biased = t.to_bits().wrapping_sub(MAGIC.to_bits()).wrapping_add(127);
+    p * f32::from_bits(biased << 23)
 }
 
 /// GELU, tanh approximation (PyTorch `approximate="tanh"`), in place, computed as
@@ -67,5 +72,21 @@ mod tests {
         }
         assert!(worst < 5e-7, "exp_f32 relative error {worst}");
         assert!(exp_f32(1000.0).is_finite() && exp_f32(-1000.0) > 0.0);
+    }
+
+    #[test]
+    fn exp_scale_from_bits_is_two_to_the_n() {
+        // Every n the clamped range reaches, from both rounding sides: the scale read from the
+        // rounding constant's bits is 2^n exactly, so exp_f32 equals p * 2^n built by a cast.
+        const MAGIC: f32 = 12_582_912.0;
+        for i in -8_700..=8_800 {
+            let x = (i as f32 / 100.0).clamp(-87.0, 88.0);
+            let t = x * std::f32::consts::LOG2_E + MAGIC;
+            let n = (t - MAGIC) as i32;
+            let biased = t.to_bits().wrapping_sub(MAGIC.to_bits()).wrapping_add(127);
+            assert_eq!(biased, (n + 127) as u32, "x {x}");
+            assert_eq!(f32::from_bits(biased << 23), 2f32.powi(n), "x {x}");
+        }
+        assert!(exp_f32(f32::NAN).is_nan());
     }
 }

@@ -6,7 +6,7 @@
 //! at run time keeps the build free of a native dependency: without a BLAS the engine runs
 //! candle's matmul as before. The library is found by `FLASHDIFF_BLAS` (a path, or `off`),
 //! else as `libopenblas.so.0` (Debian's `libopenblas0-pthread`), `libopenblas.so`,
-//! `libmkl_rt.so.2` or `libmkl_rt.so`. It runs on one thread per call: callers split the
+//! `libmkl_rt.so.3`, `libmkl_rt.so.2` or `libmkl_rt.so`. It runs on one thread per call: callers split the
 //! rows over candle's thread pool (`RAYON_NUM_THREADS`, else every core), so that the BLAS's
 //! own threads do not spin beside the pool's between calls (measured: a tenth of the time
 //! went to their yields). Results are reproducible for a given thread count.
@@ -103,6 +103,70 @@ impl Blas {
     }
 }
 
+impl Blas {
+    /// `c[m x n] = alpha · a[m x k] · op(b) + beta · c`, where `op(b)` is `b[k x n]`, or
+    /// `b[n x k]ᵀ` when `b_transposed`; row-major with leading dimensions `lda`, `ldb`, `ldc`
+    /// (the attention tiles read one head's columns of wider rows).
+    ///
+    /// # Panics
+    /// When a slice is shorter than its shape at its stride, a stride is shorter than its
+    /// row, or a size does not fit the BLAS's `int`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn gemm_strided(
+        &self,
+        (m, n, k): (usize, usize, usize),
+        alpha: f32,
+        (a, lda): (&[f32], usize),
+        (b, ldb, b_transposed): (&[f32], usize, bool),
+        beta: f32,
+        (c, ldc): (&mut [f32], usize),
+    ) {
+        if m == 0 || n == 0 {
+            return;
+        }
+        let (b_rows, b_cols) = if b_transposed { (n, k) } else { (k, n) };
+        let need = |rows: usize, cols: usize, ld: usize| {
+            if rows == 0 {
+                0
+            } else {
+                (rows - 1) * ld + cols
+            }
+        };
+        assert!(
+            lda >= k.max(1)
+                && ldb >= b_cols.max(1)
+                && ldc >= n
+                && a.len() >= need(m, k, lda)
+                && b.len() >= need(b_rows, b_cols, ldb)
+                && c.len() >= need(m, n, ldc),
+            "blas gemm: slices or strides shorter than {m}x{k} · {b_rows}x{b_cols} into {m}x{n}"
+        );
+        let int = |v: usize| i32::try_from(v).expect("blas gemm: size beyond the BLAS's int");
+        // SAFETY: `sgemm` is cblas_sgemm from a BLAS that stays loaded (`_lib`). Row-major, it
+        // reads rows of A (m rows, k floats at stride lda), of B (b_rows rows of b_cols floats
+        // at stride ldb) and writes C (m rows of n floats at stride ldc); each slice holds its
+        // last row's end (asserted above); sizes fit i32; c is &mut and so aliases neither.
+        unsafe {
+            (self.sgemm)(
+                ROW_MAJOR,
+                NO_TRANS,
+                if b_transposed { TRANS } else { NO_TRANS },
+                int(m),
+                int(n),
+                int(k),
+                alpha,
+                a.as_ptr(),
+                int(lda),
+                b.as_ptr(),
+                int(ldb),
+                beta,
+                c.as_mut_ptr(),
+                int(ldc),
+            )
+        }
+    }
+}
+
 /// The BLAS this process uses, loaded on the first call; `None` when none is installed or
 /// `FLASHDIFF_BLAS=off`.
 pub fn blas() -> Option<&'static Blas> {
@@ -118,6 +182,7 @@ fn load() -> Option<Blas> {
         _ => [
             "libopenblas.so.0",
             "libopenblas.so",
+            "libmkl_rt.so.3",
             "libmkl_rt.so.2",
             "libmkl_rt.so",
         ]
@@ -157,4 +222,93 @@ fn load() -> Option<Blas> {
         });
     }
     None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn naive(
+        (m, n, k): (usize, usize, usize),
+        alpha: f32,
+        (a, lda): (&[f32], usize),
+        (b, ldb, bt): (&[f32], usize, bool),
+        beta: f32,
+        (c, ldc): (&mut [f32], usize),
+    ) {
+        for i in 0..m {
+            for j in 0..n {
+                let dot: f32 = (0..k)
+                    .map(|p| a[i * lda + p] * if bt { b[j * ldb + p] } else { b[p * ldb + j] })
+                    .sum();
+                c[i * ldc + j] = alpha * dot + beta * c[i * ldc + j];
+            }
+        }
+    }
+
+    #[test]
+    fn strided_gemm_matches_the_plain_product() {
+        let Some(blas) = blas() else {
+            eprintln!("skipped: no system BLAS on this machine (install libopenblas0-pthread)");
+            return;
+        };
+        let val = |i: usize| ((i * 37 + 11) % 23) as f32 / 7.0 - 1.5;
+        // One head's columns of wider rows, as the attention tiles read them.
+        let (m, n, k, lda, ldc) = (5, 7, 3, 8, 9);
+        let a: Vec<f32> = (0..m * lda).map(val).collect();
+        for bt in [false, true] {
+            let ldb = 10;
+            let b: Vec<f32> = (0..12 * ldb).map(|i| val(i + 5)).collect();
+            let c0: Vec<f32> = (0..m * ldc).map(|i| val(i + 9)).collect();
+            let (mut got, mut want) = (c0.clone(), c0.clone());
+            blas.gemm_strided(
+                (m, n, k),
+                0.5,
+                (&a, lda),
+                (&b, ldb, bt),
+                1.0,
+                (&mut got, ldc),
+            );
+            naive(
+                (m, n, k),
+                0.5,
+                (&a, lda),
+                (&b, ldb, bt),
+                1.0,
+                (&mut want, ldc),
+            );
+            for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+                assert!(
+                    (g - w).abs() < 1e-5,
+                    "transposed {bt}, element {i}: {g} against {w}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn strided_gemm_refuses_short_slices() {
+        let Some(blas) = blas() else {
+            eprintln!("skipped: no system BLAS on this machine (install libopenblas0-pthread)");
+            return;
+        };
+        // A 2x2 A at stride 2 needs 4 floats; 3 must be refused before the BLAS reads.
+        let refused = std::panic::catch_unwind(|| {
+            let mut c = vec![0.0f32; 4];
+            blas.gemm_strided(
+                (2, 2, 2),
+                1.0,
+                (&[0.0; 3], 2),
+                (&[0.0; 4], 2, false),
+                0.0,
+                (&mut c, 2),
+            );
+        });
+        let msg = refused.expect_err("a short slice was accepted");
+        let text = msg
+            .downcast_ref::<String>()
+            .map(String::as_str)
+            .unwrap_or("");
+        assert!(text.contains("shorter than"), "{text}");
+    }
 }

@@ -15,11 +15,15 @@ use crate::par::for_row_chunks;
 const QB: usize = 128;
 const KB: usize = 512;
 
+/// Keys from which the tiles' products go to a system BLAS when one is loaded.
+const BLAS_MIN_KEYS: usize = 256;
+
 /// Multi-head scaled dot-product attention of `q` (`nq x d`) over `k`, `v` (`nk x d`),
 /// `heads` heads interleaved in the columns, into `out` (`nq x d`), with no statistics and no
 /// `nq x nk` buffer. Queries are cut into the same blocks whatever the thread count, so the
 /// result does not depend on it (a query's last bits may depend on which queries share its
-/// block: the GEMM's blocking follows the block's size). Panics on bad shapes.
+/// block: the GEMM's blocking follows the block's size). From 256 keys the tiles' products
+/// run on a system BLAS when one is loaded ([`crate::blas`]). Panics on bad shapes.
 #[allow(clippy::too_many_arguments)]
 pub fn flash_attention_f32(
     q: &[f32],
@@ -39,9 +43,22 @@ pub fn flash_attention_f32(
         out.fill(0.0);
         return;
     }
+    // A system BLAS's sgemm for the tiles' two products from 256 keys (as for the linear
+    // layers); shorter sequences keep this crate's results on every machine.
+    let blas = (nk >= BLAS_MIN_KEYS).then(crate::blas::blas).flatten();
     for_row_chunks(out, d, QB, |first, o| {
         let n = o.len() / d;
-        block(&q[first * d..(first + n) * d], n, k, v, nk, d, heads, o);
+        block(
+            &q[first * d..(first + n) * d],
+            n,
+            k,
+            v,
+            nk,
+            d,
+            heads,
+            o,
+            blas,
+        );
     });
 }
 
@@ -56,6 +73,7 @@ fn block(
     d: usize,
     heads: usize,
     out: &mut [f32],
+    blas: Option<&crate::blas::Blas>,
 ) {
     let dh = d / heads;
     let scale = 1.0 / (dh as f32).sqrt();
@@ -70,61 +88,83 @@ fn block(
         for k0 in (0..nk).step_by(KB) {
             let kb = KB.min(nk - k0);
             // s[nq x kb] = scale * q_h · k_h^T; k_h^T element (c, j) = k[(k0 + j) * d + h*dh + c].
-            let (qh, kh) = (q[h * dh..].as_ptr(), k[k0 * d + h * dh..].as_ptr());
-            // SAFETY: q_h is nq rows of dh at stride d, k_h kb rows of dh at stride d, inside
-            // q (nq*d) and k (rows k0..k0 + kb < nk) as asserted by the caller; s holds nq*KB
-            // floats written at row stride KB over kb <= KB columns; s aliases neither input.
-            unsafe {
-                gemm(
-                    nq,
-                    kb,
-                    dh,
-                    s.as_mut_ptr(),
-                    1,
-                    KB as isize,
-                    false,
-                    qh,
-                    1,
-                    d as isize,
-                    kh,
-                    d as isize,
-                    1,
-                    0.0,
+            if let Some(b) = blas {
+                b.gemm_strided(
+                    (nq, kb, dh),
                     scale,
-                    false,
-                    false,
-                    false,
-                    Parallelism::None,
-                )
+                    (&q[h * dh..], d),
+                    (&k[k0 * d + h * dh..], d, true),
+                    0.0,
+                    (&mut s, KB),
+                );
+            } else {
+                let (qh, kh) = (q[h * dh..].as_ptr(), k[k0 * d + h * dh..].as_ptr());
+                // SAFETY: q_h is nq rows of dh at stride d, k_h kb rows of dh at stride d, inside
+                // q (nq*d) and k (rows k0..k0 + kb < nk) as asserted by the caller; s holds nq*KB
+                // floats written at row stride KB over kb <= KB columns; s aliases neither input.
+                unsafe {
+                    gemm(
+                        nq,
+                        kb,
+                        dh,
+                        s.as_mut_ptr(),
+                        1,
+                        KB as isize,
+                        false,
+                        qh,
+                        1,
+                        d as isize,
+                        kh,
+                        d as isize,
+                        1,
+                        0.0,
+                        scale,
+                        false,
+                        false,
+                        false,
+                        Parallelism::None,
+                    )
+                }
             }
             online_softmax(&mut s, kb, &mut m, &mut l, &mut acc, dh);
             // acc[nq x dh] += p[nq x kb] · v_h[kb x dh]; v_h element (j, c) = v[(k0 + j) * d +
             // h*dh + c].
-            let vh = v[k0 * d + h * dh..].as_ptr();
-            // SAFETY: v_h is kb rows of dh at stride d inside v (rows k0..k0 + kb); s is read
-            // as nq x kb at stride KB; acc holds nq*dh floats at stride dh and aliases neither.
-            unsafe {
-                gemm(
-                    nq,
-                    dh,
-                    kb,
-                    acc.as_mut_ptr(),
-                    1,
-                    dh as isize,
-                    true,
-                    s.as_ptr(),
-                    1,
-                    KB as isize,
-                    vh,
-                    1,
-                    d as isize,
+            if let Some(b) = blas {
+                b.gemm_strided(
+                    (nq, dh, kb),
                     1.0,
+                    (&s, KB),
+                    (&v[k0 * d + h * dh..], d, false),
                     1.0,
-                    false,
-                    false,
-                    false,
-                    Parallelism::None,
-                )
+                    (&mut acc, dh),
+                );
+            } else {
+                let vh = v[k0 * d + h * dh..].as_ptr();
+                // SAFETY: v_h is kb rows of dh at stride d inside v (rows k0..k0 + kb); s is read
+                // as nq x kb at stride KB; acc holds nq*dh floats at stride dh and aliases neither.
+                unsafe {
+                    gemm(
+                        nq,
+                        dh,
+                        kb,
+                        acc.as_mut_ptr(),
+                        1,
+                        dh as isize,
+                        true,
+                        s.as_ptr(),
+                        1,
+                        KB as isize,
+                        vh,
+                        1,
+                        d as isize,
+                        1.0,
+                        1.0,
+                        false,
+                        false,
+                        false,
+                        Parallelism::None,
+                    )
+                }
             }
         }
         for i in 0..nq {
