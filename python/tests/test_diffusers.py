@@ -592,3 +592,23 @@ def test_a_bare_clock_without_set_timesteps_is_followed_by_its_tensors(model):
         assert len(fdd.report(t)["samples"][0]["computed_per_step"]) == 11
     assert torch.equal(outs[0], outs[1])
     fdd.disable(t)
+
+
+def test_a_second_transformer_is_named_in_a_warning():
+    # Wan 2.2's pipelines hold a second transformer for the steps after the boundary; enable
+    # runs on the first and says so, and leaves the second one's forward as it was.
+    from types import SimpleNamespace
+
+    wan = Wan()
+    pipe = SimpleNamespace(transformer=wan.make(), transformer_2=wan.make(),
+                           scheduler=diffusers.FlowMatchEulerDiscreteScheduler())
+    second = pipe.transformer_2.forward
+    with pytest.warns(UserWarning, match="transformer_2"):
+        fdd.enable(pipe)
+    assert pipe.transformer_2.forward == second and not hasattr(pipe.transformer_2, "_flashdiff_adapter")
+    fdd.disable(pipe)
+    pipe.transformer_2 = None
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        fdd.enable(pipe)
+    fdd.disable(pipe)

@@ -5,6 +5,7 @@
 
 from __future__ import annotations
 
+import warnings
 from typing import Any, Dict
 
 import numpy as np
@@ -61,6 +62,13 @@ def enable(target: Any, epsilon: float = DEFAULTS["epsilon"], patches: int = DEF
         raise Error(f"rule {rule!r}: expected budget or gate")
     if getattr(transformer, _ATTR, None) is not None:
         disable(target)
+    if pipe is not None and getattr(pipe, "transformer_2", None) is not None:
+        warnings.warn(
+            f"flashdiff: {type(pipe).__name__} has a second transformer (transformer_2, the low-noise stage "
+            "after the boundary); FlashDiff runs on `transformer` only and the steps of transformer_2 run "
+            "unchanged (summary() counts the first transformer's steps)",
+            stacklevel=2,
+        )
     settings = dict(epsilon=epsilon, patches=patches, max_skip=max_skip, warmup=warmup, reuse=reuse, force=force,
                     rule=rule)
     setattr(transformer, _ATTR, _Adapter(outer, transformer, sched, pipe, settings))
