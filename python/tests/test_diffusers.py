@@ -594,21 +594,54 @@ def test_a_bare_clock_without_set_timesteps_is_followed_by_its_tensors(model):
     fdd.disable(t)
 
 
-def test_a_second_transformer_is_named_in_a_warning():
-    # Wan 2.2's pipelines hold a second transformer for the steps after the boundary; enable
-    # runs on the first and says so, and leaves the second one's forward as it was.
+def two_stage(pipe, steps, boundary, x, e):
+    """Wan 2.2's loop: `transformer` for the first `boundary` steps, `transformer_2` after."""
+    sched = pipe.scheduler
+    sched.set_timesteps(steps)
+    with torch.no_grad():
+        for i, ts in enumerate(sched.timesteps):
+            t = pipe.transformer if i < boundary else pipe.transformer_2
+            v = t(x, timestep=ts.expand(x.shape[0]), encoder_hidden_states=e).sample
+            x = sched.step(v, ts, x).prev_sample
+    return x
+
+
+def test_a_second_transformer_warms_up_decides_and_forecasts_on_its_own_steps():
     from types import SimpleNamespace
 
     wan = Wan()
+    torch.manual_seed(3)
     pipe = SimpleNamespace(transformer=wan.make(), transformer_2=wan.make(),
                            scheduler=diffusers.FlowMatchEulerDiscreteScheduler())
-    second = pipe.transformer_2.forward
-    with pytest.warns(UserWarning, match="transformer_2"):
-        fdd.enable(pipe)
-    assert pipe.transformer_2.forward == second and not hasattr(pipe.transformer_2, "_flashdiff_adapter")
+    x, e, _ = inputs((None, None, wan), 1, 5)
+    want = two_stage(pipe, 20, 9, x, e)
+    fdd.enable(pipe, epsilon=0.0)
+    torch.testing.assert_close(two_stage(pipe, 20, 9, x, e), want, atol=1e-5, rtol=0)
+    fdd.enable(pipe, epsilon=0.5, max_skip=3)  # again: replaces, does not stack
+    got = two_stage(pipe, 20, 9, x, e)
+    rep, summ = fdd.report(pipe), fdd.summary(pipe)
+    # A second call starts afresh in both stages: the same output and the same work.
+    torch.testing.assert_close(two_stage(pipe, 20, 9, x, e), got, atol=0, rtol=0)
+    assert fdd.report(pipe) == rep
+    first, second = rep["samples"][0]["computed_per_step"], rep["transformer_2"]["samples"][0]["computed_per_step"]
+    # Each stage warms up (5 steps) on its own steps and then skips some: 9 - 5 and 11 - 5.
+    assert len(first) == 4 and len(second) == 6, (first, second)
+    assert 0 in first and 0 in second, (first, second)
+    assert "transformer_2:" in summ["text"] and summ["transformer_2"]["rows"][0]["steps_computed"] < 11
+    rel = ((got - want).pow(2).mean().sqrt() / want.std()).item()
+    assert rel < wan.tolerance, rel
     fdd.disable(pipe)
-    pipe.transformer_2 = None
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")
+    assert "forward" not in pipe.transformer.__dict__ and "forward" not in pipe.transformer_2.__dict__
+    assert not hasattr(pipe.transformer_2, "_flashdiff_adapter")
+    torch.testing.assert_close(two_stage(pipe, 20, 9, x, e), want, atol=0, rtol=0)
+
+
+def test_a_second_transformer_of_another_kind_is_refused_and_nothing_stays_enabled():
+    from types import SimpleNamespace
+
+    pipe = SimpleNamespace(transformer=Wan().make(), transformer_2=Flux().make(),
+                           scheduler=diffusers.FlowMatchEulerDiscreteScheduler())
+    with pytest.raises(flashdiff.Error, match="transformer_2 is a FluxTransformer2DModel"):
         fdd.enable(pipe)
-    fdd.disable(pipe)
+    assert "forward" not in pipe.transformer.__dict__ and not hasattr(pipe.transformer, "_flashdiff_adapter")
+    assert "set_timesteps" not in pipe.scheduler.__dict__

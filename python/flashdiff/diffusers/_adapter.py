@@ -16,7 +16,13 @@ from ._state import _Call, _Ctx, _Row
 
 
 class _Adapter:
-    def __init__(self, outer: Any, transformer: Any, scheduler: Any, pipe: Any, settings: Dict[str, Any]):
+    def __init__(self, outer: Any, transformer: Any, scheduler: Any, pipe: Any, settings: Dict[str, Any],
+                 leader: Optional["_Adapter"] = None):
+        # A pipeline's second transformer (Wan 2.2's low-noise stage) follows the first one's
+        # adapter, the `leader`: it alone wraps the scheduler and the prompt encoder and tells
+        # its followers when a call starts and with which prompts.
+        self.leader = leader
+        self.followers: List["_Adapter"] = []
         self.outer = outer  # what the pipeline calls: the transformer, or torch.compile's wrapper of it
         self.transformer = transformer
         self.scheduler = scheduler
@@ -62,6 +68,11 @@ class _Adapter:
 
         outer.forward = wrapper
         self.wrapper = wrapper
+        if leader is not None:
+            self.wrapped_sched, self.sched_hooked = scheduler, False
+            self.control: List[Any] = []
+            leader.followers.append(self)
+            return
         self._wrap_scheduler(scheduler)
         # A ControlNet runs in full every step, whatever the transformer skips: its FLOPs
         # count in both the run's and full computation's, at the next transformer forward's
@@ -107,6 +118,8 @@ class _Adapter:
             adapter.fresh = True
             adapter.prompts = adapter.pending[0] if adapter.pending else None
             adapter.pending = []
+            for f in adapter.followers:
+                f.fresh, f.prompts = True, adapter.prompts
             return orig(*a, **k)
 
         scheduler.set_timesteps = set_timesteps
@@ -146,6 +159,8 @@ class _Adapter:
         else:  # something wrapped FlashDiff's forward after enable(): pass through from now on
             self.removed = True
         self._unwrap_scheduler()
+        if self.leader is not None and self in self.leader.followers:
+            self.leader.followers.remove(self)
         if self.pipe is not None and hasattr(self, "orig_encode"):
             del self.pipe.encode_prompt
 
@@ -154,8 +169,11 @@ class _Adapter:
         ``timesteps``, or when the step index goes back."""
         sched = self.pipe.scheduler if self.pipe is not None and hasattr(self.pipe, "scheduler") else self.scheduler
         if sched is not self.wrapped_sched:  # the pipeline's scheduler was replaced
-            self._unwrap_scheduler()
-            self._wrap_scheduler(sched)
+            if self.leader is None:
+                self._unwrap_scheduler()
+                self._wrap_scheduler(sched)
+            else:  # (the leader wraps the new one when it next runs)
+                self.wrapped_sched = sched
             self.scheduler = sched
             self.fresh = True
         ts = sched.timesteps

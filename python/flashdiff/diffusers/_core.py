@@ -5,7 +5,6 @@
 
 from __future__ import annotations
 
-import warnings
 from typing import Any, Dict
 
 import numpy as np
@@ -33,7 +32,9 @@ def enable(target: Any, epsilon: float = DEFAULTS["epsilon"], patches: int = DEF
     """Enables FlashDiff on a ``FluxPipeline``, ``StableDiffusion3Pipeline`` or ``WanPipeline``
     (their ControlNet pipelines too), or on their transformer with the ``scheduler`` that
     drives it; after ``torch.compile``, the compiled transformer (the adapter decides
-    outside the compiled graph and calls it for computed steps).
+    outside the compiled graph and calls it for computed steps). A pipeline's second
+    transformer (Wan 2.2's ``transformer_2``, the steps after the boundary) is adapted too,
+    with the same settings, each stage warming up and deciding on its own steps.
 
     ``rule`` is ``"budget"`` (the engine's whole-step rule: a step runs every row of a
     sample once one of its patches has changed by ``epsilon``, or after ``max_skip`` skipped
@@ -62,21 +63,36 @@ def enable(target: Any, epsilon: float = DEFAULTS["epsilon"], patches: int = DEF
         raise Error(f"rule {rule!r}: expected budget or gate")
     if getattr(transformer, _ATTR, None) is not None:
         disable(target)
-    if pipe is not None and getattr(pipe, "transformer_2", None) is not None:
-        warnings.warn(
-            f"flashdiff: {type(pipe).__name__} has a second transformer (transformer_2, the low-noise stage "
-            "after the boundary); FlashDiff runs on `transformer` only and the steps of transformer_2 run "
-            "unchanged (summary() counts the first transformer's steps)",
-            stacklevel=2,
-        )
     settings = dict(epsilon=epsilon, patches=patches, max_skip=max_skip, warmup=warmup, reuse=reuse, force=force,
                     rule=rule)
-    setattr(transformer, _ATTR, _Adapter(outer, transformer, sched, pipe, settings))
+    lead = _Adapter(outer, transformer, sched, pipe, settings)
+    setattr(transformer, _ATTR, lead)
+    second = _second(pipe)
+    if second is not None:  # Wan 2.2: the low-noise stage after the boundary
+        outer2, inner2 = second
+        if type(inner2).__name__ != name:
+            disable(target)
+            raise Error(f"transformer_2 is a {type(inner2).__name__}, the first transformer a {name}: "
+                        "FlashDiff adapts two transformers of one kind only")
+        setattr(inner2, _ATTR, _Adapter(outer2, inner2, sched, pipe, settings, leader=lead))
+
+
+def _second(pipe: Any) -> Any:
+    """A pipeline's second transformer (Wan 2.2's ``transformer_2``), as (what the pipeline
+    calls, the module inside), or None."""
+    outer = getattr(pipe, "transformer_2", None) if pipe is not None else None
+    if outer is None:
+        return None
+    return outer, getattr(outer, "_orig_mod", outer)
 
 
 def disable(target: Any) -> None:
     """Puts back the processors, ``forward`` and scheduler method that ``enable`` replaced."""
-    _, _, transformer, _ = _parts(target)
+    pipe, _, transformer, _ = _parts(target)
+    second = _second(pipe)
+    if second is not None and getattr(second[1], _ATTR, None) is not None:
+        getattr(second[1], _ATTR).remove()
+        delattr(second[1], _ATTR)
     a = getattr(transformer, _ATTR, None)
     if a is None:
         return
@@ -106,9 +122,25 @@ def set_salient(target: Any, mask: Any) -> None:
 def report(target: Any) -> Dict[str, Any]:
     """The last call's work: steps, warm-up, and per row (branch and batch row) its group,
     patches and the image tokens computed each step after the warm-up."""
-    a = getattr(_parts(target)[2], _ATTR, None)
+    pipe, _, transformer, _ = _parts(target)
+    a = getattr(transformer, _ATTR, None)
     if a is None or a.call is None:
         raise Error("no call has run with FlashDiff enabled")
+    out = _report(a)
+    second = _second_adapter(pipe)
+    if second is not None:
+        out["transformer_2"] = _report(second)
+    return out
+
+
+def _second_adapter(pipe: Any) -> Any:
+    """The adapter of a pipeline's second transformer, when it has run a call."""
+    second = _second(pipe)
+    a = getattr(second[1], _ATTR, None) if second is not None else None
+    return a if a is not None and a.call is not None else None
+
+
+def _report(a: _Adapter) -> Dict[str, Any]:
     c = a.call
     ids = {id(g): k for k, g in c.groups.items()}
     rows = []
@@ -129,8 +161,18 @@ def summary(target: Any) -> Dict[str, Any]:
     to the end of its last (``seconds``); transformer ``forwards`` run for the ``calls`` the
     pipeline made; the bytes FlashDiff holds for the call, by kind (``state_bytes``); and
     ``text``, one line that says what was skipped, or plainly that nothing was and why.
-    The same line is logged at INFO (logger ``flashdiff.diffusers``) when a call ends."""
-    a = getattr(_parts(target)[2], _ATTR, None)
+    The same line is logged at INFO (logger ``flashdiff.diffusers``) when a call ends.
+
+    For a pipeline with a second transformer (Wan 2.2's ``transformer_2``, the steps after
+    the boundary) the same for it under ``"transformer_2"``, its line appended to ``text``;
+    each stage warms up, decides and forecasts on its own steps."""
+    pipe, _, transformer, _ = _parts(target)
+    a = getattr(transformer, _ATTR, None)
     if a is None or a.call is None:
         raise Error("no call has run with FlashDiff enabled")
-    return _summary(a)
+    out = _summary(a)
+    second = _second_adapter(pipe)
+    if second is not None:
+        out["transformer_2"] = _summary(second)
+        out["text"] = f"{out['text']}; transformer_2: {out['transformer_2']['text']}"
+    return out
