@@ -12,6 +12,10 @@ Cases:
   flux-4096    guidance embedding) at width 768 (6 heads), one double and two single blocks,
                random weights, at 1024 and 4096 image tokens (the shape of
                `cargo bench -p flashdiff-models --bench flux`).
+  sd3-1024     SD3's MMDiT block structure (`SD3Transformer2DModel`: 2x2 patches of 16 latent
+  sd3-4096     channels, heads of 64, 4096-wide T5 context, 2048-wide pooled vector, 333 text
+               tokens as SD3's 77 CLIP + 256 T5) at width 768 (12 heads), three joint blocks,
+               random weights, at 1024 and 4096 image tokens (64x64 and 128x128 latents).
 
 For each case the transformer is diffusers' `FluxTransformer2DModel`; its folder is what the
 engine loads (`models/examples/forward_speed.rs`, built in release). Both sides compute the
@@ -66,6 +70,36 @@ def random_model(seed):
     return model
 
 
+SD3_SHAPED = dict(sample_size=64, patch_size=2, in_channels=16, num_layers=3, attention_head_dim=64,
+                  num_attention_heads=12, joint_attention_dim=4096, caption_projection_dim=768,
+                  pooled_projection_dim=2048, out_channels=16, pos_embed_max_size=96)
+
+
+def random_sd3(seed):
+    """The SD3-shaped model with every weight drawn, as `random_model`."""
+    from diffusers import SD3Transformer2DModel
+
+    torch.manual_seed(seed)
+    model = SD3Transformer2DModel(**SD3_SHAPED)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if p.dim() == 2:
+                p.copy_(torch.randn_like(p) / math.sqrt(p.shape[1]))
+            elif "norm" in name and name.endswith("weight"):
+                p.copy_(1 + 0.1 * torch.randn_like(p))
+            elif p.dim() != 4 and "pos_embed.pos_embed" not in name:
+                p.copy_(0.1 * torch.randn_like(p))
+    return model
+
+
+def patch_tokens(latent, p=2):
+    """(C, H, W) -> (H/p * W/p, p * p * C): the engine's MMDiT tokens, (row, column,
+    channel) inside each patch."""
+    c, h, w = latent.shape
+    x = latent.reshape(c, h // p, p, w // p, p)
+    return x.permute(1, 3, 2, 4, 0).reshape((h // p) * (w // p), p * p * c).contiguous()
+
+
 def cases(names, tmp):
     for name in names:
         if name in ("tinyflux", "tinyflux-l"):
@@ -78,16 +112,37 @@ def cases(names, tmp):
             path = os.path.join(tmp, name)
             model.save_pretrained(path, safe_serialization=True)
             yield name, model, path, list(FLUX_SHAPED["axes_dims_rope"]), tokens, 512
+        elif name in ("sd3-1024", "sd3-4096"):
+            tokens = int(name.split("-")[1])
+            model = random_sd3(2)
+            path = os.path.join(tmp, name)
+            model.save_pretrained(path, safe_serialization=True)
+            yield name, model, path, None, tokens, 333
         else:
-            raise SystemExit(f"unknown case {name}: tinyflux, tinyflux-l, flux-1024, flux-4096")
+            raise SystemExit(f"unknown case {name}: tinyflux, tinyflux-l, flux-1024, flux-4096, sd3-1024, "
+                             "sd3-4096")
 
 
 def median(xs):
     return sorted(xs)[len(xs) // 2]
 
 
+def is_sd3(model):
+    return type(model).__name__ == "SD3Transformer2DModel"
+
+
 @torch.inference_mode()
 def torch_time(model, inputs, reps):
+    if is_sd3(model):
+        kw = dict(hidden_states=inputs["latent"][None], encoder_hidden_states=inputs["txt"][None],
+                  pooled_projections=inputs["pooled"][None], timestep=inputs["t"] * 1000, return_dict=False)
+        out = patch_tokens(model(**kw)[0][0])
+        times = []
+        for _ in range(reps):
+            s = time.perf_counter()
+            model(**kw)
+            times.append((time.perf_counter() - s) * 1e3)
+        return median(times), out
     grid = int(round(math.sqrt(inputs["x"].shape[0])))
     r = torch.arange(grid, dtype=torch.float32).repeat_interleave(grid)
     c = torch.arange(grid, dtype=torch.float32).repeat(grid)
@@ -146,6 +201,10 @@ def main():
                 "t": torch.tensor([0.7]),
                 "g": torch.tensor([3.5]),
             }
+            if is_sd3(model):  # a latent, and the engine's tokens of it
+                side = 2 * int(round(math.sqrt(tokens)))
+                latent = torch.randn(cfg.in_channels, side, side, generator=g)
+                inputs["x"], inputs["latent"] = patch_tokens(latent), latent
             inp = os.path.join(tmp, f"{name}-inputs.safetensors")
             vel = os.path.join(tmp, f"{name}-velocity.safetensors")
             save_file(inputs, inp)
@@ -154,8 +213,8 @@ def main():
             for r in range(a.rounds):
                 print(f"[{name}] round {r + 1}/{a.rounds}: engine, PyTorch", file=sys.stderr,
                       flush=True)
-                res = subprocess.run([binary, "--weights", path, "--inputs", inp, "--axes",
-                                      ",".join(map(str, axes)), "--reps", str(a.reps),
+                shape = ["--family", "mmdit"] if axes is None else ["--axes", ",".join(map(str, axes))]
+                res = subprocess.run([binary, "--weights", path, "--inputs", inp, *shape, "--reps", str(a.reps),
                                       "--out", vel],
                                      env=env, check=True, capture_output=True, text=True)
                 runs.append(json.loads(res.stdout))

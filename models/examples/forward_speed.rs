@@ -1,16 +1,18 @@
-//! Times the engine's FLUX forward on a diffusers checkpoint and given inputs: the whole
+//! Times the engine's FLUX or MMDiT (SD3) forward on a diffusers checkpoint and given inputs: the whole
 //! forward as a diffusers call computes it (text projection, step conditioning, every block)
 //! and token subsets of it (25/50/75% of the image rows against the full forward's cached
 //! image and text keys and values), the median of `--reps` runs after one warm-up.
 //!
 //! ```text
 //! cargo run --release -p flashdiff-models --example forward_speed -- \
-//!     --weights DIR --inputs inputs.safetensors [--axes 8,12,12] [--reps 7] \
-//!     [--out velocity.safetensors]
+//!     --weights DIR --inputs inputs.safetensors [--family flux|mmdit] [--axes 8,12,12] \
+//!     [--reps 7] [--out velocity.safetensors]
 //! ```
 //!
-//! `inputs.safetensors` holds `x` (`tokens x in_channels`, a square grid), `txt` (`text
-//! tokens x context width`), `pooled`, and `t` and `g` (one value each). The velocity of the
+//! `inputs.safetensors` holds `x` (`tokens x token width`, a square grid; the MMDiT's tokens
+//! are 2x2 latent patches in (row, column, channel) order), `txt` (`text tokens x context
+//! width`), `pooled`, and `t` and `g` (one value each; `g`, FLUX's guidance, is not read by
+//! the MMDiT). The velocity of the
 //! full forward is written to `--out` for a parity check. Threads: `RAYON_NUM_THREADS`.
 //! `studies/speed_study.py` runs it beside diffusers on the same weights and inputs.
 
@@ -18,7 +20,41 @@ use std::path::PathBuf;
 use std::time::Instant;
 
 use candle_core::{Device, Tensor};
-use flashdiff_models::families::flux::{FluxCheckpoint, Rows};
+use flashdiff_models::families::flux::{Flux, FluxCheckpoint, JointOutput, Rows};
+use flashdiff_models::families::mmdit::{Mmdit, MmditCheckpoint};
+use flashdiff_models::ModelError;
+
+/// The two joint families this example times, behind one set of calls.
+enum Model {
+    Flux(Flux),
+    Mmdit(Mmdit),
+}
+
+impl Model {
+    fn context(&self, txt: &Tensor, pooled: &Tensor) -> Result<Tensor, ModelError> {
+        match self {
+            Model::Flux(m) => m.context(txt, pooled),
+            Model::Mmdit(m) => m.context(txt, pooled),
+        }
+    }
+    fn step_cond(&self, ctx: &Tensor, t: f32, g: f32) -> Result<Tensor, ModelError> {
+        match self {
+            Model::Flux(m) => m.step_cond(ctx, t, g),
+            Model::Mmdit(m) => m.step_cond(ctx, t),
+        }
+    }
+    fn forward(
+        &self,
+        rows: Rows<'_>,
+        ctx: &Tensor,
+        cond: &Tensor,
+    ) -> Result<JointOutput, ModelError> {
+        match self {
+            Model::Flux(m) => m.forward(rows, ctx, cond),
+            Model::Mmdit(m) => m.forward(rows, ctx, cond),
+        }
+    }
+}
 
 fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(f64::total_cmp);
@@ -31,6 +67,7 @@ fn run() -> Result<(), String> {
     let mut axes = None;
     let mut reps = 7usize;
     let mut out = None;
+    let mut family = "flux".to_string();
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
         let mut value = || args.next().ok_or(format!("{a} needs a value"));
@@ -38,6 +75,7 @@ fn run() -> Result<(), String> {
             "--weights" => weights = Some(PathBuf::from(value()?)),
             "--inputs" => inputs = Some(PathBuf::from(value()?)),
             "--out" => out = Some(PathBuf::from(value()?)),
+            "--family" => family = value()?,
             "--reps" => {
                 reps = value()?.parse().map_err(|e| format!("--reps: {e}"))?;
                 if reps == 0 {
@@ -61,8 +99,19 @@ fn run() -> Result<(), String> {
     let weights = weights.ok_or("--weights DIR is required")?;
     let inputs = inputs.ok_or("--inputs FILE is required")?;
     let dev = Device::Cpu;
-    let ck = FluxCheckpoint::open(&weights).map_err(|e| e.to_string())?;
-    let m = ck.load(axes, &dev).map_err(|e| e.to_string())?;
+    let m = match family.as_str() {
+        "flux" => Model::Flux(
+            FluxCheckpoint::open(&weights)
+                .and_then(|ck| ck.load(axes, &dev))
+                .map_err(|e| e.to_string())?,
+        ),
+        "mmdit" => Model::Mmdit(
+            MmditCheckpoint::open(&weights)
+                .and_then(|ck| ck.load(None, &dev))
+                .map_err(|e| e.to_string())?,
+        ),
+        other => return Err(format!("--family {other}: expected flux or mmdit")),
+    };
     let t = candle_core::safetensors::load(&inputs, &dev).map_err(|e| e.to_string())?;
     let get = |n: &str| {
         t.get(n)

@@ -21,11 +21,12 @@ use candle_nn::VarBuilder;
 use crate::families::joint::denoiser::{JointDenoiser, JointModel, PixelIndex};
 use crate::families::joint::TensorSource;
 use crate::families::joint::{
-    affine, check_rows, check_text_cache, layer_norm, lin, rms, text_context, Attention, Embedder,
-    Lin, Pass,
+    affine, check_rows, check_text_cache, layer_norm, lin, modulate, rms, text_context, Attention,
+    Embedder, Lin, Pass,
 };
 pub use crate::families::joint::{JointOutput, Rows};
 use crate::ModelError;
+use flashdiff_kernels::ops::{add_gated, gelu_tanh_inplace};
 
 mod load;
 pub use load::{MmditCheckpoint, MmditLayout};
@@ -239,7 +240,7 @@ impl Ff {
     }
 
     fn forward(&self, x: &Tensor) -> candle_core::Result<Tensor> {
-        self.out.forward(&self.inp.forward(x)?.gelu()?)
+        self.out.forward(&gelu_tanh_inplace(self.inp.forward(x)?)?)
     }
 }
 
@@ -431,8 +432,9 @@ impl Mmdit {
             c += xm.dim(0)?;
             let tm = cond.narrow(0, c, if last { 2 } else { 6 })?;
             c += tm.dim(0)?;
-            let nx = layer_norm(&x)?;
-            let xa = affine(&nx, &xm, 1, 0)?;
+            // (The dual attention below modulates the block's input too.)
+            let x_in = x.clone();
+            let xa = modulate(&x_in, &xm, 0)?;
             let [iq, ik, iv] = b.img.qkv(&xa, cfg)?;
             let (q, tk, tv) = match cached {
                 Some((k, v)) => {
@@ -444,7 +446,7 @@ impl Mmdit {
                     let ta = if last {
                         affine(&layer_norm(&txt)?, &tm, 0, 1)?
                     } else {
-                        affine(&layer_norm(&txt)?, &tm, 1, 0)?
+                        modulate(&txt, &tm, 0)?
                     };
                     let [tq, tk, tv] = b.txt.qkv(&ta, cfg)?;
                     (Tensor::cat(&[&tq, &iq], 0)?, tk, tv)
@@ -465,13 +467,9 @@ impl Mmdit {
             tvs.push(tv);
             layer += 1;
             let img_out = b.img.out.as_ref().expect("image attention has an output");
-            x = x.add(
-                &img_out
-                    .forward(&out.narrow(0, qt, n)?)?
-                    .broadcast_mul(&xm.i(2)?)?,
-            )?;
+            x = add_gated(&x, &img_out.forward(&out.narrow(0, qt, n)?)?, &xm.i(2)?)?;
             if let Some(a2) = &b.img2 {
-                let [q2, k2, v2] = a2.qkv(&affine(&nx, &xm, 7, 6)?, cfg)?;
+                let [q2, k2, v2] = a2.qkv(&modulate(&x_in, &xm, 6)?, cfg)?;
                 let o2 = pass.attend(Attention {
                     q: &q2,
                     k: &k2,
@@ -485,18 +483,14 @@ impl Mmdit {
                 vs.push(v2);
                 layer += 1;
                 let o = a2.out.as_ref().expect("image attention has an output");
-                x = x.add(&o.forward(&o2)?.broadcast_mul(&xm.i(8)?)?)?;
+                x = add_gated(&x, &o.forward(&o2)?, &xm.i(8)?)?;
             }
-            let f = b.ff.forward(&affine(&layer_norm(&x)?, &xm, 4, 3)?)?;
-            x = x.add(&f.broadcast_mul(&xm.i(5)?)?)?;
+            let f = b.ff.forward(&modulate(&x, &xm, 3)?)?;
+            x = add_gated(&x, &f, &xm.i(5)?)?;
             if let (Some(tout), Some(ff), None) = (&b.txt.out, &b.ff_txt, cached) {
-                txt = txt.add(
-                    &tout
-                        .forward(&out.narrow(0, 0, nt)?)?
-                        .broadcast_mul(&tm.i(2)?)?,
-                )?;
-                let f = ff.forward(&affine(&layer_norm(&txt)?, &tm, 4, 3)?)?;
-                txt = txt.add(&f.broadcast_mul(&tm.i(5)?)?)?;
+                txt = add_gated(&txt, &tout.forward(&out.narrow(0, 0, nt)?)?, &tm.i(2)?)?;
+                let f = ff.forward(&modulate(&txt, &tm, 3)?)?;
+                txt = add_gated(&txt, &f, &tm.i(5)?)?;
             }
         }
         // The final norm is the continuous one: (scale, shift).
@@ -540,7 +534,7 @@ impl Mmdit {
             self.cfg.hidden,
         )?;
         let h = self.patch_in.forward(x)?.add(&self.positions(&rows)?)?;
-        Ok(affine(&layer_norm(&h)?, &cond.narrow(0, 0, 2)?, 1, 0)?)
+        Ok(modulate(&h, &cond.narrow(0, 0, 2)?, 0)?)
     }
 
     /// The learned positions of the rows' tokens: the image's grid cropped from the centre
