@@ -16,6 +16,10 @@ Cases:
   sd3-4096     channels, heads of 64, 4096-wide T5 context, 2048-wide pooled vector, 333 text
                tokens as SD3's 77 CLIP + 256 T5) at width 768 (12 heads), three joint blocks,
                random weights, at 1024 and 4096 image tokens (64x64 and 128x128 latents).
+  wan-1024     Wan's block structure (`WanTransformer3DModel`: 1x2x2 patches of 16 latent
+  wan-4096     channels, heads of 128, RMS Q/K norms across heads, cross-attention to 512
+               T5 tokens of 4096) at width 768 (6 heads), three blocks, random weights, on 4
+               latent frames of 32x32 and 64x64 (1024 and 4096 video tokens).
 
 For each case the transformer is diffusers' `FluxTransformer2DModel`; its folder is what the
 engine loads (`models/examples/forward_speed.rs`, built in release). Both sides compute the
@@ -92,6 +96,37 @@ def random_sd3(seed):
     return model
 
 
+WAN_SHAPED = dict(patch_size=(1, 2, 2), num_attention_heads=6, attention_head_dim=128, in_channels=16,
+                  out_channels=16, text_dim=4096, freq_dim=256, ffn_dim=3072, num_layers=3, cross_attn_norm=True,
+                  qk_norm="rms_norm_across_heads", eps=1e-6, rope_max_seq_len=1024)
+WAN_FRAMES = 4
+
+
+def random_wan(seed):
+    """The Wan-shaped model with every weight drawn, as `random_model`."""
+    from diffusers import WanTransformer3DModel
+
+    torch.manual_seed(seed)
+    model = WanTransformer3DModel(**WAN_SHAPED)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if p.dim() == 2:
+                p.copy_(torch.randn_like(p) / math.sqrt(p.shape[1]))
+            elif "norm" in name and name.endswith("weight"):
+                p.copy_(1 + 0.1 * torch.randn_like(p))
+            elif p.dim() != 5:
+                p.copy_(0.1 * torch.randn_like(p))
+    return model
+
+
+def video_tokens(latent):
+    """(C, F, H, W) -> (F * H/2 * W/2, 2 * 2 * C): the engine's Wan tokens, (frame, row,
+    column, channel) order."""
+    c, f, h, w = latent.shape
+    x = latent.reshape(c, f, 1, h // 2, 2, w // 2, 2)
+    return x.permute(1, 3, 5, 2, 4, 6, 0).reshape(f * (h // 2) * (w // 2), 4 * c).contiguous()
+
+
 def patch_tokens(latent, p=2):
     """(C, H, W) -> (H/p * W/p, p * p * C): the engine's MMDiT tokens, (row, column,
     channel) inside each patch."""
@@ -118,9 +153,15 @@ def cases(names, tmp):
             path = os.path.join(tmp, name)
             model.save_pretrained(path, safe_serialization=True)
             yield name, model, path, None, tokens, 333
+        elif name in ("wan-1024", "wan-4096"):
+            tokens = int(name.split("-")[1])
+            model = random_wan(3)
+            path = os.path.join(tmp, name)
+            model.save_pretrained(path, safe_serialization=True)
+            yield name, model, path, "wan", tokens, 512
         else:
             raise SystemExit(f"unknown case {name}: tinyflux, tinyflux-l, flux-1024, flux-4096, sd3-1024, "
-                             "sd3-4096")
+                             "sd3-4096, wan-1024, wan-4096")
 
 
 def median(xs):
@@ -131,8 +172,22 @@ def is_sd3(model):
     return type(model).__name__ == "SD3Transformer2DModel"
 
 
+def is_wan(model):
+    return type(model).__name__ == "WanTransformer3DModel"
+
+
 @torch.inference_mode()
 def torch_time(model, inputs, reps):
+    if is_wan(model):
+        kw = dict(hidden_states=inputs["latent"][None], encoder_hidden_states=inputs["txt"][None],
+                  timestep=inputs["t"], return_dict=False)
+        out = video_tokens(model(**kw)[0][0])
+        times = []
+        for _ in range(reps):
+            s = time.perf_counter()
+            model(**kw)
+            times.append((time.perf_counter() - s) * 1e3)
+        return median(times), out
     if is_sd3(model):
         kw = dict(hidden_states=inputs["latent"][None], encoder_hidden_states=inputs["txt"][None],
                   pooled_projections=inputs["pooled"][None], timestep=inputs["t"] * 1000, return_dict=False)
@@ -196,11 +251,16 @@ def main():
             cfg = model.config
             inputs = {
                 "x": torch.randn(tokens, cfg.in_channels, generator=g),
-                "txt": torch.randn(nt, cfg.joint_attention_dim, generator=g),
-                "pooled": torch.randn(cfg.pooled_projection_dim, generator=g),
+                "txt": torch.randn(nt, cfg.get("joint_attention_dim") or cfg.text_dim, generator=g),
+                "pooled": torch.randn(cfg.get("pooled_projection_dim") or 1, generator=g),
                 "t": torch.tensor([0.7]),
                 "g": torch.tensor([3.5]),
             }
+            if is_wan(model):  # video latent frames, the engine's tokens of them, t in 0-1000
+                side = 2 * int(round(math.sqrt(tokens // WAN_FRAMES)))
+                latent = torch.randn(cfg.in_channels, WAN_FRAMES, side, side, generator=g)
+                inputs["x"], inputs["latent"] = video_tokens(latent), latent
+                inputs["t"] = torch.tensor([700.0])
             if is_sd3(model):  # a latent, and the engine's tokens of it
                 side = 2 * int(round(math.sqrt(tokens)))
                 latent = torch.randn(cfg.in_channels, side, side, generator=g)
@@ -213,7 +273,10 @@ def main():
             for r in range(a.rounds):
                 print(f"[{name}] round {r + 1}/{a.rounds}: engine, PyTorch", file=sys.stderr,
                       flush=True)
-                shape = ["--family", "mmdit"] if axes is None else ["--axes", ",".join(map(str, axes))]
+                if axes == "wan":
+                    shape = ["--family", "wan", "--frames", str(WAN_FRAMES)]
+                else:
+                    shape = ["--family", "mmdit"] if axes is None else ["--axes", ",".join(map(str, axes))]
                 res = subprocess.run([binary, "--weights", path, "--inputs", inp, *shape, "--reps", str(a.reps),
                                       "--out", vel],
                                      env=env, check=True, capture_output=True, text=True)

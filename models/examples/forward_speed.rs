@@ -1,18 +1,19 @@
-//! Times the engine's FLUX or MMDiT (SD3) forward on a diffusers checkpoint and given inputs: the whole
+//! Times the engine's FLUX, MMDiT (SD3) or Wan forward on a diffusers checkpoint and given inputs: the whole
 //! forward as a diffusers call computes it (text projection, step conditioning, every block)
 //! and token subsets of it (25/50/75% of the image rows against the full forward's cached
 //! image and text keys and values), the median of `--reps` runs after one warm-up.
 //!
 //! ```text
 //! cargo run --release -p flashdiff-models --example forward_speed -- \
-//!     --weights DIR --inputs inputs.safetensors [--family flux|mmdit] [--axes 8,12,12] \
-//!     [--reps 7] [--out velocity.safetensors]
+//!     --weights DIR --inputs inputs.safetensors [--family flux|mmdit|wan] [--frames F] \
+//!     [--axes 8,12,12] [--reps 7] [--out velocity.safetensors]
 //! ```
 //!
-//! `inputs.safetensors` holds `x` (`tokens x token width`, a square grid; the MMDiT's tokens
-//! are 2x2 latent patches in (row, column, channel) order), `txt` (`text tokens x context
-//! width`), `pooled`, and `t` and `g` (one value each; `g`, FLUX's guidance, is not read by
-//! the MMDiT). The velocity of the
+//! `inputs.safetensors` holds `x` (`tokens x token width`, a square grid, or Wan's `--frames`
+//! square grids; the MMDiT's tokens are 2x2 latent patches in (row, column, channel) order,
+//! Wan's 1x2x2 patches in (frame, row, column, channel) order), `txt` (`text tokens x context
+//! width`), `pooled` (not read by Wan), and `t` and `g` (one value each; `g`, FLUX's
+//! guidance, is read by FLUX only). The velocity of the
 //! full forward is written to `--out` for a parity check. Threads: `RAYON_NUM_THREADS`.
 //! `studies/speed_study.py` runs it beside diffusers on the same weights and inputs.
 
@@ -22,12 +23,15 @@ use std::time::Instant;
 use candle_core::{Device, Tensor};
 use flashdiff_models::families::flux::{Flux, FluxCheckpoint, JointOutput, Rows};
 use flashdiff_models::families::mmdit::{Mmdit, MmditCheckpoint};
+use flashdiff_models::families::wan::{Wan, WanCheckpoint};
 use flashdiff_models::ModelError;
 
 /// The two joint families this example times, behind one set of calls.
 enum Model {
     Flux(Flux),
     Mmdit(Mmdit),
+    /// With its frame count.
+    Wan(Wan, usize),
 }
 
 impl Model {
@@ -35,12 +39,14 @@ impl Model {
         match self {
             Model::Flux(m) => m.context(txt, pooled),
             Model::Mmdit(m) => m.context(txt, pooled),
+            Model::Wan(m, _) => m.context(txt),
         }
     }
     fn step_cond(&self, ctx: &Tensor, t: f32, g: f32) -> Result<Tensor, ModelError> {
         match self {
             Model::Flux(m) => m.step_cond(ctx, t, g),
             Model::Mmdit(m) => m.step_cond(ctx, t),
+            Model::Wan(m, _) => m.step_cond(t, ctx.device()),
         }
     }
     fn forward(
@@ -52,6 +58,7 @@ impl Model {
         match self {
             Model::Flux(m) => m.forward(rows, ctx, cond),
             Model::Mmdit(m) => m.forward(rows, ctx, cond),
+            Model::Wan(m, frames) => m.forward(rows, *frames, ctx, cond),
         }
     }
 }
@@ -68,6 +75,7 @@ fn run() -> Result<(), String> {
     let mut reps = 7usize;
     let mut out = None;
     let mut family = "flux".to_string();
+    let mut frames = 1usize;
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
         let mut value = || args.next().ok_or(format!("{a} needs a value"));
@@ -76,6 +84,12 @@ fn run() -> Result<(), String> {
             "--inputs" => inputs = Some(PathBuf::from(value()?)),
             "--out" => out = Some(PathBuf::from(value()?)),
             "--family" => family = value()?,
+            "--frames" => {
+                frames = value()?.parse().map_err(|e| format!("--frames: {e}"))?;
+                if frames == 0 {
+                    return Err("--frames must be at least 1".into());
+                }
+            }
             "--reps" => {
                 reps = value()?.parse().map_err(|e| format!("--reps: {e}"))?;
                 if reps == 0 {
@@ -110,7 +124,13 @@ fn run() -> Result<(), String> {
                 .and_then(|ck| ck.load(None, &dev))
                 .map_err(|e| e.to_string())?,
         ),
-        other => return Err(format!("--family {other}: expected flux or mmdit")),
+        "wan" => Model::Wan(
+            WanCheckpoint::open(&weights)
+                .and_then(|ck| ck.load(None, &dev))
+                .map_err(|e| e.to_string())?,
+            frames,
+        ),
+        other => return Err(format!("--family {other}: expected flux, mmdit or wan")),
     };
     let t = candle_core::safetensors::load(&inputs, &dev).map_err(|e| e.to_string())?;
     let get = |n: &str| {
@@ -129,9 +149,12 @@ fn run() -> Result<(), String> {
     };
     let (tv, gv) = (scalar("t")?, scalar("g")?);
     let tokens = x.dim(0).map_err(|e| e.to_string())?;
-    let width = (tokens as f64).sqrt().round() as usize;
-    if width * width != tokens {
-        return Err(format!("{tokens} image tokens are not a square grid"));
+    let per_frame = tokens / frames;
+    let width = (per_frame as f64).sqrt().round() as usize;
+    if width * width * frames != tokens {
+        return Err(format!(
+            "{tokens} image tokens are not {frames} square grids"
+        ));
     }
     let all: Vec<u32> = (0..tokens as u32).collect();
     let e = |e: flashdiff_models::ModelError| e.to_string();
@@ -164,10 +187,11 @@ fn run() -> Result<(), String> {
     }
     let full_ms = median(times);
     let ctx = m.context(txt, pooled).map_err(e)?;
-    let (tk, tvv) = first
-        .text_kv
-        .clone()
-        .ok_or("the full forward gave no text K/V")?;
+    // (Wan attends to the text without joint K/V: it has none to cache.)
+    let text_kv = first.text_kv.clone();
+    if text_kv.is_none() && !matches!(m, Model::Wan(..)) {
+        return Err("the full forward gave no text K/V".into());
+    }
     let mut subsets = Vec::new();
     for pct in [25usize, 50, 75] {
         let n = (tokens * pct / 100).max(1);
@@ -182,7 +206,7 @@ fn run() -> Result<(), String> {
             cache: Some((&first.k, &first.v)),
             patches: None,
             saliency: false,
-            text_cache: Some((&tk, &tvv)),
+            text_cache: text_kv.as_ref().map(|(k, v)| (k, v)),
         };
         let once = || -> Result<(), String> {
             let cond = m.step_cond(&ctx, tv, gv).map_err(e)?;

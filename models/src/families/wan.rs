@@ -15,11 +15,12 @@ use candle_nn::VarBuilder;
 
 use crate::families::joint::denoiser::{JointDenoiser, JointModel, PixelIndex};
 use crate::families::joint::{
-    affine, check_rows, layer_norm, lin, rope, rope_table, Attention, Lin, Pass,
+    check_rows, layer_norm, lin, modulate, rope, rope_table, Attention, Lin, Pass,
 };
 pub use crate::families::joint::{JointOutput, Rows};
 use crate::io::shards::{Checkpoint, Shards, Source};
 use crate::ModelError;
+use flashdiff_kernels::ops::{add_gated, flash_attention, gelu_tanh_inplace};
 
 /// The architecture's sizes (diffusers' `WanTransformer3DModel` config).
 #[derive(Debug, Clone, PartialEq)]
@@ -262,7 +263,7 @@ impl Wan {
     /// watches.
     pub fn first_block_input(&self, x: &Tensor, cond: &Tensor) -> Result<Tensor, ModelError> {
         let m = self.blocks[0].table.add(&cond.narrow(0, 1, 6)?)?;
-        Ok(affine(&layer_norm(&self.patch_in.forward(x)?)?, &m, 1, 0)?)
+        Ok(modulate(&self.patch_in.forward(x)?, &m, 0)?)
     }
 
     /// Forward of the video tokens in `rows` (every token for the full forward) on a grid of
@@ -311,7 +312,7 @@ impl Wan {
         let scale = 1.0 / (hd as f64).sqrt();
         for (layer, b) in self.blocks.iter().enumerate() {
             let m = b.table.add(&proj)?;
-            let a = affine(&layer_norm(&x)?, &m, 1, 0)?;
+            let a = modulate(&x, &m, 0)?;
             let heads_of = |t: Tensor, r: usize| t.reshape((r, heads, hd));
             let q = rope(&heads_of(rms(&b.q.forward(&a)?, &b.q_norm)?, n)?, &pe)?;
             let k = rope(&heads_of(rms(&b.k.forward(&a)?, &b.k_norm)?, n)?, &pe)?;
@@ -327,43 +328,42 @@ impl Wan {
             })?;
             ks.push(k);
             vs.push(v);
-            x = x.add(&b.out.forward(&o)?.broadcast_mul(&m.i(2)?)?)?;
+            x = add_gated(&x, &b.out.forward(&o)?, &m.i(2)?)?;
             // Cross-attention to the text.
             let a = match &b.norm2 {
                 Some((g, bias)) => layer_norm(&x)?.broadcast_mul(g)?.broadcast_add(bias)?,
                 None => x.clone(),
             };
-            let cq = heads_of(rms(&b.cq.forward(&a)?, &b.cq_norm)?, n)?
-                .transpose(0, 1)?
-                .contiguous()?;
-            let ck = heads_of(rms(&b.ck.forward(context)?, &b.ck_norm)?, ne)?
-                .transpose(0, 1)?
-                .contiguous()?;
-            let cv = heads_of(b.cv.forward(context)?, ne)?
-                .transpose(0, 1)?
-                .contiguous()?;
-            let p = candle_nn::ops::softmax_last_dim(&(cq.matmul(&ck.t()?)? * scale)?)?;
-            if pass.rows.saliency {
+            let (cq, ck, cv) = (
+                rms(&b.cq.forward(&a)?, &b.cq_norm)?,
+                rms(&b.ck.forward(context)?, &b.ck_norm)?,
+                b.cv.forward(context)?,
+            );
+            let o = if pass.rows.saliency {
+                // The saliency map reads the probabilities: the composed form.
+                let by_head = |t: Tensor, r: usize| -> candle_core::Result<Tensor> {
+                    heads_of(t, r)?.transpose(0, 1)?.contiguous()
+                };
+                let (cq, ck, cv) = (by_head(cq, n)?, by_head(ck, ne)?, by_head(cv, ne)?);
+                let p = candle_nn::ops::softmax_last_dim(&(cq.matmul(&ck.t()?)? * scale)?)?;
                 let s = p.mean(0)?;
                 saliency = Some(match saliency {
                     Some(acc) => acc.add(&s)?,
                     None => s,
                 });
-            }
-            let o = p.matmul(&cv)?.transpose(0, 1)?.reshape((n, h))?;
+                p.matmul(&cv)?.transpose(0, 1)?.reshape((n, h))?
+            } else {
+                flash_attention(&cq, &ck, &cv, heads)?
+            };
             x = x.add(&b.cout.forward(&o)?)?;
-            let f = b.ff_out.forward(
-                &b.ff_in
-                    .forward(&affine(&layer_norm(&x)?, &m, 4, 3)?)?
-                    .gelu()?,
-            )?;
-            x = x.add(&f.broadcast_mul(&m.i(5)?)?)?;
+            let f = b
+                .ff_out
+                .forward(&gelu_tanh_inplace(b.ff_in.forward(&modulate(&x, &m, 3)?)?)?)?;
+            x = add_gated(&x, &f, &m.i(5)?)?;
         }
         // The output modulation adds the time embedding itself (row 0), not its projection.
         let m = self.out_table.broadcast_add(&cond.i(0)?)?;
-        let velocity = self
-            .proj_out
-            .forward(&affine(&layer_norm(&x)?, &m, 1, 0)?)?;
+        let velocity = self.proj_out.forward(&modulate(&x, &m, 0)?)?;
         let mut out = pass.finish(velocity, (ks, vs), None, 1)?;
         out.saliency = match saliency {
             Some(s) => Some((s / self.blocks.len() as f64)?),
