@@ -59,12 +59,16 @@ def built_in(folder):
     return model, path, list(model.config.axes_dims_rope)
 
 
-def random_model(seed):
-    """The FLUX-shaped model with every weight drawn (diffusers zero-initialises some)."""
+def drawn(make, seed, keep=lambda name, p: False):
+    """The model `make()` builds with every weight drawn (diffusers zero-initialises some):
+    matrices at 1/sqrt(fan-in), norm scales near 1, the rest small; `keep(name, p)` names
+    the parameters left as built (convolution kernels, fixed position tables)."""
     torch.manual_seed(seed)
-    model = FluxTransformer2DModel(**FLUX_SHAPED)
+    model = make()
     with torch.no_grad():
         for name, p in model.named_parameters():
+            if keep(name, p):
+                continue
             if p.dim() == 2:
                 p.copy_(torch.randn_like(p) / math.sqrt(p.shape[1]))
             elif "norm" in name and name.endswith("weight"):
@@ -74,26 +78,23 @@ def random_model(seed):
     return model
 
 
+def random_model(seed):
+    """The FLUX-shaped model with every weight drawn."""
+    return drawn(lambda: FluxTransformer2DModel(**FLUX_SHAPED), seed)
+
+
 SD3_SHAPED = dict(sample_size=64, patch_size=2, in_channels=16, num_layers=3, attention_head_dim=64,
                   num_attention_heads=12, joint_attention_dim=4096, caption_projection_dim=768,
                   pooled_projection_dim=2048, out_channels=16, pos_embed_max_size=96)
 
 
 def random_sd3(seed):
-    """The SD3-shaped model with every weight drawn, as `random_model`."""
+    """The SD3-shaped model with every weight drawn but its patch convolution and position
+    table."""
     from diffusers import SD3Transformer2DModel
 
-    torch.manual_seed(seed)
-    model = SD3Transformer2DModel(**SD3_SHAPED)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if p.dim() == 2:
-                p.copy_(torch.randn_like(p) / math.sqrt(p.shape[1]))
-            elif "norm" in name and name.endswith("weight"):
-                p.copy_(1 + 0.1 * torch.randn_like(p))
-            elif p.dim() != 4 and "pos_embed.pos_embed" not in name:
-                p.copy_(0.1 * torch.randn_like(p))
-    return model
+    return drawn(lambda: SD3Transformer2DModel(**SD3_SHAPED), seed,
+                 keep=lambda name, p: p.dim() == 4 or "pos_embed.pos_embed" in name)
 
 
 WAN_SHAPED = dict(patch_size=(1, 2, 2), num_attention_heads=6, attention_head_dim=128, in_channels=16,
@@ -103,20 +104,10 @@ WAN_FRAMES = 4
 
 
 def random_wan(seed):
-    """The Wan-shaped model with every weight drawn, as `random_model`."""
+    """The Wan-shaped model with every weight drawn but its patch convolution."""
     from diffusers import WanTransformer3DModel
 
-    torch.manual_seed(seed)
-    model = WanTransformer3DModel(**WAN_SHAPED)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if p.dim() == 2:
-                p.copy_(torch.randn_like(p) / math.sqrt(p.shape[1]))
-            elif "norm" in name and name.endswith("weight"):
-                p.copy_(1 + 0.1 * torch.randn_like(p))
-            elif p.dim() != 5:
-                p.copy_(0.1 * torch.randn_like(p))
-    return model
+    return drawn(lambda: WanTransformer3DModel(**WAN_SHAPED), seed, keep=lambda name, p: p.dim() == 5)
 
 
 def video_tokens(latent):
@@ -176,28 +167,28 @@ def is_wan(model):
     return type(model).__name__ == "WanTransformer3DModel"
 
 
+def timed(model, kw, reps):
+    """PyTorch's output of `model(**kw)` and the median of `reps` more runs, in ms."""
+    out = model(**kw)[0][0]
+    times = []
+    for _ in range(reps):
+        s = time.perf_counter()
+        model(**kw)
+        times.append((time.perf_counter() - s) * 1e3)
+    return median(times), out
+
+
 @torch.inference_mode()
 def torch_time(model, inputs, reps):
     if is_wan(model):
-        kw = dict(hidden_states=inputs["latent"][None], encoder_hidden_states=inputs["txt"][None],
-                  timestep=inputs["t"], return_dict=False)
-        out = video_tokens(model(**kw)[0][0])
-        times = []
-        for _ in range(reps):
-            s = time.perf_counter()
-            model(**kw)
-            times.append((time.perf_counter() - s) * 1e3)
-        return median(times), out
+        ms, out = timed(model, dict(hidden_states=inputs["latent"][None], encoder_hidden_states=inputs["txt"][None],
+                                    timestep=inputs["t"], return_dict=False), reps)
+        return ms, video_tokens(out)
     if is_sd3(model):
-        kw = dict(hidden_states=inputs["latent"][None], encoder_hidden_states=inputs["txt"][None],
-                  pooled_projections=inputs["pooled"][None], timestep=inputs["t"] * 1000, return_dict=False)
-        out = patch_tokens(model(**kw)[0][0])
-        times = []
-        for _ in range(reps):
-            s = time.perf_counter()
-            model(**kw)
-            times.append((time.perf_counter() - s) * 1e3)
-        return median(times), out
+        ms, out = timed(model, dict(hidden_states=inputs["latent"][None], encoder_hidden_states=inputs["txt"][None],
+                                    pooled_projections=inputs["pooled"][None], timestep=inputs["t"] * 1000,
+                                    return_dict=False), reps)
+        return ms, patch_tokens(out)
     grid = int(round(math.sqrt(inputs["x"].shape[0])))
     r = torch.arange(grid, dtype=torch.float32).repeat_interleave(grid)
     c = torch.arange(grid, dtype=torch.float32).repeat(grid)
@@ -208,13 +199,7 @@ def torch_time(model, inputs, reps):
               img_ids=img_ids, txt_ids=txt_ids, return_dict=False)
     if model.config.guidance_embeds:
         kw["guidance"] = inputs["g"]
-    out = model(**kw)[0][0]
-    times = []
-    for _ in range(reps):
-        s = time.perf_counter()
-        model(**kw)
-        times.append((time.perf_counter() - s) * 1e3)
-    return median(times), out
+    return timed(model, kw, reps)
 
 
 def engine_binary(given):
